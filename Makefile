@@ -1,0 +1,40 @@
+# The suite's entry points. `make demo` and `make test` set everything up first when needed.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Benchmarks `make demo` runs when BENCH=all (the default runs every one the suite has).
+ALL_BENCHES := cosmoflow
+STAMP := $(VENV)/.setup-stamp
+DEMO_DIR ?= demo
+NP ?= 2
+
+.PHONY: setup demo test test-fast bench clean-demo help
+help:
+	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
+	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|all)"
+	@echo "make test    set up, run the test suite"
+	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
+	@echo "make bench   throughput benchmark (writes benchmarks/results/*.json)"
+
+# Set-up runs when .venv is missing or older than the files that define it.
+$(STAMP): setup.py pyproject.toml constraints.txt scripts/setup.sh
+	VENV=$(VENV) scripts/setup.sh
+
+setup:
+	VENV=$(VENV) scripts/setup.sh
+
+demo: BENCH := all
+demo: $(STAMP)
+	@PY=$(PY) NP=$(NP) DEMO_DIR=$(DEMO_DIR) scripts/demo.sh $(if $(filter all,$(BENCH)),$(ALL_BENCHES),$(BENCH))
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest tests -m "not slow"
+
+bench: $(STAMP)
+	$(PY) benchmarks/cosmoflow_throughput.py
+
+clean-demo:
+	rm -rf $(DEMO_DIR)

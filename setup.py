@@ -1,0 +1,40 @@
+"""Packaging for the HPC scientific deep-learning benchmark suite.
+
+Exact pins: the suite measures a machine, so every run must use the same stack.
+GPU sites set TF_PACKAGE=tensorflow (same version, CUDA build) before installing.
+Horovod and the DALI TF plugin compile against the installed TensorFlow, so
+scripts/setup.sh installs them first with the right build flags; here they are
+only listed so that pip verifies them.
+"""
+import os
+
+from setuptools import find_packages, setup
+
+TF_PACKAGE = os.environ.get("TF_PACKAGE", "tensorflow-cpu")
+if TF_PACKAGE not in ("tensorflow-cpu", "tensorflow"):
+    raise SystemExit(f"TF_PACKAGE={TF_PACKAGE!r}: expected 'tensorflow-cpu' or 'tensorflow'")
+
+setup(
+    name="hpc-sciml-bench",
+    version="0.1.0",
+    description="MLPerf-HPC-style benchmarks (CosmoFlow, DeepCAM) with Horovod, DALI and Mesh-TensorFlow",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["common*", "cosmoflow*", "deepcam*", "data_prep*"]),
+    package_data={"cosmoflow": ["configs/*.yaml"], "deepcam": ["configs/*.yaml"]},
+    install_requires=[
+        f"{TF_PACKAGE}==2.18.1",
+        "numpy==2.0.2",
+        "horovod==0.28.1",
+        "mesh-tensorflow==0.1.21",
+        "nvidia-dali-cuda120==2.4.0",
+        "nvidia-dali-tf-plugin-cuda120==2.4.0",
+        "mlperf-logging==4.1.68",
+        "pandas==2.2.3",
+        "h5py==3.12.1",
+        "pyyaml==6.0.2",
+        "pytest==8.3.4",
+        "tqdm==4.67.1",
+        "psutil==6.1.1",
+    ],
+    entry_points={"console_scripts": ["sciml-data-prep=data_prep.__main__:main"]},
+)
