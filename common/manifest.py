@@ -1,0 +1,245 @@
+"""Dataset manifests: the typed description of a converted dataset directory (`manifest.json`).
+
+A converter writes `manifest.json` last, atomically, so a directory without one is an unfinished
+conversion. The manifest names the record format, the shape and dtype of one sample, the target
+size, the compression, where the data came from, and for every split its sample count and files
+(path relative to the directory, record count, byte size, sha256, and the DALI index file if any).
+Loaders call `load_manifest` and `check_split_files` before reading anything. See docs/formats.md.
+
+The module is format-agnostic: each benchmark registers its format id and highest supported
+version in `FORMATS`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from common.cli import write_json_atomic
+from common.errors import BenchError
+
+MANIFEST_NAME = "manifest.json"
+# Format id -> highest version this code reads.
+FORMATS = {"cosmoflow-tfrecord": 1}
+COMPRESSIONS = ("none", "gzip")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """One record file of a split; paths are relative to the dataset directory."""
+
+    path: str
+    records: int
+    bytes: int
+    sha256: str
+    index: str | None  # DALI index ("offset size" per record), None for compressed files
+    index_sha256: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitEntry:
+    samples: int
+    files: tuple[FileEntry, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    root: Path  # the dataset directory; not stored in the JSON
+    format: str
+    version: int
+    sample_shape: tuple[int, ...]
+    sample_dtype: str
+    target_size: int
+    compression: str  # "none" or "gzip"
+    splits: dict[str, SplitEntry]
+    source: dict  # converter-specific provenance: input directory, sizes, counts
+    seed: int | None = None  # seed of the train/validation split, when the converter drew one
+
+    def to_dict(self) -> dict:
+        """The JSON form, in a fixed key order so equal manifests serialise to equal bytes."""
+        return {
+            "format": self.format,
+            "version": self.version,
+            "sample_shape": list(self.sample_shape),
+            "sample_dtype": self.sample_dtype,
+            "target_size": self.target_size,
+            "compression": self.compression,
+            "seed": self.seed,
+            "source": self.source,
+            "splits": {name: {"samples": split.samples, "files": [dataclasses.asdict(f) for f in split.files]}
+                       for name, split in self.splits.items()},
+        }
+
+
+# ---------------------------------------------------------------------------- writing
+def write_manifest(manifest: Manifest | dict, data_dir: str | os.PathLike) -> Path:
+    """Write `data_dir/manifest.json` atomically (temporary name, then rename); returns its path."""
+    obj = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
+    _parse(obj, Path(data_dir), Path(data_dir) / MANIFEST_NAME)  # never write a manifest we could not load
+    return write_json_atomic(obj, Path(data_dir) / MANIFEST_NAME)
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------- reading
+def load_manifest(data_dir: str | os.PathLike, expected_format: str | None = None) -> Manifest:
+    """Read and validate `data_dir/manifest.json`.
+
+    Args:
+        data_dir: a converted dataset directory.
+        expected_format: the format id the caller reads; None accepts any id in `FORMATS`.
+    Raises:
+        BenchError: missing directory or manifest, bad JSON, missing or mistyped keys, an unknown
+            format id or version, or a split whose sample count differs from its files' records.
+    """
+    root = Path(data_dir)
+    path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise BenchError(f"{root}: dataset directory not found (expected a converted dataset with "
+                         f"{MANIFEST_NAME})")
+    if not path.is_file():
+        raise BenchError(f"{root}: the directory exists but has no {MANIFEST_NAME}; the conversion is "
+                         f"unfinished or was interrupted (rerun the converter with the same arguments to "
+                         f"resume), or this is not a converted dataset")
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BenchError(f"{path}: not a readable JSON manifest ({err})") from None
+    manifest = _parse(obj, root, path)
+    if expected_format is not None and manifest.format != expected_format:
+        raise BenchError(f"{path}: format {manifest.format!r}, expected {expected_format!r}; "
+                         f"this directory holds another kind of dataset")
+    return manifest
+
+
+def _parse(obj: Any, root: Path, where: Path) -> Manifest:
+    if not isinstance(obj, dict):
+        raise BenchError(f"{where}: the manifest is a JSON {type(obj).__name__}, expected an object")
+    fmt = _get(obj, "format", str, where)
+    version = _get(obj, "version", int, where)
+    if fmt not in FORMATS:
+        raise BenchError(f"{where}: unknown format {fmt!r}, expected one of {sorted(FORMATS)}")
+    if not 1 <= version <= FORMATS[fmt]:
+        raise BenchError(f"{where}: {fmt} version {version}, this code reads versions 1 to {FORMATS[fmt]}; "
+                         f"reconvert the dataset or update the suite")
+    shape = _get(obj, "sample_shape", list, where)
+    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+        raise BenchError(f"{where}: sample_shape {shape!r}, expected a list of positive integers")
+    compression = _get(obj, "compression", str, where)
+    if compression not in COMPRESSIONS:
+        raise BenchError(f"{where}: compression {compression!r}, expected one of {list(COMPRESSIONS)}")
+    seed = obj.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise BenchError(f"{where}: 'seed' is {seed!r}, expected an integer or null")
+    splits = {name: _parse_split(name, value, where) for name, value in _get(obj, "splits", dict, where).items()}
+    return Manifest(root=root, format=fmt, version=version, sample_shape=tuple(shape),
+                    sample_dtype=_get(obj, "sample_dtype", str, where),
+                    target_size=_get(obj, "target_size", int, where), compression=compression,
+                    splits=splits, source=_get(obj, "source", dict, where), seed=seed)
+
+
+def _parse_split(name: str, obj: Any, where: Path) -> SplitEntry:
+    label = f"split {name!r}"
+    if not isinstance(obj, dict):
+        raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
+    samples = _get(obj, "samples", int, where, label)
+    files = tuple(_parse_file(f, where, f"{label} file {i}")
+                  for i, f in enumerate(_get(obj, "files", list, where, label)))
+    total = sum(f.records for f in files)
+    if samples != total:
+        raise BenchError(f"{where}: {label} says {samples} samples, but its {len(files)} files hold "
+                         f"{total} records")
+    return SplitEntry(samples=samples, files=files)
+
+
+def _parse_file(obj: Any, where: Path, label: str) -> FileEntry:
+    if not isinstance(obj, dict):
+        raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
+    index = _get(obj, "index", (str, type(None)), where, label)
+    entry = FileEntry(path=_get(obj, "path", str, where, label),
+                      records=_get(obj, "records", int, where, label),
+                      bytes=_get(obj, "bytes", int, where, label),
+                      sha256=_get(obj, "sha256", str, where, label), index=index,
+                      index_sha256=_get(obj, "index_sha256", (str, type(None)), where, label))
+    for rel in (entry.path, entry.index):
+        if rel is not None and (PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts):
+            raise BenchError(f"{where}: {label} path {rel!r} must be relative to the dataset directory")
+    if (entry.index is None) != (entry.index_sha256 is None):
+        raise BenchError(f"{where}: {label} ({entry.path}) has index {entry.index!r} but index_sha256 "
+                         f"{entry.index_sha256!r}; both or neither must be set")
+    return entry
+
+
+def _get(obj: dict, key: str, kind, where: Path, label: str = "") -> Any:
+    """obj[key], which must exist and have type `kind` (bool is not accepted as int)."""
+    context = f"{label}: " if label else ""
+    if key not in obj:
+        raise BenchError(f"{where}: {context}missing key {key!r} (found {sorted(obj)})")
+    value = obj[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise BenchError(f"{where}: {context}{key!r} is {value!r}, expected {names}")
+    return value
+
+
+# ---------------------------------------------------------------------------- checking files
+def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = False) -> None:
+    """Check that a split's files exist with the sizes, record counts and (optionally) sha256 listed.
+
+    Index files must have one "offset size" line per record covering the record file exactly.
+    Raises BenchError naming the first file that does not match.
+    """
+    if split not in manifest.splits:
+        raise BenchError(f"{manifest.root / MANIFEST_NAME}: no {split!r} split (found {sorted(manifest.splits)})")
+    for entry in manifest.splits[split].files:
+        path = manifest.root / entry.path
+        if not path.is_file():
+            raise BenchError(f"{path}: listed in the manifest ({split} split) but missing; the dataset is "
+                             f"incomplete, reconvert it")
+        size = path.stat().st_size
+        if size != entry.bytes:
+            raise BenchError(f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or "
+                             f"truncated, reconvert the dataset")
+        if entry.index is not None:
+            _check_index(manifest.root / entry.index, entry)
+        if verify_checksums:
+            _check_sha256(path, entry.sha256)
+            if entry.index is not None:
+                _check_sha256(manifest.root / entry.index, entry.index_sha256)
+
+
+def _check_index(path: Path, entry: FileEntry) -> None:
+    if not path.is_file():
+        raise BenchError(f"{path}: DALI index of {entry.path} listed in the manifest but missing; "
+                         f"reconvert the dataset")
+    lines = path.read_text().splitlines()
+    if len(lines) != entry.records:
+        raise BenchError(f"{path}: {len(lines)} index lines, expected {entry.records} (one per record of "
+                         f"{entry.path})")
+    end = 0
+    for number, line in enumerate(lines, start=1):
+        fields = line.split()
+        if len(fields) != 2 or not all(f.isdigit() for f in fields) or int(fields[0]) != end:
+            raise BenchError(f"{path}: line {number} is {line!r}, expected \"{end} <size>\" (the offset where "
+                             f"the previous record ends, then the record's size)")
+        end += int(fields[1])
+    if end != entry.bytes:
+        raise BenchError(f"{path}: the index covers {end} bytes, but {entry.path} has {entry.bytes}")
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    found = sha256_file(path)
+    if found != expected:
+        raise BenchError(f"{path}: sha256 {found}, the manifest says {expected}; the file is corrupt or "
+                         f"was changed, reconvert the dataset")

@@ -1,0 +1,89 @@
+"""MLPerf HPC logging through `mlperf_logging.mllog`, written by rank 0 only.
+
+One `MLPerfLog` per run writes `:::MLLOG` lines into the run's output directory. Training
+code calls it at the points the MLPerf HPC rules define (init, run, staging, epochs,
+evaluation, run_stop); model and data builders never do. On ranks other than 0 every call
+is a no-op, so callers need no rank checks.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from common.config import MlperfConfig, OptimizerConfig, ScheduleConfig
+
+RUN_SUCCESS = "success"
+RUN_ABORTED = "aborted"
+
+
+class MLPerfLog:
+    """Writes MLPerf events for one run; inert when `enabled` is False (ranks > 0)."""
+
+    def __init__(self, path: str | os.PathLike, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+        self._mllogger = None
+        self._handler = None
+        if enabled:
+            self._open()
+
+    def _open(self) -> None:
+        from mlperf_logging.mllog.mllog import MLLogger
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        logger = logging.getLogger(f"mlperf.{self.path.resolve()}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        self._handler = logging.FileHandler(self.path, mode="w")
+        logger.addHandler(self._handler)
+        # stack offset 2: report the caller of event()/start()/end(), not this module.
+        self._mllogger = MLLogger(logger=logger, default_stack_offset=2)
+
+    def event(self, key: str, value: Any = None, **metadata) -> None:
+        if self.enabled:
+            self._mllogger.event(key=key, value=value, metadata=metadata or None)
+
+    def start(self, key: str, value: Any = None, **metadata) -> None:
+        if self.enabled:
+            self._mllogger.start(key=key, value=value, metadata=metadata or None)
+
+    def end(self, key: str, value: Any = None, **metadata) -> None:
+        if self.enabled:
+            self._mllogger.end(key=key, value=value, metadata=metadata or None)
+
+    def close(self) -> None:
+        if self._handler is not None:
+            self._handler.close()
+            logging.getLogger(f"mlperf.{self.path.resolve()}").removeHandler(self._handler)
+            self._handler = None
+
+    # -- groups of events the rules require, in the order they must appear
+    def submission(self, benchmark: str, cfg: MlperfConfig, cache_cleared: bool) -> None:
+        """The submission_* keys and cache_clear (logged with the truth: were caches dropped?)."""
+        self.event("submission_benchmark", benchmark)
+        self.event("submission_org", cfg.org)
+        self.event("submission_division", cfg.division)
+        self.event("submission_status", cfg.status)
+        self.event("submission_platform", cfg.platform)
+        self.event("cache_clear", cache_cleared)
+
+    def hyperparameters(self, *, nodes: int, accelerators_per_node: int, global_batch_size: int,
+                        train_samples: int, eval_samples: int, optimizer: OptimizerConfig,
+                        schedule: ScheduleConfig, warmup_factor: float, extra: dict | None = None) -> None:
+        """Scale, dataset sizes and optimizer settings, as the HPC rules name them."""
+        self.event("number_of_nodes", nodes)
+        self.event("accelerators_per_node", accelerators_per_node)
+        self.event("global_batch_size", global_batch_size)
+        self.event("train_samples", train_samples)
+        self.event("eval_samples", eval_samples)
+        self.event("gradient_accumulation_steps", 1)
+        self.event("opt_name", optimizer.name)
+        self.event("opt_base_learning_rate", optimizer.base_lr)
+        self.event("opt_learning_rate_warmup_epochs", schedule.warmup_epochs)
+        self.event("opt_learning_rate_warmup_factor", warmup_factor)
+        self.event("opt_learning_rate_decay_boundary_epochs", list(schedule.decay_epochs))
+        self.event("opt_learning_rate_decay_factor", list(schedule.decay_factors))
+        self.event("opt_weight_decay", optimizer.weight_decay)
+        for key, value in (extra or {}).items():
+            self.event(key, value)
