@@ -1,0 +1,206 @@
+"""Writing TFRecord files for the converters: tf.train.Example records, DALI index files, staging.
+
+A TFRecord file is a sequence of framed records: an 8-byte little-endian length, a 4-byte masked
+CRC32C of the length, the payload, and a 4-byte masked CRC32C of the payload, so a record of
+`len` payload bytes occupies `len + 16` bytes. A DALI index (the format of DALI's `tfrecord2idx`)
+has one line "offset size" per record: where its length header starts and its framed size.
+DALI cannot index compressed files, so GZIP files get no index.
+
+Every file is written under a temporary name in its final directory (`.NAME.tmp-PID`) and renamed
+when complete, so a file with its final name is always whole. TensorFlow is imported only by the
+functions that need it (CRC32C and GZIP come from its C++ writer).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from common.manifest import COMPRESSIONS, sha256_file
+
+FRAMING_BYTES = 16  # 8-byte length + 4-byte length CRC + 4-byte payload CRC
+INDEX_SUFFIX = ".idx"
+TEMP_MARK = ".tmp-"
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFile:
+    """A finished TFRecord file and its DALI index (None when compressed)."""
+
+    path: Path
+    records: int
+    bytes: int
+    sha256: str
+    index: Path | None
+    index_sha256: str | None
+
+
+def _tensorflow():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no start-up banner in a data tool's output
+    import tensorflow as tf
+    return tf
+
+
+# ---------------------------------------------------------------------------- records
+def serialize_example(features: Mapping[str, bytes | np.ndarray]) -> bytes:
+    """A serialized tf.train.Example: bytes become a BytesList of one value, float arrays a FloatList
+    (float32), integer arrays an Int64List. Serialization is deterministic (map keys sorted)."""
+    _tensorflow()
+    from tensorflow.core.example import example_pb2  # the proto class itself: tf.train's wrappers are slower
+
+    example = example_pb2.Example()
+    for key, value in features.items():
+        feature = example.features.feature[key]
+        if isinstance(value, bytes):
+            feature.bytes_list.value.append(value)
+            continue
+        array = np.asarray(value).ravel()
+        if array.dtype.kind == "f":
+            feature.float_list.value.extend(array.astype(np.float32).tolist())
+        elif array.dtype.kind in "iub":
+            feature.int64_list.value.extend(array.astype(np.int64).tolist())
+        else:
+            raise TypeError(f"feature {key!r}: cannot store dtype {array.dtype} in a tf.train.Example")
+    return example.SerializeToString(deterministic=True)
+
+
+def write_record_file(path: str | os.PathLike, records: Iterable[bytes], compression: str = "none",
+                      gzip_level: int = 6) -> RecordFile:
+    """Write serialized records to a TFRecord file, with a DALI index beside it when uncompressed.
+
+    Both files are staged under temporary names and renamed only after the last record, so an
+    exception (from `records`, or KeyboardInterrupt) leaves neither a final file nor a temporary; a
+    killed process leaves only a temporary, which `remove_stale_temps` deletes before a rerun.
+
+    Args:
+        path: the final record file, e.g. OUT/train/universe_000000.tfrecord.
+        records: serialized records, consumed one at a time (a generator keeps memory bounded).
+        compression: "none" or "gzip" (zlib at `gzip_level`, 1-9).
+    Returns:
+        The record file with its record count, size and sha256 (and its index's).
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression {compression!r}, expected one of {COMPRESSIONS}")
+    tf = _tensorflow()
+    path = Path(path)
+    index = index_path(path) if compression == "none" else None
+    tmp, tmp_index = temp_path(path), (temp_path(index) if index else None)
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "",
+                                    compression_level=gzip_level if compression == "gzip" else None)
+    try:
+        lengths = []
+        with tf.io.TFRecordWriter(str(tmp), options=options) as writer:
+            for record in records:
+                writer.write(record)
+                lengths.append(len(record))
+        if tmp_index:
+            _check_framing(tmp, lengths)
+            tmp_index.write_text(index_text(lengths))
+        result = RecordFile(path=path, records=len(lengths), bytes=tmp.stat().st_size, sha256=sha256_file(tmp),
+                            index=index, index_sha256=sha256_file(tmp_index) if tmp_index else None)
+        if tmp_index:
+            os.replace(tmp_index, index)
+        os.replace(tmp, path)
+        return result
+    finally:
+        for leftover in (tmp, tmp_index):
+            if leftover:
+                leftover.unlink(missing_ok=True)
+
+
+def existing_record_file(path: str | os.PathLike, records: int, compression: str) -> RecordFile | None:
+    """The finished file at `path` (and its index when uncompressed), or None if it must be (re)written.
+
+    Files are renamed into place only when complete, so existence means complete; an uncompressed
+    file must also agree with its index (`records` lines covering the file exactly). The sha256
+    values are recomputed from the files.
+    """
+    path = Path(path)
+    index = index_path(path) if compression == "none" else None
+    if not path.is_file() or (index and not index.is_file()):
+        return None
+    size = path.stat().st_size
+    if index:
+        try:
+            entries = read_index(index)
+        except ValueError:  # not "offset size" lines
+            return None
+        if len(entries) != records or sum(s for _, s in entries) != size:
+            return None
+    return RecordFile(path=path, records=records, bytes=size, sha256=sha256_file(path), index=index,
+                      index_sha256=sha256_file(index) if index else None)
+
+
+# ---------------------------------------------------------------------------- DALI index and framing
+def index_path(path: str | os.PathLike) -> Path:
+    """Where the DALI index of a record file lives: beside it, with `.idx` appended."""
+    path = Path(path)
+    return path.with_name(path.name + INDEX_SUFFIX)
+
+
+def index_entries(lengths: Iterable[int]) -> list[tuple[int, int]]:
+    """(offset, framed size) of each record in an uncompressed file, from the payload lengths."""
+    entries, offset = [], 0
+    for length in lengths:
+        entries.append((offset, length + FRAMING_BYTES))
+        offset += length + FRAMING_BYTES
+    return entries
+
+
+def index_text(lengths: Iterable[int]) -> str:
+    return "".join(f"{offset} {size}\n" for offset, size in index_entries(lengths))
+
+
+def read_index(path: str | os.PathLike) -> list[tuple[int, int]]:
+    """The (offset, size) pairs of a DALI index file."""
+    entries = []
+    for line in Path(path).read_text().splitlines():
+        offset, size = line.split()
+        entries.append((int(offset), int(size)))
+    return entries
+
+
+def read_framing(path: str | os.PathLike) -> list[tuple[int, int]]:
+    """(offset, framed size) of each record, read from the length headers of an uncompressed file."""
+    entries, offset = [], 0
+    with open(path, "rb") as f:
+        while header := f.read(8):
+            if len(header) < 8:
+                raise ValueError(f"{path}: truncated length header at byte {offset}")
+            length = int.from_bytes(header, "little")
+            entries.append((offset, length + FRAMING_BYTES))
+            offset += length + FRAMING_BYTES
+            f.seek(offset)
+    if offset != Path(path).stat().st_size:
+        raise ValueError(f"{path}: the last record ends at byte {offset}, past the end of the file")
+    return entries
+
+
+def _check_framing(path: Path, lengths: list[int]) -> None:
+    # The index is computed from the payload lengths; make sure the writer framed them as assumed.
+    expected = sum(lengths) + FRAMING_BYTES * len(lengths)
+    found = path.stat().st_size
+    if found != expected:
+        raise RuntimeError(f"{path}: {found} bytes after writing {len(lengths)} records, expected {expected} "
+                           f"({FRAMING_BYTES} bytes of framing per record); the index would be wrong")
+
+
+# ---------------------------------------------------------------------------- staging
+def temp_path(path: str | os.PathLike) -> Path:
+    """The temporary name a file is written under before it is renamed to `path` (same directory)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
+
+
+def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
+    """Delete temporaries left in `directory` by an interrupted run; returns what was removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = sorted(p for p in directory.iterdir() if p.name.startswith(".") and TEMP_MARK in p.name and p.is_file())
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
