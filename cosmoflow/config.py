@@ -1,0 +1,64 @@
+"""CosmoFlow's configuration: its own `data` and `model` sections plus the shared ones."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from common.config import (DistConfig, MlperfConfig, OptimizerConfig, RunConfig, ScheduleConfig,
+                           TrainConfig, _check)
+
+
+@dataclasses.dataclass(frozen=True)
+class CosmoDataConfig:
+    """Where the converted TFRecords are and how they are read."""
+
+    dir: str = "data/cosmo_mini/tfrecords"
+    loader: Literal["tfdata", "dali"] = "tfdata"
+    shuffle: bool = True
+    shuffle_buffer: int = 64  # samples held for shuffling, per rank
+    read_threads: int = 2  # parallel file readers / DALI worker threads
+    prefetch: int = 2  # batches prepared ahead
+    apply_log: bool = True  # x -> log(1 + x), as the reference does
+    verify_checksums: bool = False  # sha256 of every file against the manifest before training
+    train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
+    val_samples: int = 0  # expected validation samples; 0 accepts any count
+
+    def __post_init__(self):
+        _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
+        _check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
+        _check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class CosmoModelConfig:
+    """Keyword arguments of cosmoflow.model.build_model."""
+
+    input_shape: tuple[int, ...] = (128, 128, 128, 4)
+    conv_filters: tuple[int, ...] = (32, 64, 128, 256, 512)
+    kernel_size: int = 3
+    pool_size: int = 2
+    pooling: Literal["max", "avg"] = "max"
+    leaky_slope: float = 0.3
+    dense_units: tuple[int, ...] = (128, 64)
+    dropout: float = 0.5
+    target_size: int = 4
+    output_scale: float = 1.2
+
+    def __post_init__(self):
+        _check(len(self.input_shape) == 4, "model.input_shape", list(self.input_shape), "[D, H, W, C]")
+        smallest = self.pool_size ** len(self.conv_filters)
+        _check(all(s >= smallest for s in self.input_shape[:3]), "model.input_shape", list(self.input_shape),
+               f"spatial sizes >= {smallest} for {len(self.conv_filters)} poolings of {self.pool_size}")
+        _check(0 <= self.dropout < 1, "model.dropout", self.dropout, "in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CosmoConfig:
+    run: RunConfig = RunConfig()
+    dist: DistConfig = DistConfig()
+    data: CosmoDataConfig = CosmoDataConfig()
+    model: CosmoModelConfig = CosmoModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    train: TrainConfig = TrainConfig()
+    mlperf: MlperfConfig = MlperfConfig()

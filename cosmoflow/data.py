@@ -1,0 +1,230 @@
+"""CosmoFlow input pipeline: TFRecords (see docs/formats.md) through tf.data or NVIDIA DALI.
+
+`build_datasets` checks the dataset against its manifest up front (sample shape, files,
+sizes, counts that divide across ranks and batches), shards files by rank (rank r reads
+files r, r+size, ...), and returns repeated batched datasets of (B, D, H, W, 4) float32
+log(1 + counts) and (B, 4) float32 targets. Both loaders give the same tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from common.dist import DistEnv
+from common.errors import BenchError
+from common.loop import Datasets
+from common.manifest import Manifest, check_split_files, load_manifest
+from cosmoflow.config import CosmoDataConfig
+
+TRAIN, VALIDATION = "train", "validation"
+FORMAT = "cosmoflow-tfrecord"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """The files one rank reads from one split."""
+
+    split: str
+    files: tuple[str, ...]
+    index_files: tuple[str | None, ...]
+    samples: int  # on this rank
+    global_samples: int
+
+
+def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batch: int,
+                   dist: DistEnv, seed: int) -> Datasets:
+    """Datasets for training and validation on this rank, checked against the manifest."""
+    manifest = load_manifest(cfg.dir, expected_format=FORMAT)
+    _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
+    shards = {}
+    for split in (TRAIN, VALIDATION):
+        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums)
+        shards[split] = shard_split(manifest, split, dist.rank, dist.size, local_batch)
+    make = _dali_dataset if cfg.loader == "dali" else _tfdata_dataset
+    if cfg.loader == "dali":
+        _check_dali_compatible(manifest)
+    train = make(shards[TRAIN], manifest, cfg, local_batch, dist, shuffle=cfg.shuffle, seed=seed + dist.rank)
+    val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, shuffle=False, seed=seed)
+    return Datasets(train=train, val=val,
+                    train_steps=shards[TRAIN].samples // local_batch,
+                    val_steps=shards[VALIDATION].samples // local_batch,
+                    train_samples=shards[TRAIN].global_samples,
+                    val_samples=shards[VALIDATION].global_samples,
+                    local_batch_size=local_batch)
+
+
+def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: dict[str, int]) -> None:
+    where = manifest.root / "manifest.json"
+    if tuple(manifest.sample_shape) != tuple(sample_shape):
+        raise BenchError(f"{where}: samples have shape {list(manifest.sample_shape)}, but the model expects "
+                         f"{list(sample_shape)} (model.input_shape); convert with a matching --sample-size "
+                         f"or change the config")
+    if manifest.sample_dtype != "int16":
+        raise BenchError(f"{where}: sample_dtype {manifest.sample_dtype!r}, expected 'int16'")
+    for split in (TRAIN, VALIDATION):
+        if split not in manifest.splits:
+            raise BenchError(f"{where}: no {split!r} split (found {sorted(manifest.splits)})")
+        found = manifest.splits[split].samples
+        if expected[split] and found != expected[split]:
+            key = "data.train_samples" if split == TRAIN else "data.val_samples"
+            raise BenchError(f"{where}: the {split} split has {found} samples, but the config expects "
+                             f"{expected[split]} ({key}); point data.dir at the right dataset or set {key}=0")
+
+
+def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int) -> Shard:
+    """Files r, r+size, ... of a split for rank r; every rank must get the same whole number of batches."""
+    entries = manifest.splits[split].files
+    counts = [sum(e.records for e in entries[r::size]) for r in range(size)]
+    total = sum(counts)
+    where = manifest.root / "manifest.json"
+    if len(entries) < size:
+        raise BenchError(f"{where}: the {split} split has {len(entries)} files for {size} ranks; "
+                         f"each rank needs at least one file")
+    if len(set(counts)) != 1:
+        raise BenchError(f"{where}: the {split} split's {len(entries)} files give the {size} ranks unequal "
+                         f"sample counts {counts}; use a rank count that divides the files evenly")
+    if counts[0] % local_batch:
+        raise BenchError(f"{where}: each of the {size} ranks has {counts[0]} {split} samples, which is not a "
+                         f"multiple of the local batch size {local_batch} ({total} samples in all)")
+    mine = entries[rank::size]
+    return Shard(split=split, files=tuple(str(manifest.root / e.path) for e in mine),
+                 index_files=tuple(str(manifest.root / e.index) if e.index else None for e in mine),
+                 samples=counts[rank], global_samples=total)
+
+
+# ---------------------------------------------------------------------------- tf.data
+def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, dist: DistEnv,
+                    shuffle: bool, seed: int):
+    import tensorflow as tf
+    compression = "GZIP" if manifest.compression == "gzip" else ""
+    parse = _record_parser(manifest.sample_shape, manifest.target_size)
+    files = tf.data.Dataset.from_tensor_slices(list(shard.files))
+    if shuffle:
+        # Reshuffled every epoch (repeat after shuffle); the seed makes it reproducible.
+        files = files.shuffle(len(shard.files), seed=seed, reshuffle_each_iteration=True)
+        records = files.repeat().interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+            cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    else:
+        # Files in manifest order, records in file order: the order DALI reads them unshuffled.
+        records = tf.data.TFRecordDataset(files, compression_type=compression).repeat()
+    samples = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    batches = samples.batch(batch, drop_remainder=True)
+    return batches.map(_preprocess(cfg.apply_log), num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
+
+
+def _preprocess(apply_log: bool):
+    """int16 counts -> float32 log(1 + counts); applied after either loader, so both agree bit for bit."""
+    import tensorflow as tf
+
+    def preprocess(x, y):
+        x = tf.cast(x, tf.float32)  # (B, D, H, W, C)
+        return (tf.math.log1p(x) if apply_log else x), y
+
+    return preprocess
+
+
+def _record_parser(sample_shape: Sequence[int], target_size: int):
+    import tensorflow as tf
+    features = {"x": tf.io.FixedLenFeature([], tf.string),
+                "y": tf.io.FixedLenFeature([target_size], tf.float32)}
+    shape = [int(s) for s in sample_shape]
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, features)
+        x = tf.io.decode_raw(example["x"], tf.int16, little_endian=True)
+        return tf.reshape(x, shape), example["y"]  # (D, H, W, C) int16; fails on a wrong-size record
+
+    return parse
+
+
+# ---------------------------------------------------------------------------- DALI
+def _check_dali_compatible(manifest: Manifest) -> None:
+    where = manifest.root / "manifest.json"
+    if manifest.compression != "none":
+        raise BenchError(f"{where}: records are {manifest.compression}-compressed, but DALI's TFRecord reader "
+                         f"needs uncompressed records with index files; convert with --compression none, "
+                         f"or set data.loader=tfdata")
+    missing = [e.path for s in (TRAIN, VALIDATION) for e in manifest.splits[s].files if not e.index]
+    if missing:
+        raise BenchError(f"{where}: {len(missing)} record file(s) have no DALI index (first: {missing[0]}); "
+                         f"reconvert the dataset or set data.loader=tfdata")
+
+
+def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, dist: DistEnv,
+                  shuffle: bool, seed: int):
+    """A DALIDataset on the CPU, or on this rank's GPU when one is present."""
+    try:
+        import nvidia.dali.plugin.tf as dali_tf
+    except ImportError as err:
+        raise BenchError(f"data.loader=dali needs nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120 "
+                         f"(make setup installs both): {err}") from None
+    import tensorflow as tf
+    device_id = dist.local_rank if dist.gpu else None
+    pipe = _dali_pipeline(shard, manifest, cfg, batch, shuffle, seed, device_id)
+    shapes = ((batch, *manifest.sample_shape), (batch, manifest.target_size))
+    with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):
+        dataset = dali_tf.DALIDataset(pipeline=pipe, batch_size=batch, output_shapes=shapes,
+                                      output_dtypes=(tf.int16, tf.float32), device_id=device_id)
+        return dataset.map(_preprocess(cfg.apply_log))
+
+
+def _dali_pipeline(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, shuffle: bool,
+                   seed: int, device_id: int | None):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.tfrecord as tfrec
+    from nvidia.dali import pipeline_def, types
+
+    @pipeline_def(batch_size=batch, num_threads=cfg.read_threads, device_id=device_id, seed=seed,
+                  prefetch_queue_depth=cfg.prefetch)
+    def pipeline():
+        record = fn.readers.tfrecord(
+            path=list(shard.files), index_path=list(shard.index_files),
+            features={"x": tfrec.FixedLenFeature((), tfrec.string, ""),
+                      "y": tfrec.FixedLenFeature([manifest.target_size], tfrec.float32, 0.0)},
+            random_shuffle=shuffle, initial_fill=cfg.shuffle_buffer, name="reader")
+        x = fn.reinterpret(record["x"], dtype=types.INT16, shape=list(manifest.sample_shape))  # (D, H, W, C)
+        y = record["y"]
+        if device_id is not None:
+            x, y = x.gpu(), y.gpu()
+        return x, y
+
+    return pipeline()
+
+
+# ---------------------------------------------------------------------------- diagnosis
+def diagnose_read_error(files: Sequence[str], compression: str, sample_shape: Sequence[int],
+                        target_size: int, err: Exception) -> str:
+    """Find the first bad file and record behind a read error and describe it with the facts."""
+    import tensorflow as tf
+    expected = int(np.prod(sample_shape))
+    features = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([target_size], tf.float32)}
+    for path in files:
+        index = -1
+        try:
+            for index, record in enumerate(tf.data.TFRecordDataset(path, compression_type=compression)):
+                example = tf.io.parse_single_example(record, features)
+                found = len(example["x"].numpy()) // 2
+                if found != expected:
+                    return (f"{path}: record {index} holds {found} int16 values, expected {expected} for the "
+                            f"sample shape {list(sample_shape)}")
+        except tf.errors.DataLossError as loss:
+            return (f"{path}: corrupt or truncated TFRecord after record {index} (bad length or CRC: "
+                    f"{loss.message.splitlines()[0]}); regenerate or reconvert this file")
+        except tf.errors.InvalidArgumentError as bad:
+            return (f"{path}: record {index + 1} is not a CosmoFlow example with x (bytes) and "
+                    f"y ({target_size} floats): {bad.message.splitlines()[0]}")
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"reading the CosmoFlow records failed ({first}); no bad record was found in {len(files)} files"
+
+
+def read_error(cfg: CosmoDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
+    """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
+    manifest = load_manifest(cfg.dir, expected_format=FORMAT)
+    files = [f for s in (TRAIN, VALIDATION) for f in shard_split(manifest, s, dist.rank, dist.size, local_batch).files]
+    compression = "GZIP" if manifest.compression == "gzip" else ""
+    return BenchError(diagnose_read_error(files, compression, manifest.sample_shape, manifest.target_size, err))

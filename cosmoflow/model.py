@@ -1,0 +1,65 @@
+"""The CosmoFlow 3D CNN of the MLPerf HPC reference, in pure Keras 3 (any backend).
+
+Five blocks of [Conv3D k 'same' -> LeakyReLU -> MaxPool3D 2], then Flatten, two
+[Dense -> LeakyReLU -> Dropout] layers and a Dense output with tanh scaled by 1.2
+(targets live in [-1, 1]). Every size comes from the arguments, which are the config's
+`model:` section. Channels-last: inputs are (B, D, H, W, C).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import keras
+from keras import layers
+
+POOLING = {"max": layers.MaxPooling3D, "avg": layers.AveragePooling3D}
+
+
+def build_model(input_shape: Sequence[int] = (128, 128, 128, 4),
+                conv_filters: Sequence[int] = (32, 64, 128, 256, 512),
+                kernel_size: int = 3,
+                pool_size: int = 2,
+                pooling: str = "max",
+                leaky_slope: float = 0.3,
+                dense_units: Sequence[int] = (128, 64),
+                dropout: float = 0.5,
+                target_size: int = 4,
+                output_scale: float = 1.2,
+                name: str = "cosmoflow") -> keras.Model:
+    """Build the CosmoFlow regression network.
+
+    Args:
+        input_shape: (D, H, W, C) of one sample; each spatial size must stay >= 1 after
+            len(conv_filters) poolings.
+        conv_filters: filters of each conv block (the reference: 32, 64, 128, 256, 512).
+        pooling: "max" (the reference's MaxPool3D) or "avg" (AveragePooling3D, which the
+            reference code also offers as its pooling type).
+    Returns:
+        An unbuilt-weights `keras.Model` mapping (B, D, H, W, C) to (B, target_size).
+    """
+    _check_pooling(input_shape, len(conv_filters), pool_size)
+    if pooling not in POOLING:
+        raise ValueError(f"pooling {pooling!r}: expected one of {sorted(POOLING)}")
+    inputs = keras.Input(shape=tuple(input_shape), name="universe")
+    x = inputs
+    for i, filters in enumerate(conv_filters):
+        x = layers.Conv3D(filters, kernel_size, padding="same", name=f"conv{i + 1}")(x)
+        x = layers.LeakyReLU(negative_slope=leaky_slope, name=f"conv{i + 1}_act")(x)
+        x = POOLING[pooling](pool_size, name=f"pool{i + 1}")(x)
+    x = layers.Flatten(name="flatten")(x)  # (B, D/32 * H/32 * W/32 * 512) for the reference
+    for i, units in enumerate(dense_units):
+        x = layers.Dense(units, name=f"dense{i + 1}")(x)
+        x = layers.LeakyReLU(negative_slope=leaky_slope, name=f"dense{i + 1}_act")(x)
+        x = layers.Dropout(dropout, name=f"dropout{i + 1}")(x)
+    x = layers.Dense(target_size, activation="tanh", name="output")(x)
+    outputs = layers.Rescaling(output_scale, name="output_scale")(x)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def _check_pooling(input_shape: Sequence[int], blocks: int, pool_size: int) -> None:
+    if len(input_shape) != 4:
+        raise ValueError(f"input_shape {list(input_shape)}: expected (D, H, W, C)")
+    smallest = pool_size ** blocks
+    if any(s < smallest for s in input_shape[:3]):
+        raise ValueError(f"input_shape {list(input_shape)}: {blocks} poolings of {pool_size} "
+                         f"need spatial sizes of at least {smallest}")
