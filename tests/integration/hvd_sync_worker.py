@@ -1,0 +1,71 @@
+"""Worker for test_horovod_sync: a few training steps on rank-specific data.
+
+Each rank starts from different weights (seed + rank) and different data, so the test can
+tell that the initial broadcast and the gradient allreduce both happened. Rank 0 then also
+trains a second copy of the initial model as ONE process on the union of both ranks' batches,
+in this same process, as the reference. TensorFlow's own (Eigen) kernels are used, not oneDNN's,
+so that every CPU computes in strict float32: what is compared is the data-parallel arithmetic,
+not a CPU generation's choice of convolution kernel or of implicit bfloat16. Writes
+rank<r>.npz with the initial (post-broadcast) weights, its data, the final weights and, on
+rank 0, the reference weights.
+"""
+import os
+import sys
+from pathlib import Path
+
+# Before anything imports TensorFlow (Keras does, through cosmoflow.model).
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+
+import numpy as np
+
+from common.config import DistConfig
+from common.dist import DistEnv, init_distributed
+from common.loop import _make_train_step
+from cosmoflow.metrics import mse_loss
+from cosmoflow.model import build_model
+
+MODEL = dict(input_shape=(16, 16, 16, 4), conv_filters=(4, 8, 8, 16), dense_units=(16, 8), dropout=0.0)
+STEPS, BATCH, LR, MOMENTUM = 3, 2, 0.05, 0.9
+
+
+def rank_data(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(STEPS, BATCH, 16, 16, 16, 4) inputs and (STEPS, BATCH, 4) targets of one rank."""
+    rng = np.random.default_rng(rank)
+    xs = rng.random((STEPS, BATCH, *MODEL["input_shape"]), dtype=np.float32)
+    ys = rng.uniform(-1, 1, (STEPS, BATCH, 4)).astype(np.float32)
+    return xs, ys
+
+
+def train(initial: list | None, xs, ys, dist: DistEnv) -> tuple[list, list]:
+    """(initial, final) trainable weights after one step per batch; rank 0's state broadcast first."""
+    import keras
+    model = build_model(**MODEL)
+    optimizer = keras.optimizers.SGD(learning_rate=LR, momentum=MOMENTUM)
+    optimizer.build(model.trainable_variables)
+    if initial is not None:
+        for var, value in zip(model.trainable_variables, initial):
+            var.assign(value)
+    dist.broadcast_variables(model.variables + optimizer.variables)
+    start = [v.numpy() for v in model.trainable_variables]
+    step = _make_train_step(model, optimizer, mse_loss, dist)
+    for x, y in zip(xs, ys):
+        step(x, y)
+    return start, [v.numpy() for v in model.trainable_variables]
+
+
+def main(out_dir: str) -> None:
+    import keras
+    dist = init_distributed(DistConfig(threads_per_rank=1, onednn=False))
+    keras.utils.set_random_seed(100 + dist.rank)
+    xs, ys = rank_data(dist.rank)
+    initial, final = train(None, xs, ys, dist)
+    arrays = {f"initial{i}": w for i, w in enumerate(initial)} | {f"final{i}": w for i, w in enumerate(final)}
+    if dist.is_root:
+        union = [np.concatenate(parts, axis=1) for parts in zip(*(rank_data(r) for r in range(dist.size)))]
+        _, reference = train(initial, *union, DistEnv())
+        arrays |= {f"reference{i}": w for i, w in enumerate(reference)}
+    np.savez(Path(out_dir) / f"rank{dist.rank}.npz", xs=xs, ys=ys, **arrays)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,90 @@
+"""Typed configuration: YAML, overrides, unknown keys, types, saving; every shipped config validates."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.config import load_config, save_config, to_dict
+from common.errors import BenchError
+from cosmoflow.config import CosmoConfig
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(REPO.glob("*/configs/*.yaml"))
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"run": {"name": "t"}, "train": {"local_batch_size": 2},
+                                    "model": {"conv_filters": [4, 8]}}))
+    return path
+
+
+def test_yaml_defaults_and_types(cfg_file):
+    cfg = load_config(cfg_file, [], CosmoConfig)
+    assert cfg.run.name == "t" and cfg.train.local_batch_size == 2
+    assert cfg.model.conv_filters == (4, 8)  # lists become tuples: the config is frozen
+    assert cfg.optimizer.momentum == 0.9  # default from the dataclass
+    assert cfg.run.output_dir == "runs/t"  # ${run.name} expanded
+    with pytest.raises(Exception):
+        cfg.train.local_batch_size = 3
+
+
+def test_dotted_overrides(cfg_file):
+    cfg = load_config(cfg_file, ["optimizer.base_lr=0.02", "model.input_shape=[32,32,32,4]",
+                                 "data.loader=dali", "dist.hierarchical_allreduce=true"], CosmoConfig)
+    assert cfg.optimizer.base_lr == 0.02
+    assert cfg.model.input_shape == (32, 32, 32, 4)
+    assert cfg.data.loader == "dali" and cfg.dist.hierarchical_allreduce is True
+
+
+def test_int_accepted_for_float(cfg_file):
+    assert load_config(cfg_file, ["optimizer.base_lr=1"], CosmoConfig).optimizer.base_lr == 1.0
+
+
+@pytest.mark.parametrize("override, words", [
+    ("optimizer.lr=0.1", ["unknown key", "lr", "base_lr"]),
+    ("optimiser.base_lr=0.1", ["unknown key", "optimiser", "optimizer"]),
+    ("train.local_batch_size=two", ["train", "local_batch_size", "'two'", "int"]),
+    ("data.loader=pytorch", ["data", "loader", "pytorch", "tfdata", "dali"]),
+    ("train.local_batch_size=0", ["train.local_batch_size", ">= 1"]),
+    ("schedule.decay_epochs=[3,2]", ["decay"]),
+    ("noequals", ["section.key=value"]),
+])
+def test_bad_keys_and_values_name_the_key(cfg_file, override, words):
+    with pytest.raises(BenchError) as err:
+        load_config(cfg_file, [override], CosmoConfig)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(BenchError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml", [], CosmoConfig)
+
+
+def test_saved_config_round_trips(cfg_file, tmp_path):
+    cfg = load_config(cfg_file, ["optimizer.base_lr=0.5"], CosmoConfig)
+    path = save_config(cfg, tmp_path / "out")
+    again = load_config(path, [], CosmoConfig)
+    assert again == cfg and to_dict(again)["optimizer"]["base_lr"] == 0.5
+    assert not list((tmp_path / "out").glob(".*tmp*"))
+
+
+def test_shipped_configs_exist():
+    assert {p.name for p in SHIPPED} >= {"cosmo.yaml", "cosmo_mini.yaml"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_every_shipped_config_validates(path):
+    schema = {"cosmoflow": CosmoConfig}[path.parent.parent.name]
+    cfg = load_config(path, [], schema)
+    from cosmoflow.model import build_model
+    assert build_model(**to_dict(cfg.model)).output_shape == (None, cfg.model.target_size)
+
+
+def test_reference_config_is_the_reference():
+    cfg = load_config(REPO / "cosmoflow/configs/cosmo.yaml", [], CosmoConfig)
+    assert cfg.model.input_shape == (128, 128, 128, 4) and cfg.train.local_batch_size == 4
+    assert (cfg.data.train_samples, cfg.data.val_samples) == (524288, 65536)
+    assert cfg.train.target == 0.124 and cfg.optimizer.momentum == 0.9

@@ -1,0 +1,206 @@
+"""common.manifest: load, validate and check a dataset directory against its manifest.json."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from common import manifest as manifest_module
+from common.errors import BenchError
+from common.manifest import (FileEntry, Manifest, SplitEntry, check_split_files, load_manifest, sha256_file,
+                             write_manifest)
+
+
+def _record_file(root, rel, lengths, with_index=True) -> FileEntry:
+    """A stand-in record file: framed sizes as in a TFRecord file (payload + 16), arbitrary bytes."""
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sizes = [n + 16 for n in lengths]
+    path.write_bytes(bytes(range(256)) * (sum(sizes) // 256) + bytes(sum(sizes) % 256))
+    index = index_sha = None
+    if with_index:
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        (root / f"{rel}.idx").write_text("".join(f"{o} {s}\n" for o, s in zip(offsets, sizes)))
+        index, index_sha = f"{rel}.idx", sha256_file(root / f"{rel}.idx")
+    return FileEntry(path=rel, records=len(lengths), bytes=sum(sizes), sha256=sha256_file(path), index=index,
+                     index_sha256=index_sha)
+
+
+def _manifest(root, compression="none") -> Manifest:
+    with_index = compression == "none"
+    train = (_record_file(root, "train/a.tfrecord", [100, 100, 100], with_index),
+             _record_file(root, "train/b.tfrecord", [100, 100, 100], with_index))
+    val = (_record_file(root, "validation/c.tfrecord", [100, 100, 100], with_index),)
+    return Manifest(root=root, format="cosmoflow-tfrecord", version=1, sample_shape=(4, 4, 4, 4),
+                    sample_dtype="int16", target_size=4, compression=compression,
+                    splits={"train": SplitEntry(samples=6, files=train),
+                            "validation": SplitEntry(samples=3, files=val)},
+                    source={"kind": "test"}, seed=7)
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    manifest = _manifest(tmp_path)
+    write_manifest(manifest, tmp_path)
+    return tmp_path
+
+
+def _edit_json(root, edit) -> None:
+    obj = json.loads((root / "manifest.json").read_text())
+    edit(obj)
+    (root / "manifest.json").write_text(json.dumps(obj))
+
+
+def test_round_trip_and_checks_pass(tmp_path):
+    written = _manifest(tmp_path)
+    path = write_manifest(written, tmp_path)
+    assert path == tmp_path / "manifest.json"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+    loaded = load_manifest(tmp_path, expected_format="cosmoflow-tfrecord")
+    assert loaded == written
+    for split in ("train", "validation"):
+        check_split_files(loaded, split, verify_checksums=True)
+
+
+def test_write_accepts_a_dict_and_rejects_an_invalid_one(tmp_path):
+    obj = _manifest(tmp_path, compression="gzip").to_dict()
+    write_manifest(obj, tmp_path)
+    assert load_manifest(tmp_path).compression == "gzip"
+    obj["splits"]["train"]["samples"] = 99
+    with pytest.raises(BenchError, match="99 samples"):
+        write_manifest(obj, tmp_path)
+    assert load_manifest(tmp_path).splits["train"].samples == 6  # the earlier manifest is untouched
+
+
+def test_sha256_file_streams(tmp_path):
+    data = bytes(range(256)) * 5000
+    (tmp_path / "f").write_bytes(data)
+    assert sha256_file(tmp_path / "f", chunk_bytes=1000) == hashlib.sha256(data).hexdigest()
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(BenchError, match="dataset directory not found") as err:
+        load_manifest(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(err.value)
+
+
+def test_directory_without_manifest_says_unfinished(tmp_path):
+    with pytest.raises(BenchError, match="exists but has no manifest.json.*unfinished") as err:
+        load_manifest(tmp_path)
+    assert str(tmp_path) in str(err.value)
+
+
+def test_bad_json(dataset):
+    (dataset / "manifest.json").write_text("{not json")
+    with pytest.raises(BenchError, match="manifest.json: not a readable JSON manifest"):
+        load_manifest(dataset)
+
+
+@pytest.mark.parametrize("key", ["format", "sample_shape", "compression", "splits", "source"])
+def test_missing_key(dataset, key):
+    _edit_json(dataset, lambda obj: obj.pop(key))
+    with pytest.raises(BenchError, match=f"missing key '{key}'"):
+        load_manifest(dataset)
+
+
+def test_missing_file_key_names_the_split(dataset):
+    _edit_json(dataset, lambda obj: obj["splits"]["validation"]["files"][0].pop("sha256"))
+    with pytest.raises(BenchError, match="split 'validation' file 0: missing key 'sha256'"):
+        load_manifest(dataset)
+
+
+def test_mistyped_value(dataset):
+    _edit_json(dataset, lambda obj: obj.update(target_size="4"))
+    with pytest.raises(BenchError, match="'target_size' is '4', expected int"):
+        load_manifest(dataset)
+
+
+def test_unknown_format_and_version(dataset):
+    _edit_json(dataset, lambda obj: obj.update(format="imagenet-jpeg"))
+    with pytest.raises(BenchError, match="unknown format 'imagenet-jpeg'"):
+        load_manifest(dataset)
+    _edit_json(dataset, lambda obj: obj.update(format="cosmoflow-tfrecord", version=2))
+    with pytest.raises(BenchError, match="version 2"):
+        load_manifest(dataset)
+
+
+def test_expected_format(dataset, monkeypatch):
+    monkeypatch.setitem(manifest_module.FORMATS, "deepcam-tfrecord", 1)
+    with pytest.raises(BenchError, match="format 'cosmoflow-tfrecord', expected 'deepcam-tfrecord'"):
+        load_manifest(dataset, expected_format="deepcam-tfrecord")
+
+
+def test_sample_count_must_equal_records(dataset):
+    _edit_json(dataset, lambda obj: obj["splits"]["train"].update(samples=5))
+    with pytest.raises(BenchError, match="split 'train' says 5 samples, but its 2 files hold 6 records"):
+        load_manifest(dataset)
+
+
+def test_paths_must_stay_inside_the_directory(dataset):
+    _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][0].update(path="../elsewhere.tfrecord"))
+    with pytest.raises(BenchError, match="must be relative to the dataset directory"):
+        load_manifest(dataset)
+
+
+def test_missing_split(dataset):
+    with pytest.raises(BenchError, match="no 'test' split"):
+        check_split_files(load_manifest(dataset), "test")
+
+
+def test_missing_file(dataset):
+    (dataset / "train/b.tfrecord").unlink()
+    with pytest.raises(BenchError, match="train/b.tfrecord: listed in the manifest .* but missing"):
+        check_split_files(load_manifest(dataset), "train")
+
+
+def test_size_mismatch(dataset):
+    with open(dataset / "train/a.tfrecord", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(BenchError, match=r"train/a.tfrecord: 349 bytes, the manifest says 348"):
+        check_split_files(load_manifest(dataset), "train")
+
+
+def test_checksum_mismatch_only_with_verify(dataset):
+    path = dataset / "validation/c.tfrecord"
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF  # same size, different content
+    path.write_bytes(bytes(data))
+    manifest = load_manifest(dataset)
+    check_split_files(manifest, "validation")
+    with pytest.raises(BenchError, match="validation/c.tfrecord: sha256 [0-9a-f]{64}, the manifest says"):
+        check_split_files(manifest, "validation", verify_checksums=True)
+
+
+def test_index_checksum_mismatch(dataset):
+    index = dataset / "train/a.tfrecord.idx"
+    index.write_text(index.read_text().replace("\n", " \n"))  # same numbers, different bytes
+    check_split_files(load_manifest(dataset), "train")
+    with pytest.raises(BenchError, match="a.tfrecord.idx: sha256"):
+        check_split_files(load_manifest(dataset), "train", verify_checksums=True)
+
+
+def test_index_missing(dataset):
+    (dataset / "train/a.tfrecord.idx").unlink()
+    with pytest.raises(BenchError, match="a.tfrecord.idx: DALI index of train/a.tfrecord .* missing"):
+        check_split_files(load_manifest(dataset), "train")
+
+
+def test_index_line_count_mismatch(dataset):
+    index = dataset / "train/b.tfrecord.idx"
+    index.write_text("".join(index.read_text().splitlines(keepends=True)[:2]))
+    with pytest.raises(BenchError, match="b.tfrecord.idx: 2 index lines, expected 3"):
+        check_split_files(load_manifest(dataset), "train")
+
+
+def test_index_must_cover_the_file(dataset):
+    (dataset / "train/a.tfrecord.idx").write_text("0 116\n116 116\n240 116\n")
+    with pytest.raises(BenchError, match=r"line 3 is '240 116', expected \"232 <size>\""):
+        check_split_files(load_manifest(dataset), "train")
+
+
+def test_compressed_files_have_no_index(tmp_path):
+    write_manifest(_manifest(tmp_path, compression="gzip"), tmp_path)
+    manifest = load_manifest(tmp_path)
+    assert all(f.index is None and f.index_sha256 is None for f in manifest.splits["train"].files)
+    check_split_files(manifest, "train", verify_checksums=True)

@@ -1,0 +1,55 @@
+"""CosmoFlow model: reference architecture, output shape and parameter counts from config sizes."""
+import numpy as np
+import pytest
+
+from cosmoflow.model import build_model
+
+
+def _conv(cin, cout, k=3):
+    return cin * cout * k ** 3 + cout
+
+
+def _expected_params(size, filters, dense, channels=4, targets=4):
+    total, cin = 0, channels
+    for f in filters:
+        total, cin = total + _conv(cin, f), f
+    flat = (size // 2 ** len(filters)) ** 3 * cin
+    for units in dense:
+        total, flat = total + flat * units + units, units
+    return total + flat * targets + targets
+
+
+def test_reference_parameter_count():
+    model = build_model()
+    assert model.count_params() == 8_907_556 == _expected_params(128, (32, 64, 128, 256, 512), (128, 64))
+    kinds = [type(layer).__name__ for layer in model.layers]
+    assert kinds.count("Conv3D") == 5 and kinds.count("MaxPooling3D") == 5 and kinds.count("Dropout") == 2
+    assert [layer.filters for layer in model.layers if type(layer).__name__ == "Conv3D"] == [32, 64, 128, 256, 512]
+
+
+@pytest.mark.parametrize("size, filters, dense", [(16, (4, 8), (8,)), (32, (8, 16, 16), (16, 8)),
+                                                  (32, (32, 64, 128, 256, 512), (128, 64))])
+def test_sizes_from_config(size, filters, dense):
+    model = build_model(input_shape=(size, size, size, 4), conv_filters=filters, dense_units=dense)
+    assert model.count_params() == _expected_params(size, filters, dense)
+    out = model(np.random.default_rng(0).random((3, size, size, size, 4), dtype=np.float32))
+    assert tuple(out.shape) == (3, 4)
+
+
+def test_output_bounded_by_scaled_tanh():
+    model = build_model(input_shape=(16, 16, 16, 4), conv_filters=(4, 4), dense_units=(8,), output_scale=1.2)
+    out = np.asarray(model(1e4 * np.ones((2, 16, 16, 16, 4), np.float32)))
+    assert np.all(np.abs(out) <= 1.2 + 1e-6)
+
+
+def test_too_many_poolings_rejected():
+    with pytest.raises(ValueError, match="at least 32"):
+        build_model(input_shape=(16, 16, 16, 4))
+
+
+def test_pooling_choice():
+    kinds = {p: [type(layer).__name__ for layer in build_model(input_shape=(16, 16, 16, 4), conv_filters=(4, 4),
+                                                               pooling=p).layers] for p in ("max", "avg")}
+    assert kinds["max"].count("MaxPooling3D") == 2 and kinds["avg"].count("AveragePooling3D") == 2
+    with pytest.raises(ValueError, match="pooling"):
+        build_model(input_shape=(16, 16, 16, 4), conv_filters=(4, 4), pooling="min")
