@@ -90,12 +90,14 @@ class TrainConfig:
     max_epochs: int = 64
     local_batch_size: int = 4
     target: float = 0.124
-    eval_every: int = 1
+    eval_every: int = 1  # epochs between evaluations
+    eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead (inside epochs too)
 
     def __post_init__(self):
         _check(self.max_epochs >= 1, "train.max_epochs", self.max_epochs, ">= 1")
         _check(self.local_batch_size >= 1, "train.local_batch_size", self.local_batch_size, ">= 1")
         _check(self.eval_every >= 1, "train.eval_every", self.eval_every, ">= 1")
+        _check(self.eval_every_steps >= 0, "train.eval_every_steps", self.eval_every_steps, ">= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,6 +65,15 @@ class DistEnv:
         import horovod.tensorflow as hvd
         return hvd.allreduce(value, op=hvd.Sum, name=name)
 
+    def average_variables(self, variables: Sequence[Any]) -> None:
+        """Replace each variable (e.g. batch-norm running statistics) by its mean over ranks."""
+        if not self.horovod or self.size == 1 or not variables:
+            return
+        import horovod.tensorflow as hvd
+        means = hvd.grouped_allreduce([v.value for v in variables], op=hvd.Average)
+        for var, mean in zip(variables, means):
+            var.assign(mean)
+
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrite `variables` (Keras 3 or tf.Variables) with rank 0's values."""
         if not self.horovod or self.size == 1:

@@ -62,7 +62,8 @@ class FitResult:
 class FitOptions:
     max_epochs: int
     target: float
-    eval_every: int = 1
+    eval_every: int = 1  # evaluate after every this many epochs (and after the last)
+    eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead, also inside epochs
     progress_seconds: float = 30.0
 
 
@@ -73,40 +74,84 @@ def fit(model: Any, optimizer: Any, loss_fn: Callable, metric: Metric, schedule:
     optimizer.build(model.trainable_variables)
     dist.broadcast_variables(model.variables + optimizer.variables)
     train_step = _make_train_step(model, optimizer, loss_fn, dist)
-    eval_step = _make_eval_step(model, loss_fn, metric)
-    train_iter, val_iter = iter(data.train), iter(data.val)
-    log = log if dist.is_root else (lambda _msg: None)
-    history, start = [], time.perf_counter()
+    run = _Evaluator(_make_eval_step(model, loss_fn, metric), iter(data.val), model, metric, data, dist,
+                     options, mlperf, log if dist.is_root else (lambda _msg: None))
+    train_iter = iter(data.train)
     for epoch in range(1, options.max_epochs + 1):
         mlperf.start("epoch_start", epoch_num=epoch)
-        stats = _train_epoch(train_step, train_iter, optimizer, schedule, data, epoch, log, options)
+        stats = _train_epoch(train_step, train_iter, optimizer, schedule, data, epoch, run.log, options,
+                             on_step=lambda step, running, ep=epoch: run.on_step(ep, step, running))
         mlperf.end("epoch_stop", epoch_num=epoch)
-        record = {"epoch": epoch, **stats}
-        history.append(record)
+        run.record(epoch, stats)
         if not math.isfinite(stats["loss"]):
-            return _finish(RUN_ABORTED, f"non-finite training loss {stats['loss']} in epoch {epoch}",
-                           history, start, None)
-        if epoch % options.eval_every and epoch != options.max_epochs:
-            continue
-        mlperf.start("eval_start", epoch_num=epoch)
-        record.update(_evaluate(eval_step, val_iter, metric, data, dist))
-        mlperf.end("eval_stop", epoch_num=epoch)
-        mlperf.event(metric.mlperf_key, record[metric.name], epoch_num=epoch)
-        log(_progress_line(record, metric, options, start))
-        if _reached(record[metric.name], metric, options.target):
-            return _finish(RUN_SUCCESS, f"{metric.name} {record[metric.name]:.4f} reached target "
-                           f"{options.target} in epoch {epoch}", history, start, record[metric.name])
-    last = next((h[metric.name] for h in reversed(history) if metric.name in h), None)
-    return _finish(RUN_ABORTED, f"target {metric.name} {options.target} not reached in "
-                   f"{options.max_epochs} epochs (last {last})", history, start, last)
+            return run.finish(RUN_ABORTED, f"non-finite training loss {stats['loss']} in epoch {epoch}", None)
+        if run.reached:
+            return run.success()
+        if epoch == options.max_epochs or (not options.eval_every_steps and epoch % options.eval_every == 0):
+            run.evaluate(epoch, data.train_steps)
+            if run.reached:
+                return run.success()
+    last = next((h[metric.name] for h in reversed(run.history) if metric.name in h), None)
+    return run.finish(RUN_ABORTED, f"target {metric.name} {options.target} not reached in "
+                      f"{options.max_epochs} epochs (last {last})", last)
+
+
+class _Evaluator:
+    """Evaluation on the training loop's schedule, the history of records, and the stop decision."""
+
+    def __init__(self, eval_step, val_iter, model, metric: Metric, data: Datasets, dist: DistEnv,
+                 options: FitOptions, mlperf: MLPerfLog, log: Callable[[str], None]):
+        self.eval_step, self.val_iter, self.model, self.metric = eval_step, val_iter, model, metric
+        self.data, self.dist, self.options, self.mlperf, self.log = data, dist, options, mlperf, log
+        self.history: list[dict] = []
+        self.reached = False
+        self.start = time.perf_counter()
+
+    def record(self, epoch: int, figures: dict) -> dict:
+        """The history record of `epoch`, created or updated with `figures`."""
+        if not self.history or self.history[-1]["epoch"] != epoch:
+            self.history.append({"epoch": epoch})
+        self.history[-1].update(figures)
+        return self.history[-1]
+
+    def on_step(self, epoch: int, step: int, running: dict) -> bool:
+        """After optimizer step `step` (1-based) of `epoch`: evaluate when due; True stops the epoch."""
+        every = self.options.eval_every_steps
+        global_step = (epoch - 1) * self.data.train_steps + step
+        if not every or global_step % every or (step == self.data.train_steps and epoch == self.options.max_epochs):
+            return False
+        self.record(epoch, running)
+        return self.evaluate(epoch, step)
+
+    def evaluate(self, epoch: int, step: int) -> bool:
+        """Evaluate now; logs the MLPerf events and a progress line; True when the target is reached."""
+        # Each rank's batch-norm running statistics saw only its own data: average them first,
+        # as the reference does before every evaluation.
+        # (Integer state such as dropout seed generators is left alone.)
+        self.dist.average_variables([v for v in self.model.non_trainable_variables if "float" in str(v.dtype)])
+        self.mlperf.start("eval_start", epoch_num=epoch)
+        record = _evaluate(self.eval_step, self.val_iter, self.metric, self.data, self.dist)
+        self.mlperf.end("eval_stop", epoch_num=epoch)
+        value = record[self.metric.name]
+        self.mlperf.event(self.metric.mlperf_key, value, epoch_num=epoch)
+        current = self.record(epoch, record | {"step": (epoch - 1) * self.data.train_steps + step})
+        self.log(_progress_line(current, self.metric, self.options, self.start, self.data.train_steps))
+        self.reached = _reached(value, self.metric, self.options.target)
+        return self.reached
+
+    def success(self) -> FitResult:
+        record = next(h for h in reversed(self.history) if self.metric.name in h)
+        value = record[self.metric.name]
+        return self.finish(RUN_SUCCESS, f"{self.metric.name} {value:.4f} reached target {self.options.target} "
+                           f"in epoch {record['epoch']} (step {record['step']})", value)
+
+    def finish(self, status: str, reason: str, metric_value) -> FitResult:
+        return FitResult(status, reason, len(self.history), metric_value, self.history,
+                         time.perf_counter() - self.start)
 
 
 def _reached(value: float, metric: Metric, target: float) -> bool:
     return value >= target if metric.higher_is_better else value < target
-
-
-def _finish(status, reason, history, start, metric_value) -> FitResult:
-    return FitResult(status, reason, len(history), metric_value, history, time.perf_counter() - start)
 
 
 def _make_train_step(model, optimizer, loss_fn, dist: DistEnv):
@@ -140,10 +185,14 @@ def _make_eval_step(model, loss_fn, metric: Metric):
 
 
 def _train_epoch(train_step, train_iter, optimizer, schedule, data: Datasets, epoch: int,
-                 log, options: FitOptions) -> dict:
-    """Run one epoch of steps; returns mean loss, time, throughput and learning rate."""
+                 log, options: FitOptions, on_step: Callable[[int, dict], bool] | None = None) -> dict:
+    """Run one epoch of steps; returns mean loss, time, throughput and learning rate.
+
+    `on_step(step, running)` runs after each step (1-based) with the epoch's figures so far; its
+    time (evaluations) is not counted as training time, and True ends the epoch early.
+    """
     t0 = last_report = time.perf_counter()
-    loss_sum, steps_done = 0.0, 0
+    loss_sum, steps_done, paused = 0.0, 0, 0.0
     for step in range(data.train_steps):
         lr = schedule(epoch - 1 + step / data.train_steps)
         optimizer.learning_rate.assign(lr)
@@ -153,15 +202,20 @@ def _train_epoch(train_step, train_iter, optimizer, schedule, data: Datasets, ep
         if not math.isfinite(loss):
             break
         now = time.perf_counter()
+        rate = steps_done * data.train_samples / data.train_steps / (now - t0 - paused)
         if now - last_report > options.progress_seconds and step + 1 < data.train_steps:
-            rate = (step + 1) * data.train_samples / data.train_steps / (now - t0)
             log(f"  epoch {epoch} step {step + 1}/{data.train_steps}  loss {loss_sum / steps_done:.4f}  "
                 f"{rate:.2f} samples/s")
             last_report = now
-    seconds = time.perf_counter() - t0
+        if on_step is not None:
+            stop = on_step(step + 1, {"loss": loss_sum / steps_done, "samples_per_second": rate, "lr": lr})
+            paused += time.perf_counter() - now
+            if stop:
+                break
+    seconds = time.perf_counter() - t0 - paused
     samples = steps_done * data.train_samples / data.train_steps
     return {"loss": loss_sum / max(1, steps_done) if math.isfinite(loss_sum) else loss_sum,
-            "lr": lr, "train_seconds": seconds, "samples_per_second": samples / seconds}
+            "lr": lr, "steps": steps_done, "train_seconds": seconds, "samples_per_second": samples / seconds}
 
 
 def _evaluate(eval_step, val_iter, metric: Metric, data: Datasets, dist: DistEnv) -> dict:
@@ -179,13 +233,13 @@ def _evaluate(eval_step, val_iter, metric: Metric, data: Datasets, dist: DistEnv
             **metric.details(sums[2:]), "val_samples_seen": int(count), "eval_seconds": time.perf_counter() - t0}
 
 
-def _progress_line(record: dict, metric: Metric, options: FitOptions, start: float) -> str:
+def _progress_line(record: dict, metric: Metric, options: FitOptions, start: float, steps_per_epoch: int) -> str:
     elapsed = time.perf_counter() - start
-    per_epoch = elapsed / record["epoch"]
-    remaining = per_epoch * (options.max_epochs - record["epoch"])
+    epochs_done = record["step"] / steps_per_epoch
+    remaining = elapsed / epochs_done * (options.max_epochs - epochs_done)
     parts = [f"{v:.3f}" for k, v in record.items() if k.startswith(f"{metric.name}_")]
     detail = f" [{' '.join(parts)}]" if parts else ""
-    return (f"epoch {record['epoch']:3d}/{options.max_epochs}  loss {record['loss']:.4f}  "
+    return (f"epoch {record['epoch']:3d}/{options.max_epochs} step {record['step']}  loss {record['loss']:.4f}  "
             f"val_loss {record['val_loss']:.4f}  {metric.name} {record[metric.name]:.4f}{detail} "
             f"(target {'>=' if metric.higher_is_better else '<'} {options.target})  "
             f"{record['samples_per_second']:.1f} samples/s  elapsed {_hms(elapsed)}  "

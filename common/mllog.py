@@ -68,22 +68,26 @@ class MLPerfLog:
         self.event("submission_platform", cfg.platform)
         self.event("cache_clear", cache_cleared)
 
-    def hyperparameters(self, *, nodes: int, accelerators_per_node: int, global_batch_size: int,
-                        train_samples: int, eval_samples: int, optimizer: OptimizerConfig,
-                        schedule: ScheduleConfig, warmup_factor: float, extra: dict | None = None) -> None:
-        """Scale, dataset sizes and optimizer settings, as the HPC rules name them."""
-        self.event("number_of_nodes", nodes)
-        self.event("accelerators_per_node", accelerators_per_node)
-        self.event("global_batch_size", global_batch_size)
-        self.event("train_samples", train_samples)
-        self.event("eval_samples", eval_samples)
-        self.event("gradient_accumulation_steps", 1)
-        self.event("opt_name", optimizer.name)
-        self.event("opt_base_learning_rate", optimizer.base_lr)
-        self.event("opt_learning_rate_warmup_epochs", schedule.warmup_epochs)
-        self.event("opt_learning_rate_warmup_factor", warmup_factor)
-        self.event("opt_learning_rate_decay_boundary_epochs", list(schedule.decay_epochs))
-        self.event("opt_learning_rate_decay_factor", list(schedule.decay_factors))
-        self.event("opt_weight_decay", optimizer.weight_decay)
-        for key, value in (extra or {}).items():
+    def events(self, keys: dict) -> None:
+        """One event per key, in the dict's order (hyperparameters before init_stop)."""
+        for key, value in keys.items():
             self.event(key, value)
+
+
+def scale_keys(*, nodes: int, accelerators_per_node: int, global_batch_size: int, train_samples: int,
+               eval_samples: int) -> dict:
+    """Scale and dataset sizes, as the HPC rules name them (every benchmark logs these)."""
+    return {"number_of_nodes": nodes, "accelerators_per_node": accelerators_per_node,
+            "global_batch_size": global_batch_size, "train_samples": train_samples, "eval_samples": eval_samples}
+
+
+def sgd_keys(optimizer: OptimizerConfig, schedule: ScheduleConfig, warmup_factor: float) -> dict:
+    """CosmoFlow's optimizer keys: SGD with epoch-based warm-up and step decay."""
+    return {"gradient_accumulation_steps": 1,
+            "opt_name": optimizer.name,
+            "opt_base_learning_rate": optimizer.base_lr,
+            "opt_learning_rate_warmup_epochs": schedule.warmup_epochs,
+            "opt_learning_rate_warmup_factor": warmup_factor,
+            "opt_learning_rate_decay_boundary_epochs": list(schedule.decay_epochs),
+            "opt_learning_rate_decay_factor": list(schedule.decay_factors),
+            "opt_weight_decay": optimizer.weight_decay}
