@@ -2,9 +2,11 @@
 
 A converter writes `manifest.json` last, atomically, so a directory without one is an unfinished
 conversion. The manifest names the record format, the shape and dtype of one sample, the target
-size, the compression, where the data came from, and for every split its sample count and files
-(path relative to the directory, record count, byte size, sha256, and the DALI index file if any).
-Loaders call `load_manifest` and `check_split_files` before reading anything. See docs/formats.md.
+size (and, for targets that are not a vector, their shape and dtype), the compression, where the
+data came from, for every split its sample count and files (path relative to the directory, record
+count, byte size, sha256, and the DALI index file if any), and any auxiliary files the loader needs
+(DeepCAM's normalisation statistics). Loaders call `load_manifest`, `check_split_files` and
+`check_aux_file` before reading anything. See docs/formats.md.
 
 The module is format-agnostic: each benchmark registers its format id and highest supported
 version in `FORMATS`.
@@ -23,7 +25,7 @@ from common.errors import BenchError
 
 MANIFEST_NAME = "manifest.json"
 # Format id -> highest version this code reads.
-FORMATS = {"cosmoflow-tfrecord": 1}
+FORMATS = {"cosmoflow-tfrecord": 1, "deepcam-tfrecord": 1}
 COMPRESSIONS = ("none", "gzip")
 
 
@@ -37,6 +39,15 @@ class FileEntry:
     sha256: str
     index: str | None  # DALI index ("offset size" per record), None for compressed files
     index_sha256: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class AuxFile:
+    """A file the loader needs besides the records (e.g. normalisation statistics), checked by sha256."""
+
+    path: str
+    bytes: int
+    sha256: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,20 +68,32 @@ class Manifest:
     splits: dict[str, SplitEntry]
     source: dict  # converter-specific provenance: input directory, sizes, counts
     seed: int | None = None  # seed of the train/validation split, when the converter drew one
+    # A target that is not a float32 vector (DeepCAM's (H, W) uint8 label map); None: (target_size,) float32.
+    target_shape: tuple[int, ...] | None = None
+    target_dtype: str | None = None
+    aux_files: dict[str, AuxFile] = dataclasses.field(default_factory=dict)  # name -> file
 
     def to_dict(self) -> dict:
-        """The JSON form, in a fixed key order so equal manifests serialise to equal bytes."""
+        """The JSON form, in a fixed key order so equal manifests serialise to equal bytes.
+
+        The optional keys are written only when set, so manifests that do not use them keep their form.
+        """
+        target = {} if self.target_shape is None else {"target_shape": list(self.target_shape),
+                                                       "target_dtype": self.target_dtype}
+        aux = {name: dataclasses.asdict(f) for name, f in self.aux_files.items()}
         return {
             "format": self.format,
             "version": self.version,
             "sample_shape": list(self.sample_shape),
             "sample_dtype": self.sample_dtype,
             "target_size": self.target_size,
+            **target,
             "compression": self.compression,
             "seed": self.seed,
             "source": self.source,
             "splits": {name: {"samples": split.samples, "files": [dataclasses.asdict(f) for f in split.files]}
                        for name, split in self.splits.items()},
+            **({"aux_files": aux} if aux else {}),
         }
 
 
@@ -132,9 +155,7 @@ def _parse(obj: Any, root: Path, where: Path) -> Manifest:
     if not 1 <= version <= FORMATS[fmt]:
         raise BenchError(f"{where}: {fmt} version {version}, this code reads versions 1 to {FORMATS[fmt]}; "
                          f"reconvert the dataset or update the suite")
-    shape = _get(obj, "sample_shape", list, where)
-    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
-        raise BenchError(f"{where}: sample_shape {shape!r}, expected a list of positive integers")
+    shape = _shape(obj, "sample_shape", where)
     compression = _get(obj, "compression", str, where)
     if compression not in COMPRESSIONS:
         raise BenchError(f"{where}: compression {compression!r}, expected one of {list(COMPRESSIONS)}")
@@ -142,10 +163,35 @@ def _parse(obj: Any, root: Path, where: Path) -> Manifest:
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise BenchError(f"{where}: 'seed' is {seed!r}, expected an integer or null")
     splits = {name: _parse_split(name, value, where) for name, value in _get(obj, "splits", dict, where).items()}
+    target_shape = _shape(obj, "target_shape", where) if "target_shape" in obj else None
+    target_dtype = _get(obj, "target_dtype", str, where) if "target_dtype" in obj else None
+    if (target_shape is None) != (target_dtype is None):
+        raise BenchError(f"{where}: target_shape {target_shape!r} and target_dtype {target_dtype!r}; both or "
+                         f"neither must be set")
+    aux = {name: _parse_aux(name, value, where)
+           for name, value in (_get(obj, "aux_files", dict, where) if "aux_files" in obj else {}).items()}
     return Manifest(root=root, format=fmt, version=version, sample_shape=tuple(shape),
                     sample_dtype=_get(obj, "sample_dtype", str, where),
                     target_size=_get(obj, "target_size", int, where), compression=compression,
-                    splits=splits, source=_get(obj, "source", dict, where), seed=seed)
+                    splits=splits, source=_get(obj, "source", dict, where), seed=seed,
+                    target_shape=target_shape, target_dtype=target_dtype, aux_files=aux)
+
+
+def _shape(obj: dict, key: str, where: Path) -> tuple[int, ...]:
+    shape = _get(obj, key, list, where)
+    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+        raise BenchError(f"{where}: {key} {shape!r}, expected a list of positive integers")
+    return tuple(shape)
+
+
+def _parse_aux(name: str, obj: Any, where: Path) -> AuxFile:
+    label = f"aux file {name!r}"
+    if not isinstance(obj, dict):
+        raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
+    entry = AuxFile(path=_get(obj, "path", str, where, label), bytes=_get(obj, "bytes", int, where, label),
+                    sha256=_get(obj, "sha256", str, where, label))
+    _check_relative(entry.path, where, label)
+    return entry
 
 
 def _parse_split(name: str, obj: Any, where: Path) -> SplitEntry:
@@ -172,12 +218,17 @@ def _parse_file(obj: Any, where: Path, label: str) -> FileEntry:
                       sha256=_get(obj, "sha256", str, where, label), index=index,
                       index_sha256=_get(obj, "index_sha256", (str, type(None)), where, label))
     for rel in (entry.path, entry.index):
-        if rel is not None and (PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts):
-            raise BenchError(f"{where}: {label} path {rel!r} must be relative to the dataset directory")
+        if rel is not None:
+            _check_relative(rel, where, label)
     if (entry.index is None) != (entry.index_sha256 is None):
         raise BenchError(f"{where}: {label} ({entry.path}) has index {entry.index!r} but index_sha256 "
                          f"{entry.index_sha256!r}; both or neither must be set")
     return entry
+
+
+def _check_relative(rel: str, where: Path, label: str) -> None:
+    if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+        raise BenchError(f"{where}: {label} path {rel!r} must be relative to the dataset directory")
 
 
 def _get(obj: dict, key: str, kind, where: Path, label: str = "") -> Any:
@@ -217,6 +268,28 @@ def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = F
             _check_sha256(path, entry.sha256)
             if entry.index is not None:
                 _check_sha256(manifest.root / entry.index, entry.index_sha256)
+
+
+def check_aux_file(manifest: Manifest, name: str) -> Path:
+    """The path of auxiliary file `name`, checked against its size and sha256 (always: such files are small).
+
+    Raises BenchError when the manifest lists no such file or the file is missing or differs.
+    """
+    where = manifest.root / MANIFEST_NAME
+    if name not in manifest.aux_files:
+        raise BenchError(f"{where}: no auxiliary file {name!r} (found {sorted(manifest.aux_files)}); this "
+                         f"dataset was converted without it, reconvert it")
+    entry = manifest.aux_files[name]
+    path = manifest.root / entry.path
+    if not path.is_file():
+        raise BenchError(f"{path}: listed in the manifest as {name!r} but missing; copy it back or reconvert "
+                         f"the dataset")
+    size = path.stat().st_size
+    if size != entry.bytes:
+        raise BenchError(f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or "
+                         f"truncated, reconvert the dataset")
+    _check_sha256(path, entry.sha256)
+    return path
 
 
 def _check_index(path: Path, entry: FileEntry) -> None:

@@ -13,6 +13,9 @@ from common.cli import guarded
 COMMANDS = {
     "cosmo-synth": "data_prep.cosmo_synth",
     "cosmo-convert": "data_prep.cosmo_convert",
+    "deepcam-synth": "data_prep.climate_synth",
+    "deepcam-stats": "data_prep.climate_stats",
+    "deepcam-convert": "data_prep.deepcam_convert",
 }
 
 

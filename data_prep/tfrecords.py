@@ -9,17 +9,28 @@ DALI cannot index compressed files, so GZIP files get no index.
 Every file is written under a temporary name in its final directory (`.NAME.tmp-PID`) and renamed
 when complete, so a file with its final name is always whole. TensorFlow is imported only by the
 functions that need it (CRC32C and GZIP come from its C++ writer).
+
+The last section holds plumbing a converter needs around its records: a process pool with a
+progress bar, the check that a resumed run has the settings of the interrupted one, and the
+manifest entry of a finished file.
 """
 from __future__ import annotations
 
+import argparse
+import concurrent.futures
 import dataclasses
+import json
+import multiprocessing
 import os
+import sys
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from common.manifest import COMPRESSIONS, sha256_file
+from common.cli import write_json_atomic
+from common.errors import BenchError
+from common.manifest import COMPRESSIONS, MANIFEST_NAME, FileEntry, sha256_file
 
 FRAMING_BYTES = 16  # 8-byte length + 4-byte length CRC + 4-byte payload CRC
 INDEX_SUFFIX = ".idx"
@@ -204,3 +215,125 @@ def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
+
+
+# ---------------------------------------------------------------------------- converter plumbing
+def run_in_pool(function: Callable[[Any], Any], jobs: Sequence[Any], workers: int, desc: str,
+                unit: str) -> list:
+    """`function(job)` for every job, in job order, with a progress bar on stderr.
+
+    One worker runs in this process; more run in spawned processes (they start clean even when the
+    caller has TensorFlow and its threads loaded). On an error, running jobs finish (their files are
+    complete and a rerun reuses them), queued ones never start, and the error is raised here.
+    """
+    from tqdm import tqdm
+    workers = max(1, min(workers, len(jobs)))
+    results: list = [None] * len(jobs)
+    with tqdm(total=len(jobs), unit=unit, desc=desc, file=sys.stderr) as bar:
+        if workers == 1:
+            for i, job in enumerate(jobs):
+                results[i] = function(job)
+                bar.update()
+            return results
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            pending = {pool.submit(function, job): i for i, job in enumerate(jobs)}
+            for future in concurrent.futures.as_completed(pending):
+                results[pending[future]] = future.result()
+                bar.update()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return results
+
+
+def begin_conversion(out: Path, state_name: str, settings: dict, planned: Iterable[Path],
+                     subdirs: Iterable[str], tool: str) -> None:
+    """Make `out` ready for a (possibly resumed) conversion and record its settings in `out/state_name`.
+
+    An earlier run's directory must have been made with the same settings; a directory holding any
+    of the `planned` outputs without a state file is refused. The manifest is removed before anything
+    is rewritten (a manifest never describes files in flux; the same settings rewrite it identically),
+    and temporaries left by a killed run are deleted.
+    """
+    state = out / state_name
+    if state.is_file():
+        check_resume_state(state, settings, tool)
+    else:
+        stray = next((p for p in [out / MANIFEST_NAME, *planned] if p.exists()), None)
+        if stray is not None:
+            raise BenchError(f"{out}: holds {stray} but no {state_name}, so it was not written by {tool} with "
+                             f"these settings; choose an empty --out directory or delete it")
+    directories = [out, *(out / name for name in subdirs)]
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(settings, state)
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    for directory in directories:
+        remove_stale_temps(directory)
+
+
+def check_resume_state(state: Path, settings: dict, tool: str) -> None:
+    """Refuse to continue a conversion in `state.parent` whose recorded settings differ from `settings`."""
+    try:
+        earlier = json.loads(state.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BenchError(f"{state}: unreadable record of an earlier {tool} run ({err}); delete {state.parent} "
+                         f"and convert again") from None
+    difference = first_difference(earlier, settings)
+    if difference is None:
+        return
+    key, before, now = difference
+    raise BenchError(f"{state}: {state.parent} holds a {tool} conversion with {key} = {_brief(before)}, but "
+                     f"this run has {key} = {_brief(now)}; rerun with the earlier arguments and input files to "
+                     f"resume, or choose a new --out directory (or delete this one)")
+
+
+def first_difference(before: Any, now: Any, key: str = "settings") -> tuple[str, Any, Any] | None:
+    """(dotted key, value before, value now) of the first leaf where two JSON values differ, else None.
+
+    A list of scalars is a leaf (e.g. one input file's [name, bytes, mtime]), so the key names the entry.
+    """
+    if before == now:
+        return None
+    if isinstance(before, dict) and isinstance(now, dict):
+        for name in [*now, *(k for k in before if k not in now)]:
+            found = first_difference(before.get(name), now.get(name), f"{key}.{name}")
+            if found:
+                return found
+    if (isinstance(before, list) and isinstance(now, list) and len(before) == len(now)
+            and any(isinstance(v, (list, dict)) for v in before + now)):
+        for i, (a, b) in enumerate(zip(before, now)):
+            found = first_difference(a, b, f"{key}[{i}]")
+            if found:
+                return found
+    return key, before, now
+
+
+def _brief(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value)
+    if len(text) <= limit:
+        return text
+    items = f" ({len(value)} items)" if isinstance(value, (list, dict)) else ""
+    return f"{text[:limit]}...{items}"
+
+
+def file_entry(record_file: RecordFile, root: Path) -> FileEntry:
+    """The manifest entry of a finished record file, with paths relative to the dataset directory `root`."""
+    def relative(path: Path | None) -> str | None:
+        return None if path is None else path.relative_to(root).as_posix()
+
+    return FileEntry(path=relative(record_file.path), records=record_file.records, bytes=record_file.bytes,
+                     sha256=record_file.sha256, index=relative(record_file.index),
+                     index_sha256=record_file.index_sha256)
+
+
+def available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value

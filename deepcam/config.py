@@ -1,0 +1,155 @@
+"""DeepCAM's configuration: its own `data`, `model`, `optimizer`, `schedule`, `loss` and `train`
+sections plus the shared `run`, `dist` and `mlperf` ones. The optimizer and schedule sections
+carry the names the MLPerf HPC DeepCAM rules log (deepcam/optim.py)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from common.config import DistConfig, MlperfConfig, RunConfig, _check
+
+LOADERS = ("tfdata", "dali")
+NORMALIZATIONS = ("minmax", "meanstd")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCamDataConfig:
+    """Where the converted TFRecords are and how they are read and normalised."""
+
+    dir: str = "data/deepcam_mini/tfrecords"
+    loader: Literal["tfdata", "dali"] = "tfdata"
+    shuffle: bool = True
+    # Samples held for shuffling, per rank: 8 x 57.5 MB at the full 768x1152 size.
+    shuffle_buffer: int = 8
+    read_threads: int = 2  # record files read in parallel / DALI worker threads
+    prefetch: int = 2  # batches prepared ahead
+    # Per channel, from the dataset's stats.h5: "minmax" (the reference's) (x - min) / (max - min);
+    # "meanstd" (x - mean) / sqrt(sqmean - mean^2).
+    normalization: Literal["minmax", "meanstd"] = "minmax"
+    verify_checksums: bool = False  # sha256 of every record file against the manifest before training
+    train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
+    val_samples: int = 0  # expected validation samples; 0 accepts any count
+
+    def __post_init__(self):
+        _check(self.loader in LOADERS, "data.loader", self.loader, f"one of {list(LOADERS)}")
+        _check(self.normalization in NORMALIZATIONS, "data.normalization", self.normalization,
+               f"one of {list(NORMALIZATIONS)}")
+        _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
+        _check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
+        _check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")
+        _check(self.train_samples >= 0, "data.train_samples", self.train_samples, ">= 0 (0 accepts any count)")
+        _check(self.val_samples >= 0, "data.val_samples", self.val_samples, ">= 0 (0 accepts any count)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCamModelConfig:
+    """Keyword arguments of deepcam.model.build_model (DeepLabv3+ with an aligned-Xception encoder)."""
+
+    input_shape: tuple[int, ...] = (768, 1152, 16)
+    num_classes: int = 3
+    width: float = 1.0  # channel multiplier; 1.0 is the reference network
+
+    def __post_init__(self):
+        _check(len(self.input_shape) == 3, "model.input_shape", list(self.input_shape), "[H, W, C]")
+        _check(all(s % 16 == 0 and s > 0 for s in self.input_shape[:2]), "model.input_shape",
+               list(self.input_shape), "H and W positive multiples of 16 (output stride 16)")
+        _check(self.num_classes >= 2, "model.num_classes", self.num_classes, ">= 2")
+        _check(0 < self.width <= 4, "model.width", self.width, "in (0, 4]")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCamOptimizerConfig:
+    """LAMB, AdamW or Adam with the reference's epsilon; `lr` is the start rate the schedule scales."""
+
+    name: Literal["LAMB", "AdamW", "Adam"] = "LAMB"
+    lr: float = 0.0055
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0  # LAMB only: global gradient-norm clipping, as apex's FusedLAMB
+
+    def __post_init__(self):
+        _check(self.name in ("LAMB", "AdamW", "Adam"), "optimizer.name", self.name, "LAMB, AdamW or Adam")
+        _check(self.lr > 0, "optimizer.lr", self.lr, "> 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
+               list(self.betas), "two values in [0, 1)")
+        _check(self.eps > 0, "optimizer.eps", self.eps, "> 0")
+        _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, ">= 0")
+        _check(self.max_grad_norm > 0, "optimizer.max_grad_norm", self.max_grad_norm, "> 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCamScheduleConfig:
+    """Warm-up then multistep or cosine decay, all counted in optimizer steps (deepcam/optim.py)."""
+
+    type: Literal["multistep", "cosine_annealing"] = "multistep"
+    warmup_steps: int = 0
+    warmup_factor: float = 1.0  # 1: ramp from 0 to lr; > 1: ramp from lr to lr * factor
+    milestones: tuple[int, ...] = ()  # multistep: steps after warm-up where the rate is multiplied ...
+    decay_rate: float = 0.1  # ... by this
+    t_max: int = 1  # cosine_annealing: steps from the peak to eta_min
+    eta_min: float = 0.0
+
+    def __post_init__(self):
+        _check(self.type in ("multistep", "cosine_annealing"), "schedule.type", self.type,
+               "multistep or cosine_annealing")
+        _check(self.warmup_steps >= 0, "schedule.warmup_steps", self.warmup_steps, ">= 0")
+        _check(self.warmup_factor >= 1, "schedule.warmup_factor", self.warmup_factor, ">= 1")
+        _check(list(self.milestones) == sorted(set(self.milestones)) and all(m > 0 for m in self.milestones),
+               "schedule.milestones", list(self.milestones), "strictly increasing positive steps")
+        _check(0 < self.decay_rate <= 1, "schedule.decay_rate", self.decay_rate, "in (0, 1]")
+        _check(self.t_max >= 1, "schedule.t_max", self.t_max, ">= 1")
+        _check(self.eta_min >= 0, "schedule.eta_min", self.eta_min, ">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCamLossConfig:
+    """Class-weighted cross-entropy; weights are frequency ** weight_power (reference: -0.125)."""
+
+    class_frequencies: tuple[float, ...] = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
+    weight_power: float = -0.125
+
+    def __post_init__(self):
+        _check(all(f > 0 for f in self.class_frequencies), "loss.class_frequencies",
+               list(self.class_frequencies), "all > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCamTrainConfig:
+    """Epoch budget, batch size per rank, evaluation cadence and the quality target."""
+
+    max_epochs: int = 200
+    local_batch_size: int = 2
+    target: float = 0.82
+    eval_every: int = 1  # epochs between evaluations (the reference: every epoch)
+    eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead
+    batchnorm_group_size: int = 1  # ranks whose batch-norm statistics are combined (1: per rank)
+    gradient_accumulation_frequency: int = 1
+
+    def __post_init__(self):
+        _check(self.max_epochs >= 1, "train.max_epochs", self.max_epochs, ">= 1")
+        _check(self.local_batch_size >= 1, "train.local_batch_size", self.local_batch_size, ">= 1")
+        _check(0 < self.target <= 1, "train.target", self.target, "in (0, 1]")
+        _check(self.eval_every >= 1, "train.eval_every", self.eval_every, ">= 1")
+        _check(self.eval_every_steps >= 0, "train.eval_every_steps", self.eval_every_steps, ">= 0")
+        _check(self.batchnorm_group_size == 1, "train.batchnorm_group_size", self.batchnorm_group_size,
+               "1 (batch-norm statistics across ranks are not implemented)")
+        _check(self.gradient_accumulation_frequency == 1, "train.gradient_accumulation_frequency",
+               self.gradient_accumulation_frequency, "1 (gradient accumulation is not implemented)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepCamConfig:
+    run: RunConfig = RunConfig(name="deepcam", seed=1)
+    dist: DistConfig = DistConfig()
+    data: DeepCamDataConfig = DeepCamDataConfig()
+    model: DeepCamModelConfig = DeepCamModelConfig()
+    optimizer: DeepCamOptimizerConfig = DeepCamOptimizerConfig()
+    schedule: DeepCamScheduleConfig = DeepCamScheduleConfig()
+    loss: DeepCamLossConfig = DeepCamLossConfig()
+    train: DeepCamTrainConfig = DeepCamTrainConfig()
+    mlperf: MlperfConfig = MlperfConfig()
+
+    def __post_init__(self):
+        _check(len(self.loss.class_frequencies) == self.model.num_classes, "loss.class_frequencies",
+               list(self.loss.class_frequencies), f"one frequency per class ({self.model.num_classes})")

@@ -1,0 +1,356 @@
+"""DeepCAM input pipeline: TFRecords (see docs/formats.md) through tf.data or NVIDIA DALI.
+
+`build_datasets` checks the dataset against its manifest up front (image shape, files, sizes, the
+statistics file, enough samples for the ranks and the batch). Each split is cut into contiguous
+blocks of records, one per rank: rank r reads records [r*m, (r+1)*m) of the split in file order,
+where m is N // ranks rounded down to a multiple of the local batch (so fewer than ranks x batch
+samples are left out). An epoch is exactly a rank's m records, reshuffled every epoch when
+shuffling; every evaluation reads each rank's whole validation block. The datasets repeat and yield
+(B, H, W, 16) float32 fields normalised per channel from the dataset's stats.h5, and (B, H, W)
+int32 labels. Both loaders give the same tensors when shuffling is off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from common.dist import DistEnv
+from common.errors import BenchError
+from common.loop import Datasets
+from common.manifest import MANIFEST_NAME, Manifest, check_aux_file, check_split_files, load_manifest
+from deepcam.config import DeepCamDataConfig
+
+FORMAT = "deepcam-tfrecord"
+CHANNELS = 16
+STATS_NAME = "stats.h5"
+STATS_KEYS = ("count", "mean", "sqmean", "minval", "maxval")  # group `climate`, each (CHANNELS,)
+TRAIN, VALIDATION = "train", "validation"
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Consecutive records of one file: `count` of them from record `start`."""
+
+    path: str
+    index: str | None
+    start: int
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """What one rank reads from one split in an epoch."""
+
+    split: str
+    pieces: tuple[Piece, ...]
+    samples: int  # on this rank per epoch, a multiple of the local batch
+    global_samples: int  # in the split
+
+
+def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_batch: int, dist: DistEnv,
+                   seed: int) -> Datasets:
+    """Datasets for training and validation on this rank, checked against the manifest.
+
+    Args:
+        image_shape: (H, W, 16), the model's channels-last input shape.
+    Returns:
+        Datasets whose train_samples and val_samples are the sizes of the splits (what the
+        reference logs); an epoch reads ranks x train_steps x local_batch of them.
+    """
+    manifest = load_manifest(cfg.dir, expected_format=FORMAT)
+    _check_manifest(manifest, image_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
+    stats_path = check_aux_file(manifest, "stats")
+    shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
+    if cfg.loader == "dali":
+        _check_dali_input(manifest)
+    shards = {}
+    for split in (TRAIN, VALIDATION):
+        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums)
+        shards[split] = shard_split(manifest, split, dist.rank, dist.size, local_batch)
+    make = _dali_dataset if cfg.loader == "dali" else _tfdata_dataset
+    preprocess = _preprocess(shift, divisor)
+    train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
+    val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
+    return Datasets(train=train, val=val,
+                    train_steps=shards[TRAIN].samples // local_batch,
+                    val_steps=shards[VALIDATION].samples // local_batch,
+                    train_samples=shards[TRAIN].global_samples,
+                    val_samples=shards[VALIDATION].global_samples,
+                    local_batch_size=local_batch)
+
+
+def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: dict[str, int]) -> None:
+    where = manifest.root / MANIFEST_NAME
+    if len(image_shape) != 3 or image_shape[2] != CHANNELS:
+        raise BenchError(f"image shape {list(image_shape)}: expected [H, W, {CHANNELS}] (channels last)")
+    if tuple(manifest.sample_shape) != tuple(image_shape):
+        raise BenchError(f"{where}: samples have shape {list(manifest.sample_shape)} (H, W, C), but the config "
+                         f"expects {list(image_shape)}; convert data of that size or change the config")
+    height, width, _ = manifest.sample_shape
+    found = (manifest.sample_dtype, manifest.target_shape, manifest.target_dtype)
+    if found != ("float32", (height, width), "uint8"):
+        raise BenchError(f"{where}: sample_dtype, target_shape, target_dtype are {found}, expected "
+                         f"('float32', {(height, width)}, 'uint8'); reconvert with deepcam-convert")
+    for split in (TRAIN, VALIDATION):
+        if split not in manifest.splits:
+            raise BenchError(f"{where}: no {split!r} split (found {sorted(manifest.splits)})")
+        count = manifest.splits[split].samples
+        if expected[split] and count != expected[split]:
+            key = "data.train_samples" if split == TRAIN else "data.val_samples"
+            raise BenchError(f"{where}: the {split} split has {count} samples, but the config expects "
+                             f"{expected[split]} ({key}); point data.dir at the right dataset or set {key}=0")
+
+
+def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int) -> Shard:
+    """Rank `rank`'s block of records [rank*m, (rank+1)*m) of a split, m = (N // size) rounded down to batches."""
+    total = manifest.splits[split].samples
+    per_rank = total // size
+    if per_rank < local_batch:
+        raise BenchError(f"{manifest.root / MANIFEST_NAME}: the {split} split has {total} samples, fewer than "
+                         f"ranks x local batch = {size} x {local_batch} = {size * local_batch}; every rank needs "
+                         f"at least one full batch: use fewer ranks, a smaller batch or a larger dataset")
+    samples = per_rank - per_rank % local_batch
+    return Shard(split=split, pieces=_pieces(manifest, split, rank * samples, samples), samples=samples,
+                 global_samples=total)
+
+
+def _pieces(manifest: Manifest, split: str, first: int, count: int) -> tuple[Piece, ...]:
+    """The runs of records [first, first + count) of a split, file by file."""
+    pieces, offset, end = [], 0, first + count
+    for entry in manifest.splits[split].files:
+        lo, hi = max(first, offset), min(end, offset + entry.records)
+        if lo < hi:
+            index = str(manifest.root / entry.index) if entry.index else None
+            pieces.append(Piece(str(manifest.root / entry.path), index, lo - offset, hi - lo))
+        offset += entry.records
+    return tuple(pieces)
+
+
+# ---------------------------------------------------------------------------- normalisation
+def read_stats(path: str | Path) -> dict[str, np.ndarray]:
+    """The per-channel statistics of a stats.h5 file: name -> (16,) float64, checked finite."""
+    import h5py
+    try:
+        f = h5py.File(path, "r")
+    except OSError as err:
+        raise BenchError(f"{path}: not a readable HDF5 file ({err}); it is truncated, corrupt or not HDF5") from None
+    expected = ", ".join(f"climate/{k}" for k in STATS_KEYS)
+    with f:
+        group = f.get("climate")
+        if not isinstance(group, h5py.Group):
+            raise BenchError(f"{path}: no group 'climate' (found {sorted(f.keys())}); expected {expected}, "
+                             f"each of shape ({CHANNELS},)")
+        stats = {}
+        for key in STATS_KEYS:
+            values = group.get(key)
+            if not isinstance(values, h5py.Dataset):
+                raise BenchError(f"{path}: no dataset 'climate/{key}' (found {sorted(group.keys())}); expected "
+                                 f"{expected}, each of shape ({CHANNELS},)")
+            if values.shape != (CHANNELS,) or values.dtype.kind not in "iuf":
+                raise BenchError(f"{path}: climate/{key} is {values.dtype} with shape {values.shape}, expected "
+                                 f"({CHANNELS},) numbers, one per channel")
+            stats[key] = np.asarray(values[()], dtype=np.float64)
+            if not np.all(np.isfinite(stats[key])):
+                raise BenchError(f"{path}: climate/{key} is {stats[key].tolist()}, expected finite numbers")
+    return stats
+
+
+def normalization_constants(stats: dict[str, np.ndarray], kind: str,
+                            where: str | Path = STATS_NAME) -> tuple[np.ndarray, np.ndarray]:
+    """(shift, divisor), each (16,) float32, for x -> (x - shift) / divisor per channel.
+
+    "minmax" (the reference's): shift minval, divisor maxval - minval.
+    "meanstd": shift mean, divisor sqrt(sqmean - mean^2).
+    """
+    if kind == "minmax":
+        shift, divisor, what = stats["minval"], stats["maxval"] - stats["minval"], "maxval - minval"
+    elif kind == "meanstd":
+        shift, what = stats["mean"], "sqrt(sqmean - mean^2)"
+        divisor = np.sqrt(np.maximum(stats["sqmean"] - stats["mean"] ** 2, 0.0))
+    else:
+        raise BenchError(f"normalization {kind!r}: expected 'minmax' or 'meanstd'")
+    shift, divisor = shift.astype(np.float32), divisor.astype(np.float32)
+    if not np.all(divisor > 0):
+        channel = int(np.argmin(divisor > 0))
+        raise BenchError(f"{where}: channel {channel} has {what} = {divisor[channel]}, so {kind} normalisation "
+                         f"would divide by zero; expected a positive spread in every channel")
+    return shift, divisor
+
+
+def _preprocess(shift: np.ndarray, divisor: np.ndarray):
+    """Normalise fields, widen labels; applied after either loader, so both agree bit for bit."""
+    import tensorflow as tf
+    shift_t, divisor_t = tf.constant(shift), tf.constant(divisor)
+
+    def preprocess(x, y):
+        return (x - shift_t) / divisor_t, tf.cast(y, tf.int32)  # (B, H, W, C) float32, (B, H, W) int32
+
+    return preprocess
+
+
+# ---------------------------------------------------------------------------- tf.data
+def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batch: int, dist: DistEnv,
+                    preprocess, shuffle: bool, seed: int):
+    import tensorflow as tf
+    compression = "GZIP" if manifest.compression == "gzip" else ""
+    pieces = tf.data.Dataset.from_tensor_slices(([p.path for p in shard.pieces],
+                                                 np.int64([p.start for p in shard.pieces]),
+                                                 np.int64([p.count for p in shard.pieces])))
+
+    def read(path, start, count):
+        return tf.data.TFRecordDataset(path, compression_type=compression).skip(start).take(count)
+
+    if shuffle:
+        # The pipeline is re-iterated by repeat() below, so both shuffles draw a new order every epoch.
+        pieces = pieces.shuffle(len(shard.pieces), seed=seed, reshuffle_each_iteration=True)
+        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.pieces)), block_length=1,
+                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    else:
+        records = pieces.flat_map(read)  # the block in file order: the order DALI reads it unshuffled
+    samples = records.map(_record_parser(manifest.sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
+    # An epoch is shard.samples records, a whole number of batches: no batch spans two epochs.
+    batches = samples.batch(batch, drop_remainder=True).repeat()
+    return batches.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
+
+
+def _record_parser(sample_shape: Sequence[int]):
+    import tensorflow as tf
+    features = {"data": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.string)}
+    height, width, channels = (int(s) for s in sample_shape)
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, features)
+        x = tf.io.decode_raw(example["data"], tf.float32, little_endian=True)
+        y = tf.io.decode_raw(example["label"], tf.uint8)
+        # Reshape fails on a record of the wrong size.
+        return tf.reshape(x, [height, width, channels]), tf.reshape(y, [height, width])
+
+    return parse
+
+
+# ---------------------------------------------------------------------------- DALI
+def _check_dali_input(manifest: Manifest) -> None:
+    where = manifest.root / MANIFEST_NAME
+    if manifest.compression != "none":
+        raise BenchError(f"{where}: records are {manifest.compression}-compressed, but data.loader=dali reads "
+                         f"uncompressed records through their index files; convert with --compression none "
+                         f"or set data.loader=tfdata")
+    unindexed = [e.path for s in (TRAIN, VALIDATION) for e in manifest.splits[s].files if e.index is None]
+    if unindexed:
+        raise BenchError(f"{where}: {len(unindexed)} record file(s) have no DALI index, the first {unindexed[0]}; "
+                         f"reconvert the dataset or set data.loader=tfdata")
+
+
+def _dali_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batch: int, dist: DistEnv,
+                  preprocess, shuffle: bool, seed: int):
+    """A DALIDataset on the CPU, or on this rank's GPU when one is present."""
+    import tensorflow as tf
+    dali_tf = _dali_plugin()
+    index_dir, index_files = _block_indexes(shard)
+    device_id = dist.local_rank if dist.gpu else None
+    pipe = _dali_pipeline(shard, index_files, manifest.sample_shape, cfg, batch, shuffle, seed, device_id)
+    height, width, channels = manifest.sample_shape
+    with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):
+        dataset = dali_tf.DALIDataset(pipeline=pipe, batch_size=batch, device_id=device_id,
+                                      output_shapes=((batch, height, width, channels), (batch, height, width)),
+                                      output_dtypes=(tf.float32, tf.uint8))
+        weakref.finalize(dataset, shutil.rmtree, index_dir, True)  # the indexes live as long as the reader
+        return dataset.map(preprocess)
+
+
+def _dali_plugin():
+    try:
+        import nvidia.dali.plugin.tf as plugin
+    except ImportError as err:
+        raise BenchError(f"{err}: DeepCAM's data.loader=dali reads through NVIDIA DALI and its TensorFlow "
+                         f"plugin; install nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120 (make setup "
+                         f"does), or set data.loader=tfdata") from None
+    return plugin
+
+
+def _block_indexes(shard: Shard) -> tuple[str, list[str]]:
+    """Index files listing only each piece's records, so that DALI reads exactly this rank's block.
+
+    They go to a temporary directory (the dataset may be read-only); returns it and the files.
+    """
+    directory = tempfile.mkdtemp(prefix=f"deepcam-{shard.split}-index-")
+    files = []
+    for i, piece in enumerate(shard.pieces):
+        lines = Path(piece.index).read_text().splitlines()[piece.start:piece.start + piece.count]
+        path = Path(directory) / f"{i:06d}.idx"
+        path.write_text("".join(line + "\n" for line in lines))
+        files.append(str(path))
+    return directory, files
+
+
+def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[int], cfg: DeepCamDataConfig,
+                   batch: int, shuffle: bool, seed: int, device_id: int | None):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.tfrecord as tfrec
+    from nvidia.dali import pipeline_def, types
+    height, width, channels = sample_shape
+
+    @pipeline_def(batch_size=batch, num_threads=cfg.read_threads, device_id=device_id, seed=seed,
+                  prefetch_queue_depth=cfg.prefetch)
+    def pipeline():
+        record = fn.readers.tfrecord(
+            path=[p.path for p in shard.pieces], index_path=index_files,
+            features={"data": tfrec.FixedLenFeature((), tfrec.string, ""),
+                      "label": tfrec.FixedLenFeature((), tfrec.string, "")},
+            random_shuffle=shuffle, initial_fill=cfg.shuffle_buffer, name="reader")
+        x = fn.reinterpret(record["data"], dtype=types.FLOAT, shape=[height, width, channels])  # (H, W, C)
+        y = fn.reinterpret(record["label"], dtype=types.UINT8, shape=[height, width])  # (H, W)
+        if device_id is not None:
+            x, y = x.gpu(), y.gpu()
+        return x, y
+
+    return pipeline()
+
+
+# ---------------------------------------------------------------------------- diagnosis
+def read_error(cfg: DeepCamDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
+    """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
+    manifest = load_manifest(cfg.dir, expected_format=FORMAT)
+    paths = list(dict.fromkeys(piece.path for split in (TRAIN, VALIDATION)
+                               for piece in shard_split(manifest, split, dist.rank, dist.size, local_batch).pieces))
+    problem = find_bad_record(paths, manifest)
+    if problem:
+        return BenchError(problem)
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return BenchError(f"reading the DeepCAM records failed ({first_line}); every record of the {len(paths)} files "
+                      f"rank {dist.rank} reads is intact and of the size {list(manifest.sample_shape)} needs")
+
+
+def find_bad_record(paths: Sequence[str], manifest: Manifest) -> str | None:
+    """The first problem in the record files `paths`: a bad frame or CRC, a foreign record, a wrong size."""
+    import tensorflow as tf
+    height, width, channels = manifest.sample_shape
+    expected = {"data": height * width * channels * 4, "label": height * width}  # bytes per feature
+    features = {key: tf.io.FixedLenFeature([], tf.string) for key in expected}
+    compression = "GZIP" if manifest.compression == "gzip" else ""
+    for path in paths:
+        good = 0  # records read intact so far; the next one is the culprit
+        try:
+            for record in tf.data.TFRecordDataset(path, compression_type=compression):
+                example = tf.io.parse_single_example(record, features)
+                for key, size in expected.items():
+                    found = len(example[key].numpy())
+                    if found != size:
+                        return (f"{path}: record {good} has {found} bytes of {key!r}, expected {size} for samples "
+                                f"of shape {list(manifest.sample_shape)}; reconvert the dataset")
+                good += 1
+        except tf.errors.DataLossError as loss:
+            return (f"{path}: corrupt or truncated at record {good} ({loss.message.splitlines()[0]}); the file no "
+                    f"longer matches its sha256 in the manifest (data.verify_checksums=true finds such files "
+                    f"up front): reconvert it")
+        except tf.errors.InvalidArgumentError as bad:
+            return (f"{path}: record {good} is not a DeepCAM example with 'data' and 'label' bytes "
+                    f"({bad.message.splitlines()[0]})")
+    return None
