@@ -1,0 +1,256 @@
+"""The DeepCAM segmentation network of the MLPerf HPC reference, in pure Keras 3 (any backend).
+
+DeepLabv3+ with an aligned-Xception encoder, layer for layer as the reference PyTorch model
+(mlcommons/hpc deepcam/src/deepCam/architecture/deeplab_xception.py), channels-last:
+
+  stem      conv 3x3 /2 -> BN -> ReLU -> conv 3x3 -> BN -> ReLU
+  entry     3 Xception blocks (/2 each; the third is stride 1 at output stride 8); the first one's
+            output after ReLU is the low-level feature map (B, H/4, W/4, 128)
+  middle    `middle_blocks` residual blocks of 3 separable convs (identity skip)
+  exit      1 block to 1024 channels, then 3 separable convs -> BN -> ReLU up to 2048 channels
+  ASPP      1x1 branch, 3x3 branches dilated by `aspp_rates`, global-average-pool branch
+            (conv 1x1 -> per-channel affine -> ReLU, tiled back), concat -> 1x1 -> BN -> ReLU
+  decoder   transposed convs up to H/4, concat with 48 low-level channels, convs, transposed
+            convs up to H: (B, H, W, num_classes) logits
+
+Separable convs are depthwise 3x3 then pointwise 1x1, no bias, no BN between (as the reference).
+Strided convs pad symmetrically like PyTorch (Keras "same" would shift the sampling grid by one
+pixel), and transposed convs crop like PyTorch's padding=1, output_padding=1.
+Every size comes from the arguments, which are the config's `model:` section.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Sequence
+
+import keras
+from keras import layers
+
+# Output stride -> (stride of the third entry block, dilation of the middle flow, dilations of the
+# exit block and of the exit separable convs), as the reference's Xception(os=...).
+OUTPUT_STRIDES = {16: (2, 1, (1, 2)), 8: (1, 2, (2, 4))}
+
+
+def build_model(input_shape: Sequence[int] = (768, 1152, 16),
+                num_classes: int = 3,
+                width: float = 1.0,
+                output_stride: int = 16,
+                stem_channels: Sequence[int] = (32, 64),
+                entry_channels: Sequence[int] = (128, 256, 728),
+                middle_blocks: int = 16,
+                exit_channels: Sequence[int] = (1024, 1536, 2048),
+                aspp_rates: Sequence[int] = (6, 12, 18),
+                aspp_channels: int = 256,
+                low_level_channels: int = 48,
+                decoder_channels: int = 256,
+                batchnorm_momentum: float = 0.9,
+                batchnorm_epsilon: float = 1e-5,
+                name: str = "deepcam") -> keras.Model:
+    """Build the DeepCAM DeepLabv3+ network; the defaults are the reference's.
+
+    Args:
+        input_shape: (H, W, C) of one sample; H and W must be positive multiples of `output_stride`.
+        width: multiplies every channel count except the inputs and the classes; each result is
+            rounded to the nearest multiple of 8, at least 8.
+        output_stride: 16 (the reference) or 8, the encoder's total downsampling. At 8 the
+            decoder upsamples once, not twice, before joining the low-level features (the
+            reference's decoder is written for 16 only).
+        stem_channels, entry_channels, exit_channels: encoder widths at width 1; the middle flow
+            keeps entry_channels[-1].
+        aspp_rates: dilations of the 3x3 ASPP branches (a 1x1 and a pooling branch are added).
+        batchnorm_momentum: Keras convention (moving = momentum * moving + (1 - momentum) * batch);
+            0.9 is PyTorch's default momentum 0.1. The epsilon default is PyTorch's too.
+    Returns:
+        A `keras.Model` mapping (B, H, W, C) to (B, H, W, num_classes) logits.
+    """
+    _check_arguments(input_shape, output_stride, width, len(stem_channels), len(entry_channels),
+                     len(exit_channels))
+    ch = functools.partial(scaled_channels, width=width)
+    bn = functools.partial(layers.BatchNormalization, momentum=batchnorm_momentum, epsilon=batchnorm_epsilon)
+    inputs = keras.Input(shape=tuple(input_shape), name="climate")
+    x, low_level = _encoder(inputs, [ch(c) for c in stem_channels], [ch(c) for c in entry_channels],
+                            middle_blocks, [ch(c) for c in exit_channels], output_stride, bn)
+    x = _aspp(x, ch(aspp_channels), aspp_rates, bn)                       # (B, H/os, W/os, 256)
+    low_level = _conv_bn_relu(low_level, ch(low_level_channels), 1, bn, "low_level")  # (B, H/4, W/4, 48)
+    outputs = _decoder(x, low_level, ch(decoder_channels), num_classes, output_stride, bn)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def scaled_channels(channels: int, width: float) -> int:
+    """`channels * width` rounded to the nearest multiple of 8 (halves up), at least 8."""
+    return max(8, 8 * math.floor(channels * width / 8 + 0.5))
+
+
+def count_parameters(model: keras.Model) -> int:
+    """Number of trainable scalars (BatchNorm moving statistics excluded)."""
+    return sum(math.prod(v.shape) for v in model.trainable_weights)
+
+
+# ----------------------------------------------------------------------------- encoder
+
+def _encoder(x, stem: Sequence[int], entry: Sequence[int], middle_blocks: int, exit_: Sequence[int],
+             output_stride: int, bn: Callable):
+    """Aligned Xception; returns (features (B, H/os, W/os, exit_[-1]), low level (B, H/4, W/4, entry[0]))."""
+    entry3_stride, middle_rate, (exit_rate, exit_conv_rate) = OUTPUT_STRIDES[output_stride]
+    init = _kaiming_normal()
+    x = _conv_bn_relu(x, stem[0], 3, bn, "stem1", strides=2, kernel_initializer=init)  # (B, H/2, W/2, 32)
+    x = _conv_bn_relu(x, stem[1], 3, bn, "stem2", kernel_initializer=init)             # (B, H/2, W/2, 64)
+    # The reference's ReLU after entry block 1 is in place, so its low-level features are rectified.
+    x = _xception_block(x, entry[0], 2, bn, "entry1", strides=2, end_with_relu=True)
+    low_level = x                                                        # (B, H/4, W/4, 128)
+    x = _xception_block(x, entry[1], 2, bn, "entry2", strides=2)         # (B, H/8, W/8, 256)
+    x = _xception_block(x, entry[2], 2, bn, "entry3", strides=entry3_stride, is_last=True)
+    for i in range(middle_blocks):                                       # (B, H/16, W/16, 728)
+        x = _xception_block(x, entry[2], 3, bn, f"middle{i + 1}", dilation=middle_rate)
+    x = _xception_block(x, exit_[0], 2, bn, "exit_block", dilation=exit_rate, end_with_relu=False,
+                        grow_first=False, is_last=True)                  # (B, H/16, W/16, 1024)
+    for i, filters in enumerate((exit_[1], exit_[1], exit_[2])):         # 1536, 1536, 2048
+        x = _separable_conv(x, filters, f"exit_sep{i + 1}", dilation=exit_conv_rate)
+        x = layers.ReLU(name=f"exit_sep{i + 1}_relu")(bn(name=f"exit_sep{i + 1}_bn")(x))
+    return x, low_level
+
+
+def _xception_block(inputs, filters: int, reps: int, bn: Callable, name: str, strides: int = 1,
+                    dilation: int = 1, end_with_relu: bool = True, grow_first: bool = True,
+                    is_last: bool = False):
+    """The reference's `Block`: `reps` separable convs with BN (ReLU between, not after the last),
+    an extra undilated separable conv (strided, or when `is_last`), plus a skip, then ReLU."""
+    in_filters = inputs.shape[-1]
+    widths = [filters] * reps if grow_first else [in_filters] * (reps - 1) + [filters]
+    x = inputs
+    for i, out in enumerate(widths):
+        if i:
+            x = layers.ReLU(name=f"{name}_sep{i}_relu")(x)
+        x = _separable_conv(x, out, f"{name}_sep{i + 1}", dilation=dilation)
+        x = bn(name=f"{name}_sep{i + 1}_bn")(x)
+    if strides != 1 or is_last:                                          # no BN after this one
+        x = _separable_conv(x, filters, f"{name}_sep{reps + 1}", strides=strides)
+    skip = inputs
+    if filters != in_filters or strides != 1:
+        skip = _strided_pointwise_conv(inputs, filters, strides, f"{name}_skip")
+        skip = bn(name=f"{name}_skip_bn")(skip)
+    x = layers.Add(name=f"{name}_add")([x, skip])
+    return layers.ReLU(name=f"{name}_relu")(x) if end_with_relu else x
+
+
+def _strided_pointwise_conv(x, filters: int, strides: int, name: str):
+    """A bias-free 1x1 conv with stride, written as subsampling then a stride-1 1x1 conv (the same sum).
+
+    oneDNN's weight gradient of a strided 1x1 conv on channels-last input with fewer input channels
+    than its SIMD block (16 floats on AVX-512) writes out of bounds and crashes the process
+    (TensorFlow 2.18.1 here; oneDNN issue 6035). Width 0.125 gives such a skip conv (8 channels in).
+    """
+    if strides != 1:
+        x = layers.AveragePooling2D(pool_size=1, strides=strides, name=f"{name}_subsample")(x)
+    return layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=_kaiming_normal(), name=name)(x)
+
+
+def _separable_conv(x, filters: int, name: str, strides: int = 1, dilation: int = 1):
+    """Depthwise 3x3 then pointwise 1x1, no bias: the reference's `SeparableConv2d_same`."""
+    return _padded_conv(x, layers.SeparableConv2D, filters, 3, name, strides=strides, dilation=dilation,
+                        depthwise_initializer=_kaiming_normal(depthwise=True),
+                        pointwise_initializer=_kaiming_normal())
+
+
+# ----------------------------------------------------------------------------- ASPP and decoder
+
+def _aspp(x, filters: int, rates: Sequence[int], bn: Callable):
+    """Atrous spatial pyramid pooling (the reference's `Bottleneck`), (B, h, w, C) -> (B, h, w, filters)."""
+    branches = [_conv_bn_relu(x, filters, 1, bn, "aspp1", kernel_initializer=_kaiming_normal())]
+    for i, rate in enumerate(rates):
+        branches.append(_conv_bn_relu(x, filters, 3, bn, f"aspp{i + 2}", dilation=rate,
+                                      kernel_initializer=_kaiming_normal()))
+    pooled = layers.GlobalAveragePooling2D(keepdims=True, name="aspp_pool")(x)      # (B, 1, 1, C)
+    pooled = layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=_torch_default(),
+                           name="aspp_pool_conv")(pooled)
+    # The reference's TrainableAffine (scale and shift per channel, no statistics): a 1x1 depthwise
+    # conv with bias is exactly that.
+    pooled = layers.DepthwiseConv2D(1, depthwise_initializer="ones", name="aspp_pool_affine")(pooled)
+    pooled = layers.ReLU(name="aspp_pool_relu")(pooled)
+    # Tiled to the feature map size (the reference tiles to its fixed 48 x 72).
+    branches.append(layers.UpSampling2D(size=tuple(x.shape[1:3]), name="aspp_pool_tile")(pooled))
+    x = layers.Concatenate(name="aspp_concat")(branches)                            # (B, h, w, 5 * filters)
+    return _conv_bn_relu(x, filters, 1, bn, "aspp_project")
+
+
+def _decoder(x, low_level, filters: int, num_classes: int, output_stride: int, bn: Callable):
+    """The reference's `DeconvUpsampler`: (B, H/os, W/os, F) and (B, H/4, W/4, L) -> (B, H, W, classes)."""
+    for i in range(int(math.log2(output_stride // 4))):                 # up to (B, H/4, W/4, 256)
+        x = _deconv_bn_relu(x, filters, bn, f"decoder_up{i + 1}")
+    x = layers.Concatenate(name="decoder_concat")([x, low_level])       # (B, H/4, W/4, 304)
+    x = _conv_bn_relu(x, filters, 3, bn, "decoder_conv1")
+    x = _conv_bn_relu(x, filters, 3, bn, "decoder_conv2")
+    bound = 1.0 / math.sqrt(filters)                                     # PyTorch's default bias init
+    x = layers.Conv2D(filters, 1, kernel_initializer=_torch_default(), name="decoder_conv3",
+                      bias_initializer=keras.initializers.RandomUniform(-bound, bound))(x)
+    x = _deconv_bn_relu(x, filters, bn, "decoder_up_final")             # (B, H/2, W/2, 256)
+    return _deconv(x, num_classes, "logits")                             # no BN, no bias: logits
+
+
+# ----------------------------------------------------------------------------- conv helpers
+
+def _conv_bn_relu(x, filters: int, kernel_size: int, bn: Callable, name: str, strides: int = 1,
+                  dilation: int = 1, kernel_initializer=None):
+    x = _padded_conv(x, layers.Conv2D, filters, kernel_size, name, strides=strides, dilation=dilation,
+                     kernel_initializer=kernel_initializer or _torch_default())
+    return layers.ReLU(name=f"{name}_relu")(bn(name=f"{name}_bn")(x))
+
+
+def _padded_conv(x, conv, filters: int, kernel_size: int, name: str, strides: int = 1, dilation: int = 1,
+                 **kwargs):
+    """A bias-free conv padded as PyTorch's padding=(k_eff - 1) // 2 on every side.
+
+    At stride 1 that is Keras "same". At stride 2 "same" pads only after (sampling pixels 1, 3, ...
+    at the centres); PyTorch pads before too (centres 0, 2, ...), so the padding is explicit there.
+    """
+    pad = (kernel_size - 1) * dilation // 2
+    if strides != 1 and pad:
+        x = layers.ZeroPadding2D(pad, name=f"{name}_pad")(x)
+    padding = "same" if strides == 1 else "valid"
+    return conv(filters, kernel_size, strides=strides, dilation_rate=dilation, padding=padding,
+                use_bias=False, name=name, **kwargs)(x)
+
+
+def _deconv(x, filters: int, name: str):
+    """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1, bias=False): (h, w) -> (2h, 2w).
+
+    The full transposed output has 2h + 1 rows; PyTorch drops the first one, Keras "same" the last.
+    """
+    x = layers.Conv2DTranspose(filters, 3, strides=2, padding="valid", use_bias=False,
+                               kernel_initializer=_torch_default(), name=name)(x)
+    return layers.Cropping2D(((1, 0), (1, 0)), name=f"{name}_crop")(x)
+
+
+def _deconv_bn_relu(x, filters: int, bn: Callable, name: str):
+    x = _deconv(x, filters, name)
+    return layers.ReLU(name=f"{name}_relu")(bn(name=f"{name}_bn")(x))
+
+
+# The reference initialises the encoder's and ASPP's convs with kaiming_normal_ (untruncated,
+# std sqrt(2 / fan_in)) and leaves the rest at PyTorch's default (uniform, bound 1 / sqrt(fan_in)).
+# PyTorch's fan_in of a depthwise kernel is k * k; Keras computes k * k * C for a (k, k, C, 1)
+# kernel, whose fan_out is k * k. For transposed convs both libraries compute k * k * out_channels.
+
+def _kaiming_normal(depthwise: bool = False):
+    return keras.initializers.VarianceScaling(2.0, "fan_out" if depthwise else "fan_in", "untruncated_normal")
+
+
+def _torch_default():
+    return keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform")
+
+
+def _check_arguments(input_shape: Sequence[int], output_stride: int, width: float, stem: int, entry: int,
+                     exit_: int) -> None:
+    if output_stride not in OUTPUT_STRIDES:
+        raise ValueError(f"output_stride {output_stride}: expected one of {sorted(OUTPUT_STRIDES)}")
+    if len(input_shape) != 3 or any(s <= 0 for s in input_shape[2:]):
+        raise ValueError(f"input_shape {list(input_shape)}: expected (H, W, C)")
+    if any(s <= 0 or s % output_stride for s in input_shape[:2]):
+        raise ValueError(f"input_shape {list(input_shape)}: height and width must be positive multiples "
+                         f"of the output stride {output_stride}")
+    if width <= 0:
+        raise ValueError(f"width {width}: expected a positive multiplier")
+    if (stem, entry, exit_) != (2, 3, 3):
+        raise ValueError(f"stem_channels, entry_channels, exit_channels have {stem}, {entry}, {exit_} "
+                         f"entries: expected 2, 3, 3")
