@@ -1,0 +1,63 @@
+"""Train DeepCAM to its quality target: `python deepcam/train.py CONFIG [key=value ...]`.
+
+Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
+mlperf.log (MLPerf HPC events, rank 0) and summary.json. Exit codes: 0 IoU target reached,
+1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from common.app import Application, Built, run_application, scale_events
+from common.dist import DistEnv
+from deepcam.config import DeepCamConfig
+
+
+def build_everything(cfg: DeepCamConfig, dist: DistEnv) -> Built:
+    """Datasets, model, optimizer, step-based schedule and loss for this rank."""
+    import keras
+    from deepcam.data import build_datasets
+    from deepcam.metrics import WeightedCrossEntropy, class_weights
+    from deepcam.model import build_model
+    from deepcam.optim import StepSchedule, build_optimizer
+    keras.utils.set_random_seed(cfg.run.seed + dist.rank)
+    data = build_datasets(cfg.data, cfg.model.input_shape, cfg.train.local_batch_size, dist, cfg.run.seed)
+    model = build_model(**dataclasses.asdict(cfg.model))
+    steps = StepSchedule.from_config(cfg.optimizer, cfg.schedule)
+    optimizer = build_optimizer(cfg.optimizer, steps.at_step(0))
+    loss = WeightedCrossEntropy(class_weights(cfg.loss.class_frequencies, cfg.loss.weight_power))
+    return Built(data, model, optimizer, steps.per_epoch(data.train_steps), extra={"loss": loss})
+
+
+def mlperf_keys(cfg: DeepCamConfig, dist: DistEnv, built: Built) -> dict:
+    """Every key the hpc 3.0.0 DeepCAM rules ask for (closed division checks their values)."""
+    from deepcam.optim import mlperf_optimizer_keys
+    return ({"seed": cfg.run.seed}
+            | scale_events(cfg, dist, built.data)
+            | {"batchnorm_group_size": cfg.train.batchnorm_group_size,
+               "gradient_accumulation_frequency": cfg.train.gradient_accumulation_frequency}
+            | mlperf_optimizer_keys(cfg.optimizer, cfg.schedule))
+
+
+def loss_and_metric(cfg: DeepCamConfig, built: Built):
+    from deepcam.metrics import MeanIoU
+    return built.extra["loss"], MeanIoU(cfg.model.num_classes)
+
+
+def read_error(cfg: DeepCamConfig, dist: DistEnv, err: Exception) -> Exception:
+    from deepcam.data import read_error as diagnose
+    return diagnose(cfg.data, cfg.train.local_batch_size, dist, err)
+
+
+APP = Application(benchmark="deepcam", schema=DeepCamConfig, metric_name="iou", build=build_everything,
+                  mlperf_keys=mlperf_keys, loss_and_metric=loss_and_metric,
+                  read_error=read_error, description=__doc__)
+
+
+def main(argv=None) -> int:
+    return run_application(APP, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

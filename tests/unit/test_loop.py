@@ -1,0 +1,65 @@
+"""The shared training loop on one process: evaluation cadence, stopping at the target, MLPerf events."""
+import json
+
+import numpy as np
+import pytest
+
+from common.dist import DistEnv
+from common.loop import Datasets, FitOptions, fit
+from common.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
+from cosmoflow.metrics import MeanAbsoluteError, mse_loss
+
+
+def _data(steps=4, batch=2):
+    import tensorflow as tf
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(steps * batch, 3)).astype(np.float32)
+    y = (x @ np.array([[0.5], [-0.2], [0.1]], np.float32)).repeat(4, axis=1)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
+    return Datasets(ds, ds, steps, steps, steps * batch, steps * batch, batch)
+
+
+def _fit(tmp_path, options):
+    import keras
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(), keras.layers.Dense(4)])
+    mlperf = MLPerfLog(tmp_path / "mlperf.log")
+    lines = []
+    result = fit(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda epoch: 0.05, _data(),
+                 DistEnv(), options, mlperf, log=lines.append)
+    mlperf.close()
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
+    return result, events, lines
+
+
+def test_evaluates_every_n_steps_inside_epochs(tmp_path):
+    result, events, lines = _fit(tmp_path, FitOptions(max_epochs=3, target=0.0, eval_every_steps=3))
+    assert result.status == RUN_ABORTED  # MAE 0 is never reached
+    evals = [e for e in events if e["key"] == "eval_error"]
+    # 12 steps: evaluations after steps 3, 6, 9 and at the end (12), each tagged with its epoch.
+    assert [e["metadata"]["epoch_num"] for e in evals] == [1, 2, 3, 3]
+    assert [h["step"] for h in result.history if "mae" in h] == [3, 6, 12]  # last record of each epoch
+    assert len(lines) == 4 and all("step" in line for line in lines)
+    starts = [e for e in events if e["key"] == "epoch_start"]
+    assert len(starts) == 3
+
+
+def test_stops_inside_an_epoch_when_the_target_is_reached(tmp_path):
+    result, events, _ = _fit(tmp_path, FitOptions(max_epochs=5, target=10.0, eval_every_steps=2))
+    assert result.status == RUN_SUCCESS and result.epochs == 1
+    assert result.history[0]["step"] == 2 and result.history[0]["steps"] == 2
+    assert [e["key"] for e in events][-1] == "epoch_stop"
+    assert "step 2" in result.reason
+
+
+def test_evaluates_every_epoch_by_default(tmp_path):
+    result, events, _ = _fit(tmp_path, FitOptions(max_epochs=2, target=0.0))
+    assert [h["step"] for h in result.history] == [4, 8]
+    assert all(h["samples_per_second"] > 0 and h["train_seconds"] > 0 for h in result.history)
+    assert sum(e["key"] == "eval_start" for e in events) == 2
+
+
+@pytest.mark.parametrize("eval_every,expected", [(2, [2, 3]), (1, [1, 2, 3])])
+def test_eval_every_epochs_and_always_the_last(tmp_path, eval_every, expected):
+    result, events, _ = _fit(tmp_path, FitOptions(max_epochs=3, target=0.0, eval_every=eval_every))
+    assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_error"] == expected
