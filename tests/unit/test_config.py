@@ -7,6 +7,7 @@ import yaml
 from common.config import load_config, save_config, to_dict
 from common.errors import BenchError
 from cosmoflow.config import CosmoConfig
+from deepcam.config import DeepCamConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(REPO.glob("*/configs/*.yaml"))
@@ -72,15 +73,38 @@ def test_saved_config_round_trips(cfg_file, tmp_path):
 
 
 def test_shipped_configs_exist():
-    assert {p.name for p in SHIPPED} >= {"cosmo.yaml", "cosmo_mini.yaml"}
+    assert {p.name for p in SHIPPED} >= {"cosmo.yaml", "cosmo_mini.yaml", "deepcam.yaml"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_every_shipped_config_validates(path):
-    schema = {"cosmoflow": CosmoConfig}[path.parent.parent.name]
-    cfg = load_config(path, [], schema)
-    from cosmoflow.model import build_model
-    assert build_model(**to_dict(cfg.model)).output_shape == (None, cfg.model.target_size)
+    app = path.parent.parent.name
+    cfg = load_config(path, [], {"cosmoflow": CosmoConfig, "deepcam": DeepCamConfig}[app])
+    if app == "cosmoflow":
+        from cosmoflow.model import build_model
+        assert build_model(**to_dict(cfg.model)).output_shape == (None, cfg.model.target_size)
+    else:
+        from deepcam.model import build_model
+        assert build_model(**to_dict(cfg.model)).output_shape == (None, *cfg.model.input_shape[:2],
+                                                                 cfg.model.num_classes)
+
+
+def test_deepcam_reference_config_is_the_reference():
+    cfg = load_config(REPO / "deepcam/configs/deepcam.yaml", [], DeepCamConfig)
+    assert cfg.model.input_shape == (768, 1152, 16) and cfg.model.width == 1.0
+    assert (cfg.data.train_samples, cfg.data.val_samples) == (121266, 15158)
+    assert cfg.optimizer.name == "LAMB" and cfg.optimizer.eps == 1e-6 and cfg.train.target == 0.82
+    assert cfg.run.seed > 0 and cfg.mlperf.division == "closed"
+
+
+def test_deepcam_config_rejects_inconsistent_sections(tmp_path):
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump({"loss": {"class_frequencies": [0.9, 0.1]}}))
+    with pytest.raises(BenchError, match="loss.class_frequencies.*one frequency per class"):
+        load_config(path, [], DeepCamConfig)
+    with pytest.raises(BenchError, match="model.input_shape.*multiples of 16"):
+        load_config(path, ["loss.class_frequencies=[0.9,0.05,0.05]", "model.input_shape=[100,144,16]"],
+                    DeepCamConfig)
 
 
 def test_reference_config_is_the_reference():
