@@ -31,6 +31,7 @@ setup(
         "mlperf-logging==4.1.68",
         "pandas==2.2.3",
         "h5py==3.12.1",
+        "scipy==1.17.1",
         "pyyaml==6.0.2",
         "pytest==8.3.4",
         "tqdm==4.67.1",
