@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Benchmarks `make demo` runs when BENCH=all (the default runs every one the suite has).
-ALL_BENCHES := cosmoflow
+ALL_BENCHES := cosmoflow deepcam
 STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
@@ -11,7 +11,7 @@ NP ?= 2
 .PHONY: setup demo test test-fast bench clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
-	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|all)"
+	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
 	@echo "make test    set up, run the test suite"
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
 	@echo "make bench   throughput benchmark (writes benchmarks/results/*.json)"

@@ -46,10 +46,40 @@ demo_cosmoflow() {
     return $rc
 }
 
+# DeepCAM mini: 96 x 144 synthetic climate snapshots with heuristic labels.
+DEEPCAM_TRAIN=${DEEPCAM_TRAIN:-1024}
+DEEPCAM_VAL=${DEEPCAM_VAL:-128}
+
+demo_deepcam() {
+    local data="$DEMO_DIR/data/deepcam_mini" run="$DEMO_DIR/runs/deepcam-$STAMP" t0
+    t0=$(date +%s)
+    if [ ! -f "$data/tfrecords/manifest.json" ]; then
+        say "DeepCAM: generating $DEEPCAM_TRAIN + $DEEPCAM_VAL synthetic snapshots (96 x 144 x 16) in $data/raw"
+        "$PY" -m data_prep deepcam-synth --out "$data/raw" --train "$DEEPCAM_TRAIN" --validation "$DEEPCAM_VAL" \
+            --height 96 --width 144 --seed 2026 || return 1
+        say "DeepCAM: converting to TFRecords in $data/tfrecords"
+        "$PY" -m data_prep deepcam-convert --input "$data/raw" --out "$data/tfrecords" || return 1
+        echo "data preparation took $(seconds_since "$t0") s"
+    else
+        say "DeepCAM: using the existing dataset $data/tfrecords (delete it to regenerate)"
+    fi
+    say "DeepCAM: training with horovodrun -np $NP to IoU >= 0.82 (output: $run)"
+    local t1; t1=$(date +%s)
+    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" "$PY" deepcam/train.py deepcam/configs/deepcam_mini.yaml \
+        "data.dir=$data/tfrecords" "run.output_dir=$run"
+    local rc=$?
+    echo "training took $(seconds_since "$t1") s (exit $rc); data + training: $(seconds_since "$t0") s"
+    runs+=("$run")
+    say "DeepCAM: MLPerf compliance check (hpc 3.0.0, open division)"
+    "$PY" -m common.compliance "$run" || rc=1
+    return $rc
+}
+
 for bench in "$@"; do
     case "$bench" in
         cosmoflow) demo_cosmoflow || failed=1 ;;
-        *) echo "make demo: unknown benchmark '$bench' (known: cosmoflow)" >&2; exit 2 ;;
+        deepcam) demo_deepcam || failed=1 ;;
+        *) echo "make demo: unknown benchmark '$bench' (known: cosmoflow, deepcam)" >&2; exit 2 ;;
     esac
 done
 
