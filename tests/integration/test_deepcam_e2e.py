@@ -1,0 +1,100 @@
+"""DeepCAM end to end on tiny data: deepcam-synth -> deepcam-convert -> horovodrun training -> checker."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.compliance import check_log
+from tests.conftest import REPO, horovodrun, run_cmd, show
+
+pytestmark = pytest.mark.slow
+TRAIN = REPO / "deepcam/train.py"
+TINY = {"model": {"input_shape": [32, 48, 16], "width": 0.125},
+        "train": {"max_epochs": 2, "local_batch_size": 2, "eval_every_steps": 0},
+        "schedule": {"warmup_steps": 2, "t_max": 16},
+        "data": {"shuffle_buffer": 8}, "mlperf": {"platform": "test"}}
+
+
+def make_dataset(root: Path, height: int, width: int, train: int, validation: int) -> Path:
+    raw, records = root / "raw", root / "tfrecords"
+    for args in (["deepcam-synth", "--out", raw, "--train", train, "--validation", validation,
+                  "--height", height, "--width", width, "--seed", 5, "--workers", 2],
+                 ["deepcam-convert", "--input", raw, "--out", records, "--workers", 1]):
+        proc = run_cmd([sys.executable, "-m", "data_prep", *args], timeout=600)
+        assert proc.returncode == 0, show(proc)
+    return records
+
+
+def write_config(path: Path, base: str, data_dir: Path, out_dir: Path, sections: dict) -> Path:
+    cfg = yaml.safe_load((REPO / "deepcam/configs" / base).read_text())
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    cfg["data"]["dir"], cfg["run"]["output_dir"] = str(data_dir), str(out_dir)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _events(log):
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("deepcam"), 32, 48, train=16, validation=8)
+
+
+def test_two_rank_mini_run_writes_an_open_division_log_the_checker_accepts(tiny, tmp_path):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", "deepcam_mini.yaml", tiny, out, TINY | {"train": {
+        **TINY["train"], "target": 0.05}})
+    proc = horovodrun(2, [TRAIN, cfg])
+    assert proc.returncode == 0, show(proc)  # IoU 0.05 is reached at the first evaluation
+    events = _events(out / "mlperf.log")
+    values = {e["key"]: e["value"] for e in events}
+    assert values["submission_division"] == "open" and values["global_batch_size"] == 4
+    assert values["opt_name"] == "LAMB" and values["scheduler_type"] == "cosine_annealing"
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+    # The checker's only finding may be the quality target, which a 2-epoch tiny run cannot reach.
+    result = check_log(out / "mlperf.log")
+    assert "open_deepcam.yaml" in result.output and result.structural_problems == (), result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["benchmark"] == "deepcam" and summary["ranks"] == 2 and summary["final_metric"] >= 0.05
+
+
+def test_two_ranks_evaluating_every_n_steps_log_each_evaluation(tiny, tmp_path):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", "deepcam_mini.yaml", tiny, out,
+                       TINY | {"train": {**TINY["train"], "target": 1.0, "eval_every_steps": 2}})
+    proc = horovodrun(2, [TRAIN, cfg])
+    assert proc.returncode == 1, show(proc)  # IoU 1.0 is not reached: exit 1, run aborted
+    keys = [e["key"] for e in _events(out / "mlperf.log")]
+    # 16 samples / (2 ranks x 2) = 4 steps per epoch, 8 steps: evaluations after 2, 4, 6, 8.
+    assert keys.count("eval_accuracy") == 4 and keys.count("epoch_start") == 2
+    assert "iou" in proc.stdout and "step 6" in proc.stdout
+    assert check_log(out / "mlperf.log").structural_problems == ()
+
+
+@pytest.mark.parametrize("optimizer,schedule", [("LAMB", "multistep"), ("AdamW", "cosine_annealing")])
+def test_full_size_log_passes_closed_division_key_checks(tmp_path_factory, tmp_path, optimizer, schedule):
+    """A closed-division log from the reference config on full-size synthetic samples: every rule
+    passes except the two sample counts the real dataset fixes and the quality target."""
+    data = FULL.get("dir") or FULL.setdefault("dir", make_dataset(tmp_path_factory.mktemp("full"), 768, 1152,
+                                                                  train=2, validation=1))
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", "deepcam.yaml", data, out, {
+        "model": {"width": 0.125}, "train": {"max_epochs": 1, "local_batch_size": 1},
+        "optimizer": {"name": optimizer}, "schedule": {"type": schedule, "t_max": 10},
+        "data": {"train_samples": 0, "val_samples": 0}, "mlperf": {"platform": "test"}})
+    proc = run_cmd([sys.executable, TRAIN, cfg], timeout=900)
+    assert proc.returncode == 1, show(proc)
+    result = check_log(out / "mlperf.log")
+    problems = [m for m in result.messages if not m.startswith(("Failed checks for train_samples",
+                                                                 "Failed checks for eval_samples",
+                                                                 "Failed checks for eval_accuracy"))]
+    assert problems == [], result.output
+    assert any(m.startswith("Failed checks for train_samples") for m in result.messages)
+
+
+FULL: dict = {}
