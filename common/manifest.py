@@ -245,6 +245,19 @@ def _get(obj: dict, key: str, kind, where: Path, label: str = "") -> Any:
 
 
 # ---------------------------------------------------------------------------- checking files
+def check_split_counts(manifest: Manifest, expected: dict[str, int], where: str) -> None:
+    """Each split in `expected` ("train", "validation") exists and, when its expected count is
+    non-zero, holds exactly that many samples (the config keys data.train_samples / data.val_samples)."""
+    for split, want in expected.items():
+        if split not in manifest.splits:
+            raise BenchError(f"{where}: no {split!r} split (found {sorted(manifest.splits)})")
+        found = manifest.splits[split].samples
+        if want and found != want:
+            key = "data.train_samples" if split == "train" else "data.val_samples"
+            raise BenchError(f"{where}: the {split} split has {found} samples, but the config expects "
+                             f"{want} ({key}); point data.dir at the right dataset or set {key}=0")
+
+
 def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = False) -> None:
     """Check that a split's files exist with the sizes, record counts and (optionally) sha256 listed.
 

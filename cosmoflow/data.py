@@ -15,7 +15,7 @@ import numpy as np
 from common.dist import DistEnv
 from common.errors import BenchError
 from common.loop import Datasets
-from common.manifest import Manifest, check_split_files, load_manifest
+from common.manifest import Manifest, check_split_counts, check_split_files, load_manifest
 from cosmoflow.config import CosmoDataConfig
 
 TRAIN, VALIDATION = "train", "validation"
@@ -63,14 +63,7 @@ def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: d
                          f"or change the config")
     if manifest.sample_dtype != "int16":
         raise BenchError(f"{where}: sample_dtype {manifest.sample_dtype!r}, expected 'int16'")
-    for split in (TRAIN, VALIDATION):
-        if split not in manifest.splits:
-            raise BenchError(f"{where}: no {split!r} split (found {sorted(manifest.splits)})")
-        found = manifest.splits[split].samples
-        if expected[split] and found != expected[split]:
-            key = "data.train_samples" if split == TRAIN else "data.val_samples"
-            raise BenchError(f"{where}: the {split} split has {found} samples, but the config expects "
-                             f"{expected[split]} ({key}); point data.dir at the right dataset or set {key}=0")
+    check_split_counts(manifest, {split: expected[split] for split in (TRAIN, VALIDATION)}, where)
 
 
 def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int) -> Shard:

@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import BenchError
+from data_prep.stale import plain, remove_stale_temporaries
 from data_prep import climate_stats
 from data_prep.climate_labels import (CLASSES, EARTH_RADIUS_KM, UNITS, VARIABLES, LatLonGrid, cyclone_length_km,
                                       label_snapshot, lat_lon_grid, river_width_km)
@@ -652,7 +653,7 @@ def existing_snapshots(out_dir: Path, spec: SynthSpec, split: str, wanted: int) 
         index = int(match.group(1))
         try:
             with h5py.File(path, "r") as f:
-                attrs = {key: _plain(f.attrs.get(key)) for key in (*spec.attrs(), "split", "index")}
+                attrs = {key: plain(f.attrs.get(key)) for key in (*spec.attrs(), "split", "index")}
                 shape = f["climate/data"].shape if "climate/data" in f else None
         except OSError as err:
             raise BenchError(f"{path}: not a readable HDF5 file ({err}); delete it and rerun") from None
@@ -675,34 +676,6 @@ def _check_same_dataset(path: Path, attrs: dict, shape, spec: SynthSpec, split: 
     if shape != (spec.height, spec.width, len(VARIABLES)):
         raise BenchError(f"{path}: climate/data has shape {shape}, expected "
                          f"{(spec.height, spec.width, len(VARIABLES))}; delete it and rerun")
-
-
-def _plain(value):
-    """An HDF5 attribute as a Python value (numpy scalars, bytes)."""
-    if isinstance(value, bytes):
-        return value.decode()
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def remove_stale_temporaries(directory: Path) -> int:
-    """Delete temporary files of runs that are no longer alive; return how many were removed."""
-    removed = 0
-    for path in directory.iterdir():
-        match = TEMP_RE.match(path.name)
-        if match and not _pid_alive(int(match.group(1))):
-            path.unlink(missing_ok=True)
-            removed += 1
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return pid != os.getpid()  # our own temporaries are never in flight between runs
 
 
 # ---------------------------------------------------------------------------- a dataset
@@ -730,7 +703,7 @@ def write_dataset(out_dir: Path, spec: SynthSpec, train: int, validation: int, w
     jobs, present = [], {}
     for split, count in (("train", train), ("validation", validation)):
         (out_dir / split).mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out_dir / split)
+        remove_stale_temporaries(out_dir / split, TEMP_RE)
         done = existing_snapshots(out_dir, spec, split, count)
         present[split] = len(done)
         jobs += [(split, i, i in done) for i in range(count)]

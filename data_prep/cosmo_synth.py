@@ -65,6 +65,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from common.errors import BenchError
+from data_prep.stale import plain, remove_stale_temporaries
 from data_prep import cosmology
 
 GENERATOR_VERSION = "cosmo-synth-1"
@@ -311,40 +312,12 @@ def existing_universes(out_dir: Path, spec: SynthSpec) -> set[int]:
 def _check_same_dataset(path: Path, attrs: dict, spec: SynthSpec, index: int) -> None:
     expected = {**spec.attrs(), "index": index}
     differing = {key: attrs[key] for key, value in expected.items()
-                 if attrs[key] is None or _plain(attrs[key]) != value}
+                 if attrs[key] is None or plain(attrs[key]) != value}
     if differing:
-        found = ", ".join(f"{key}={_plain(value)!r}" for key, value in differing.items())
+        found = ", ".join(f"{key}={plain(value)!r}" for key, value in differing.items())
         wanted = ", ".join(f"{key}={expected[key]!r}" for key in differing)
         raise BenchError(f"{path}: made with {found}, but this run asks for {wanted}; a directory must hold "
                          f"one dataset: choose another --out or delete the old universes")
-
-
-def _plain(value):
-    """An HDF5 attribute as a Python value (numpy scalars, bytes)."""
-    if isinstance(value, bytes):
-        return value.decode()
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def remove_stale_temporaries(out_dir: Path) -> int:
-    """Delete temporary files of runs that are no longer alive; return how many were removed."""
-    removed = 0
-    for path in out_dir.iterdir():
-        match = TEMP_RE.match(path.name)
-        if match and not _pid_alive(int(match.group(1))):
-            path.unlink(missing_ok=True)
-            removed += 1
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return pid != os.getpid()  # our own temporaries are never in flight between runs
 
 
 # ---------------------------------------------------------------------------- command
@@ -374,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
     _check_run_args(args)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out_dir)
+    remove_stale_temporaries(out_dir, TEMP_RE)
     wanted = range(args.start_index, args.start_index + args.universes)
     present = existing_universes(out_dir, spec)
     todo = [i for i in wanted if i not in present]

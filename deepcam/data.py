@@ -23,7 +23,8 @@ import numpy as np
 from common.dist import DistEnv
 from common.errors import BenchError
 from common.loop import Datasets
-from common.manifest import MANIFEST_NAME, Manifest, check_aux_file, check_split_files, load_manifest
+from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_split_counts, check_split_files,
+                             load_manifest)
 from deepcam.config import DeepCamDataConfig
 
 FORMAT = "deepcam-tfrecord"
@@ -97,14 +98,7 @@ def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: di
     if found != ("float32", (height, width), "uint8"):
         raise BenchError(f"{where}: sample_dtype, target_shape, target_dtype are {found}, expected "
                          f"('float32', {(height, width)}, 'uint8'); reconvert with deepcam-convert")
-    for split in (TRAIN, VALIDATION):
-        if split not in manifest.splits:
-            raise BenchError(f"{where}: no {split!r} split (found {sorted(manifest.splits)})")
-        count = manifest.splits[split].samples
-        if expected[split] and count != expected[split]:
-            key = "data.train_samples" if split == TRAIN else "data.val_samples"
-            raise BenchError(f"{where}: the {split} split has {count} samples, but the config expects "
-                             f"{expected[split]} ({key}); point data.dir at the right dataset or set {key}=0")
+    check_split_counts(manifest, {split: expected[split] for split in (TRAIN, VALIDATION)}, where)
 
 
 def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int) -> Shard:
