@@ -19,22 +19,16 @@ files is refused. Do not run two conversions into the same OUT at once. See docs
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
-import json
 import math
-import multiprocessing
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from common.cli import write_json_atomic
 from common.errors import BenchError
-from common.manifest import MANIFEST_NAME, FileEntry, Manifest, SplitEntry, write_manifest
+from common.manifest import MANIFEST_NAME, Manifest, SplitEntry, write_manifest
 from data_prep import tfrecords
 
 FORMAT = "cosmoflow-tfrecord"
@@ -91,8 +85,8 @@ class Plan:
             "gzip_level": self.gzip_level if self.compression == "gzip" else None,
             "seed": self.seed,
             "splits": {split: [u.name for u in universes] for split, universes in self.splits.items()},
-            "inputs": [{"file": u.path.name, "bytes": u.file_bytes, "mtime_ns": u.mtime_ns}
-                       for u in sorted((u for us in self.splits.values() for u in us), key=lambda u: u.name)],
+            "inputs": {u.path.name: {"bytes": u.file_bytes, "mtime_ns": u.mtime_ns}
+                       for u in sorted((u for us in self.splits.values() for u in us), key=lambda u: u.name)},
         }
 
 
@@ -113,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, type=Path, metavar="DIR",
                         help="directory of universe HDF5 files (*.h5, *.hdf5)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="dataset directory to write")
-    parser.add_argument("--sample-size", required=True, type=_positive_int, metavar="n",
+    parser.add_argument("--sample-size", required=True, type=tfrecords.positive_int, metavar="n",
                         help="edge of a sample cube in cells; must divide the universe size N")
     parser.add_argument("--compression", choices=tfrecords.COMPRESSIONS, default="none",
                         help="record file compression; DALI needs 'none' (default: %(default)s)")
@@ -126,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(default: %(default)s)")
     val.add_argument("--val-universes", type=_non_negative_int, metavar="K", help="number of validation universes")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default: 0)")
-    parser.add_argument("--workers", type=_positive_int, default=_cpu_count(), metavar="W",
+    parser.add_argument("--workers", type=tfrecords.positive_int, default=tfrecords.available_cpus(), metavar="W",
                         help="parallel processes, one universe each (default: CPUs available, %(default)s)")
 
 
@@ -235,86 +229,16 @@ def split_universes(universes: list[Universe], n_val: int, seed: int) -> dict[st
 
 # ---------------------------------------------------------------------------- output directory
 def prepare_output(plan: Plan) -> None:
-    """Make OUT ready: check an earlier run used the same settings, record them, drop stale temporaries.
-
-    The manifest of an earlier finished run is removed first, so that a manifest never describes files
-    that are about to be rewritten; the same settings rewrite it byte-identically at the end.
-    """
-    out = plan.out_dir
-    state = out / STATE_NAME
-    settings = plan.settings()
-    if state.is_file():
-        _check_same_settings(state, settings)
-    else:
-        planned = [plan.output(s, u) for s in SPLITS for u in plan.splits[s]]
-        found = [p for p in [out / MANIFEST_NAME, *planned] if p.exists()]
-        if found:
-            raise BenchError(f"{out}: holds {found[0]} but no {STATE_NAME}, so it was not written by "
-                             f"cosmo-convert with these settings; choose an empty --out directory or delete it")
-    for split in SPLITS:
-        (out / split).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(settings, state)
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    for directory in (out, *(out / s for s in SPLITS)):
-        tfrecords.remove_stale_temps(directory)
-
-
-def _check_same_settings(state: Path, settings: dict) -> None:
-    try:
-        earlier = json.loads(state.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise BenchError(f"{state}: unreadable record of an earlier conversion ({err}); delete "
-                         f"{state.parent} and convert again") from None
-    if earlier == settings:
-        return
-    key, before, now = _first_difference(earlier, settings)
-    raise BenchError(f"{state}: {state.parent} holds a conversion with {key} = {_short(before)}, but this run "
-                     f"has {key} = {_short(now)}; rerun with the earlier arguments and input files to resume, "
-                     f"or choose a new --out directory (or delete this one)")
-
-
-def _first_difference(earlier: dict, settings: dict) -> tuple[str, object, object]:
-    """(name, earlier value, this run's value) of the first setting that differs."""
-    for key, now in settings.items():
-        before = earlier.get(key)
-        if before == now:
-            continue
-        if key == "inputs" and isinstance(before, list):  # name the first input file that changed
-            old, new = ({i.get("file"): i for i in entries} for entries in (before, now))
-            name = next(n for n in sorted(set(old) | set(new), key=str) if old.get(n) != new.get(n))
-            return f"inputs[{name}]", old.get(name), new.get(name)
-        return key, before, now
-    return "keys", sorted(earlier), sorted(settings)
-
-
-def _short(value, limit: int = 160) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= limit else text[:limit] + "..."
+    """Check that OUT is new or holds this conversion, interrupted or finished; record the settings."""
+    planned = [plan.output(s, u) for s in SPLITS for u in plan.splits[s]]
+    tfrecords.begin_conversion(plan.out_dir, STATE_NAME, plan.settings(), planned, SPLITS, "cosmo-convert")
 
 
 # ---------------------------------------------------------------------------- conversion
 def convert_all(jobs: list[Job], workers: int) -> dict[Path, tuple[tfrecords.RecordFile, bool]]:
-    """Run every job, in this process when `workers` is 1, else in a pool; output path -> (file, reused)."""
-    from tqdm import tqdm
-    results = {}
-    workers = min(workers, len(jobs))
-    with tqdm(total=len(jobs), unit="universe", desc="cosmo-convert", file=sys.stderr) as bar:
-        if workers <= 1:
-            for job in jobs:
-                results[job.output] = convert_universe(job)
-                bar.update()
-            return results
-        # spawn: workers start clean, even when the caller has TensorFlow (and its threads) loaded.
-        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        try:
-            futures = {pool.submit(convert_universe, job): job for job in jobs}
-            for future in concurrent.futures.as_completed(futures):
-                results[futures[future].output] = future.result()
-                bar.update()
-        finally:
-            # On an error, running universes finish (their files are complete); queued ones never start.
-            pool.shutdown(wait=True, cancel_futures=True)
-    return results
+    """Run every job (in a pool when `workers` > 1); output path -> (file, reused)."""
+    results = tfrecords.run_in_pool(convert_universe, jobs, workers, "cosmo-convert", "universe")
+    return {job.output: result for job, result in zip(jobs, results)}
 
 
 def convert_universe(job: Job) -> tuple[tfrecords.RecordFile, bool]:
@@ -363,7 +287,7 @@ def _as_int16(block: np.ndarray, path: Path, first_plane: int) -> np.ndarray:
 def build_manifest(plan: Plan, results: dict[Path, tuple[tfrecords.RecordFile, bool]]) -> Manifest:
     splits = {}
     for split in SPLITS:
-        files = tuple(_file_entry(results[plan.output(split, u)][0], plan.out_dir) for u in plan.splits[split])
+        files = tuple(tfrecords.file_entry(results[plan.output(split, u)][0], plan.out_dir) for u in plan.splits[split])
         splits[split] = SplitEntry(samples=sum(f.records for f in files), files=files)
     n = plan.sample_size
     source = {
@@ -378,15 +302,6 @@ def build_manifest(plan: Plan, results: dict[Path, tuple[tfrecords.RecordFile, b
     return Manifest(root=plan.out_dir, format=FORMAT, version=FORMAT_VERSION, sample_shape=(n, n, n, CHANNELS),
                     sample_dtype="int16", target_size=TARGET_SIZE, compression=plan.compression, splits=splits,
                     source=source, seed=plan.seed)
-
-
-def _file_entry(record_file: tfrecords.RecordFile, root: Path) -> FileEntry:
-    def relative(path: Path | None) -> str | None:
-        return path.relative_to(root).as_posix() if path is not None else None
-
-    return FileEntry(path=relative(record_file.path), records=record_file.records, bytes=record_file.bytes,
-                     sha256=record_file.sha256, index=relative(record_file.index),
-                     index_sha256=record_file.index_sha256)
 
 
 def summary_line(plan: Plan, manifest: Manifest, results: dict, seconds: float) -> str:
@@ -406,17 +321,6 @@ def _count(universes: int) -> str:
 
 
 # ---------------------------------------------------------------------------- argument types
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
-
-
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
