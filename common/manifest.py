@@ -72,6 +72,9 @@ class Manifest:
     target_shape: tuple[int, ...] | None = None
     target_dtype: str | None = None
     aux_files: dict[str, AuxFile] = dataclasses.field(default_factory=dict)  # name -> file
+    # Statistics of the training inputs computed by the converter, in its own form (CosmoFlow: per-channel
+    # mean and std of log(1 + counts)); {} when the converter records none.
+    input_stats: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """The JSON form, in a fixed key order so equal manifests serialise to equal bytes.
@@ -94,6 +97,7 @@ class Manifest:
             "splits": {name: {"samples": split.samples, "files": [dataclasses.asdict(f) for f in split.files]}
                        for name, split in self.splits.items()},
             **({"aux_files": aux} if aux else {}),
+            **({"input_stats": self.input_stats} if self.input_stats else {}),
         }
 
 
@@ -170,11 +174,13 @@ def _parse(obj: Any, root: Path, where: Path) -> Manifest:
                          f"neither must be set")
     aux = {name: _parse_aux(name, value, where)
            for name, value in (_get(obj, "aux_files", dict, where) if "aux_files" in obj else {}).items()}
+    stats = _get(obj, "input_stats", dict, where) if "input_stats" in obj else {}
     return Manifest(root=root, format=fmt, version=version, sample_shape=tuple(shape),
                     sample_dtype=_get(obj, "sample_dtype", str, where),
                     target_size=_get(obj, "target_size", int, where), compression=compression,
                     splits=splits, source=_get(obj, "source", dict, where), seed=seed,
-                    target_shape=target_shape, target_dtype=target_dtype, aux_files=aux)
+                    target_shape=target_shape, target_dtype=target_dtype, aux_files=aux,
+                    input_stats=stats)
 
 
 def _shape(obj: dict, key: str, where: Path) -> tuple[int, ...]:

@@ -19,6 +19,9 @@ class CosmoDataConfig:
     read_threads: int = 2  # parallel file readers / DALI worker threads
     prefetch: int = 2  # batches prepared ahead
     apply_log: bool = True  # x -> log(1 + x), as the reference does
+    # Standardise each channel of log(1 + x) with the training split's mean and std, which cosmo-convert
+    # records in the manifest (input_stats); the reference feeds log(1 + x) as it is.
+    normalize: bool = False
     verify_checksums: bool = False  # sha256 of every file against the manifest before training
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
@@ -27,6 +30,8 @@ class CosmoDataConfig:
         _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
         _check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
         _check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")
+        _check(self.apply_log or not self.normalize, "data.normalize", self.normalize,
+               "false when data.apply_log is false (the statistics are of log(1 + x))")
 
 
 @dataclasses.dataclass(frozen=True)

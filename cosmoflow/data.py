@@ -107,18 +107,46 @@ def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batc
         records = tf.data.TFRecordDataset(files, compression_type=compression).repeat()
     samples = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = samples.batch(batch, drop_remainder=True)
-    return batches.map(_preprocess(cfg.apply_log), num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
+    return batches.map(_preprocess(cfg, manifest), num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 
-def _preprocess(apply_log: bool):
-    """int16 counts -> float32 log(1 + counts); applied after either loader, so both agree bit for bit."""
+def _preprocess(cfg: CosmoDataConfig, manifest: Manifest):
+    """int16 counts -> float32 log(1 + counts), standardised per channel when data.normalize is set.
+
+    Applied after either loader, so both agree bit for bit.
+    """
     import tensorflow as tf
+    mean, std = channel_stats(manifest) if cfg.normalize else (None, None)
 
     def preprocess(x, y):
         x = tf.cast(x, tf.float32)  # (B, D, H, W, C)
-        return (tf.math.log1p(x) if apply_log else x), y
+        if cfg.apply_log:
+            x = tf.math.log1p(x)
+        if mean is not None:
+            x = (x - mean) / std  # (C,) broadcast over the channels-last axis
+        return x, y
 
     return preprocess
+
+
+def channel_stats(manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std), each (C,) float32, of log(1 + counts) from the manifest's input_stats, checked."""
+    where = manifest.root / "manifest.json"
+    stats, channels = manifest.input_stats, manifest.sample_shape[-1]
+    if not stats:
+        raise BenchError(f"{where}: no input_stats, which data.normalize=true needs; reconvert the dataset "
+                         f"with this version of cosmo-convert, or set data.normalize=false")
+    if stats.get("transform") != "log1p":
+        raise BenchError(f"{where}: input_stats.transform is {stats.get('transform')!r}, expected 'log1p'")
+    arrays = []
+    for key in ("mean", "std"):
+        value = np.asarray(stats.get(key, []), dtype=np.float64)
+        if value.shape != (channels,) or not np.all(np.isfinite(value)):
+            raise BenchError(f"{where}: input_stats.{key} is {stats.get(key)!r}, expected {channels} finite numbers")
+        arrays.append(value.astype(np.float32))
+    if np.any(arrays[1] <= 0):
+        raise BenchError(f"{where}: input_stats.std is {stats['std']}, expected positive values")
+    return arrays[0], arrays[1]
 
 
 def _record_parser(sample_shape: Sequence[int], target_size: int):
@@ -163,7 +191,7 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch:
     with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):
         dataset = dali_tf.DALIDataset(pipeline=pipe, batch_size=batch, output_shapes=shapes,
                                       output_dtypes=(tf.int16, tf.float32), device_id=device_id)
-        return dataset.map(_preprocess(cfg.apply_log))
+        return dataset.map(_preprocess(cfg, manifest))
 
 
 def _dali_pipeline(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, shuffle: bool,

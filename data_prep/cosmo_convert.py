@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     jobs = [Job(u, plan.output(split, u), plan.sample_size, plan.compression, plan.gzip_level,
                 plan.samples_per_universe) for split in SPLITS for u in plan.splits[split]]
     results = convert_all(jobs, args.workers)
-    manifest = build_manifest(plan, results)
+    stats = input_stats(plan.splits[SPLITS[0]], args.workers)
+    manifest = build_manifest(plan, results, stats)
     write_manifest(manifest, plan.out_dir)
     print(summary_line(plan, manifest, results, time.perf_counter() - started), flush=True)
     return 0
@@ -283,8 +284,42 @@ def _as_int16(block: np.ndarray, path: Path, first_plane: int) -> np.ndarray:
     return block.astype("<i2")
 
 
+# ---------------------------------------------------------------------------- input statistics
+def input_stats(universes: tuple[Universe, ...], workers: int) -> dict:
+    """Per-channel mean and std of log(1 + counts) over every cell of the training universes.
+
+    Recorded in the manifest for loaders that standardise their input (config data.normalize); computed
+    from the HDF5 inputs, so a resumed conversion gets the same figures as an uninterrupted one.
+    """
+    moments = tfrecords.run_in_pool(log1p_moments, [u.path for u in universes], workers,
+                                    "cosmo-convert stats", "universe")
+    count, total, squares = np.sum(moments, axis=0)  # each (C,)
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean ** 2, 0.0))
+    return {"transform": "log1p", "split": SPLITS[0], "universes": len(universes),
+            "cells_per_channel": int(count[0]), "mean": [round(float(m), 6) for m in mean],
+            "std": [round(float(v), 6) for v in std]}
+
+
+def log1p_moments(path: Path, planes: int = 8) -> np.ndarray:
+    """(3, C) float64: cell count, sum and sum of squares of log(1 + counts) per channel of one universe."""
+    import h5py
+    moments = np.zeros((3, CHANNELS))
+    with h5py.File(path, "r") as f:
+        full = f["full"]
+        for first in range(0, full.shape[0], planes):
+            block = full[first:first + planes]
+            if block.min() < 0:
+                raise BenchError(f"{path}: 'full' holds negative values (min {block.min()}) in planes "
+                                 f"{first}-{first + len(block) - 1}; expected particle counts >= 0")
+            x = np.log1p(block.astype(np.float64)).reshape(-1, CHANNELS)
+            moments += np.stack([np.full(CHANNELS, len(x)), x.sum(axis=0), np.square(x).sum(axis=0)])
+    return moments
+
+
 # ---------------------------------------------------------------------------- manifest and summary
-def build_manifest(plan: Plan, results: dict[Path, tuple[tfrecords.RecordFile, bool]]) -> Manifest:
+def build_manifest(plan: Plan, results: dict[Path, tuple[tfrecords.RecordFile, bool]],
+                   stats: dict) -> Manifest:
     splits = {}
     for split in SPLITS:
         files = tuple(tfrecords.file_entry(results[plan.output(split, u)][0], plan.out_dir) for u in plan.splits[split])
@@ -301,7 +336,7 @@ def build_manifest(plan: Plan, results: dict[Path, tuple[tfrecords.RecordFile, b
     }
     return Manifest(root=plan.out_dir, format=FORMAT, version=FORMAT_VERSION, sample_shape=(n, n, n, CHANNELS),
                     sample_dtype="int16", target_size=TARGET_SIZE, compression=plan.compression, splits=splits,
-                    source=source, seed=plan.seed)
+                    source=source, seed=plan.seed, input_stats=stats)
 
 
 def summary_line(plan: Plan, manifest: Manifest, results: dict, seconds: float) -> str:

@@ -74,3 +74,36 @@ def test_tfdata_and_dali_give_identical_batches(dataset):
     # log(1 + counts): non-negative, not all zero, and the wrap-around repeats the first batch
     assert batches["tfdata"][0][0].min() >= 0 and batches["tfdata"][0][0].max() > 0
     np.testing.assert_array_equal(batches["tfdata"][0][0], batches["tfdata"][16][0])
+
+
+@pytest.mark.parametrize("loader", ["tfdata", "dali"])
+def test_normalize_standardises_with_the_manifest_statistics(dataset, loader):
+    from common.dist import DistEnv
+    from common.manifest import load_manifest
+    from cosmoflow.config import CosmoDataConfig
+    from cosmoflow.data import build_datasets
+    stats = load_manifest(dataset).input_stats
+    raw, normalized = (build_datasets(CosmoDataConfig(dir=str(dataset), loader=loader, shuffle=False, normalize=n),
+                                      (16, 16, 16, 4), 4, DistEnv(), seed=0) for n in (False, True))
+    x, xn = np.asarray(next(iter(raw.train))[0]), np.asarray(next(iter(normalized.train))[0])
+    expected = (x - np.float32(stats["mean"])) / np.float32(stats["std"])
+    np.testing.assert_allclose(xn, expected, rtol=1e-6, atol=1e-6)
+    # over the whole training split the channels come out near mean 0, std 1
+    every = np.concatenate([np.asarray(b[0]) for _, b in zip(range(normalized.train_steps), normalized.train)])
+    np.testing.assert_allclose(every.mean(axis=(0, 1, 2, 3)), 0, atol=1e-3)
+    np.testing.assert_allclose(every.std(axis=(0, 1, 2, 3)), 1, atol=1e-3)
+
+
+def test_normalize_without_statistics_is_refused(dataset, tmp_path):
+    from common.dist import DistEnv
+    from common.errors import BenchError
+    from common.manifest import load_manifest, write_manifest
+    from cosmoflow.config import CosmoDataConfig
+    from cosmoflow.data import build_datasets
+    copy = tmp_path / "data"
+    shutil.copytree(dataset, copy)
+    obj = load_manifest(copy).to_dict()
+    del obj["input_stats"]
+    write_manifest(obj, copy)
+    with pytest.raises(BenchError, match=f"{copy}/manifest.json: no input_stats, which data.normalize=true needs"):
+        build_datasets(CosmoDataConfig(dir=str(copy), normalize=True), (16, 16, 16, 4), 4, DistEnv(), seed=0)

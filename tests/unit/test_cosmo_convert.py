@@ -124,6 +124,27 @@ def test_dali_reads_the_records_with_the_index(inputs, tmp_path):
         np.testing.assert_array_equal(np.array(y[i]), unit)
 
 
+def test_manifest_records_log_count_statistics_of_the_training_universes(inputs, tmp_path):
+    convert(inputs, tmp_path, val_universes=2, workers=2)
+    manifest = load_manifest(tmp_path)
+    train = [inputs / f"{e.path.split('/')[-1].replace('.tfrecord', '.h5')}" for e in manifest.splits["train"].files]
+    values = np.concatenate([np.log1p(h5py.File(p, "r")["full"][...].astype(np.float64)).reshape(-1, 4)
+                             for p in train])
+    stats = manifest.input_stats
+    assert stats["transform"] == "log1p" and stats["universes"] == 3 and stats["cells_per_channel"] == len(values)
+    np.testing.assert_allclose(stats["mean"], values.mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(stats["std"], values.std(axis=0), rtol=1e-5)
+
+
+def test_negative_counts_are_refused(tmp_path):
+    make_universes(tmp_path / "in", 3)
+    with h5py.File(tmp_path / "in/universe_000002.h5", "r+") as f:
+        f["full"][5, 0, 0, 1] = -3
+    with pytest.raises(BenchError, match=r"universe_000002.h5: 'full' holds negative values \(min -3\) in planes 0-7"):
+        convert(tmp_path / "in", tmp_path / "out", val_universes=0)
+    assert not (tmp_path / "out/manifest.json").exists()
+
+
 def test_serialized_example_parses_in_tensorflow():
     import tensorflow as tf
     record = tfrecords.serialize_example({"x": b"\x01\x02", "y": np.float32([0.5, -1]), "z": np.int32([7])})
