@@ -11,19 +11,15 @@ docs/performance.md. Input I/O is not part of this figure (see the loader benchm
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks/results/cosmoflow_throughput.json"
-DOC = REPO / "docs/performance.md"
+# Run as a script, so benchmarks/ is on sys.path.
+from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
+                     run_header, run_worker, sgemm_gflops, step_figures, time_steps, write_json_atomic,
+                     write_worker_result)
+
+RESULTS = RESULTS_DIR / "cosmoflow_throughput.json"
 BEGIN, END = "<!-- cosmoflow-throughput:begin -->", "<!-- cosmoflow-throughput:end -->"
 FILTERS = (32, 64, 128, 256, 512)
 
@@ -37,20 +33,6 @@ def training_gflop_per_sample(size: int, channels: int = 4, filters=FILTERS, k: 
         total += fwd * (2 if i == 0 else 3)
         cin, s = f, s // 2
     return total / 1e9
-
-
-def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """Best-of-N numpy float32 matrix multiply rate (all cores)."""
-    a, b = (np.random.default_rng(0).random((n, n), dtype=np.float32) for _ in range(2))
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
-    return 2 * n ** 3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
@@ -71,49 +53,31 @@ def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
     rng = np.random.default_rng(dist.rank)
     x = np.log1p(rng.poisson(20, (batch, size, size, size, 4))).astype(np.float32)
     y = rng.uniform(-1, 1, (batch, 4)).astype(np.float32)
-    for _ in range(warmup):
-        float(step(x, y))
-    times = [_timed(lambda: float(step(x, y))) for _ in range(steps)]
-    if dist.is_root:
-        Path(out).write_text(json.dumps({"step_seconds": times, "threads_per_rank": dist.threads,
-                                         "ranks": dist.size}))
+    times = time_steps(lambda: float(step(x, y)), warmup, steps)
+    write_worker_result(out, times, dist)
 
 
 def measure(size: int, ranks: int, batch: int, steps: int, warmup: int) -> dict:
-    out = REPO / f"benchmarks/results/.worker-{size}-{ranks}.json"
-    cmd = [sys.executable, __file__, "--worker", "--size", str(size), "--batch", str(batch),
-           "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
-    if ranks > 1:
-        cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
-    print(f"  {size}^3, {ranks} rank(s): {warmup} warm-up + {steps} timed steps ...", flush=True)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    res = json.loads(out.read_text())
-    out.unlink()
-    median = float(np.median(res["step_seconds"]))
-    rate = batch * ranks / median
+    """Time one size on `ranks` ranks in a worker process; the figures of one table row."""
+    args = ["--size", str(size), "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup)]
+    res = run_worker(__file__, args, ranks, RESULTS_DIR / f".worker-{size}-{ranks}.json",
+                     f"{size}^3, {ranks} rank(s): {warmup} warm-up + {steps} timed steps")
+    figures = step_figures(res["step_seconds"], batch, ranks)
     return {"size": size, "ranks": ranks, "local_batch": batch, "threads_per_rank": res["threads_per_rank"],
-            "median_step_seconds": median, "samples_per_second": rate,
-            "gflop_per_sample": training_gflop_per_sample(size),
-            "achieved_gflops": rate * training_gflop_per_sample(size), "step_seconds": res["step_seconds"]}
+            **figures, "gflop_per_sample": training_gflop_per_sample(size),
+            "achieved_gflops": figures["samples_per_second"] * training_gflop_per_sample(size),
+            "step_seconds": res["step_seconds"]}
 
 
 def write_outputs(result: dict) -> None:
-    tmp = RESULTS.with_name(f".{RESULTS.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json_atomic(RESULTS, result)
     rows = ["| sample | ranks x threads | samples/s | GFLOP/s achieved | fraction of sgemm |",
             "|---|---|---|---|---|"]
     for r in result["runs"]:
         rows.append(f"| {r['size']}^3 x 4 | {r['ranks']} x {r['threads_per_rank']} | {r['samples_per_second']:.2f} "
                     f"| {r['achieved_gflops']:.1f} | {r['achieved_gflops'] / result['sgemm_gflops']:.2f} |")
-    rows.append(f"\nsgemm (numpy, 2048^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s. "
-                f"Measured {result['date']} on {result['machine']}.")
-    text = DOC.read_text()
-    start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
-    DOC.write_text(text[:start] + "\n" + "\n".join(rows) + "\n" + text[stop:])
+    rows.append(measured_note(result))
+    replace_marked_section(DOC, BEGIN, END, "\n".join(rows))
 
 
 def main() -> None:
@@ -129,6 +93,7 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args.size, args.batch, args.steps, args.warmup, args.out)
+    check_marked_section(DOC, BEGIN, END)
     print("sgemm ...", flush=True)
     gflops = sgemm_gflops()
     runs = []
@@ -137,8 +102,7 @@ def main() -> None:
             steps = args.steps if size <= 64 else max(3, args.steps // 2)
             runs.append(measure(size, ranks, args.batch, steps * (4 if size <= 32 else 1), args.warmup))
             print(f"    {runs[-1]['samples_per_second']:.2f} samples/s", flush=True)
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
-              "sgemm_gflops": gflops, "runs": runs}
+    result = {**run_header(gflops), "runs": runs}
     write_outputs(result)
     print(f"wrote {RESULTS} and the table in {DOC}")
 

@@ -1,0 +1,123 @@
+"""What the training-throughput benchmarks share.
+
+Each benchmark script is both driver and worker. The driver measures this machine's sgemm rate,
+then for each case calls `run_worker`, which starts the same script with `--worker ...` (under
+`horovodrun -np N -H localhost:N` for N > 1 ranks) and returns the JSON that the worker's rank 0
+wrote with `write_worker_result`. The driver saves all figures with `write_json_atomic` and
+rewrites its table in docs/performance.md with `replace_marked_section`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks/results"
+DOC = REPO / "docs/performance.md"
+SGEMM_SIZE = 2048
+
+
+def sgemm_gflops(n: int = SGEMM_SIZE, repeats: int = 5) -> float:
+    """Best-of-N numpy float32 matrix multiply rate (all cores)."""
+    a, b = (np.random.default_rng(0).random((n, n), dtype=np.float32) for _ in range(2))
+    a @ b
+    best = min(timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n ** 3 / best / 1e9
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall-clock seconds of one call of `fn`."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def time_steps(step: Callable[[], object], warmup: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` calls of `step` after `warmup` untimed ones (tracing, allocation)."""
+    for _ in range(warmup):
+        step()
+    return [timed(step) for _ in range(steps)]
+
+
+def write_worker_result(out: str | Path, step_seconds: Sequence[float], dist, **extra) -> None:
+    """On rank 0 only: the step times, threads per rank, ranks and `extra` figures as JSON at `out`."""
+    if dist.is_root:
+        Path(out).write_text(json.dumps({"step_seconds": list(step_seconds), "threads_per_rank": dist.threads,
+                                         "ranks": dist.size, **extra}))
+
+
+def run_worker(script: str | Path, args: Sequence[str], ranks: int, out: Path, label: str) -> dict:
+    """Run `script --worker ARGS --out OUT` on `ranks` local ranks and return the JSON it wrote.
+
+    Prints `label` first; exits with the worker's output tail when it fails or writes nothing.
+    """
+    out.unlink(missing_ok=True)  # a stale file must not pass for this run's figures
+    cmd = [sys.executable, str(script), "--worker", *args, "--out", str(out)]
+    if ranks > 1:
+        horovodrun = Path(sys.executable).parent / "horovodrun"
+        cmd = [str(horovodrun), "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
+    print(f"  {label} ...", flush=True)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.is_file():
+        what = f"exit code {proc.returncode}" if proc.returncode else f"exit code 0 but no {out}"
+        raise SystemExit(f"worker failed, {what} ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    out.unlink()
+    return result
+
+
+def step_figures(step_seconds: Sequence[float], local_batch: int, ranks: int) -> dict:
+    """Median step time and the samples per second over all ranks it gives."""
+    median = float(np.median(step_seconds))
+    return {"median_step_seconds": median, "samples_per_second": local_batch * ranks / median}
+
+
+def run_header(sgemm: float) -> dict:
+    """Date, machine and sgemm rate: the fields every results file starts with."""
+    return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
+            "sgemm_gflops": sgemm}
+
+
+def measured_note(result: dict) -> str:
+    """The line under a results table: the sgemm rate, date and machine."""
+    return (f"\nsgemm (numpy, {SGEMM_SIZE}^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s. "
+            f"Measured {result['date']} on {result['machine']}.")
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write `obj` as indented JSON through a temporary file, so a half-written file never appears."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def check_marked_section(doc: Path, begin: str, end: str) -> None:
+    """Fail now, not after a long run, when `doc` lacks the `begin` ... `end` markers."""
+    _marked_span(doc.read_text(), doc, begin, end)
+
+
+def replace_marked_section(doc: Path, begin: str, end: str, body: str) -> None:
+    """Replace the text between the `begin` and `end` marker lines of `doc` with `body`."""
+    text = doc.read_text()
+    start, stop = _marked_span(text, doc, begin, end)
+    tmp = doc.with_name(f".{doc.name}.tmp")
+    tmp.write_text(text[:start] + "\n" + body + "\n" + text[stop:])
+    os.replace(tmp, doc)
+
+
+def _marked_span(text: str, doc: Path, begin: str, end: str) -> tuple[int, int]:
+    """Character offsets of the text between the markers."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start + len(begin):
+        raise ValueError(f"{doc}: expected the marker {begin!r} and after it {end!r}; found them at "
+                         f"character {start} and {stop} (-1: missing)")
+    return start + len(begin), stop
