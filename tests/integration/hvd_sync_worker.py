@@ -8,6 +8,11 @@ so that every CPU computes in strict float32: what is compared is the data-paral
 not a CPU generation's choice of convolution kernel or of implicit bfloat16. Writes
 rank<r>.npz with the initial (post-broadcast) weights, its data, the final weights and, on
 rank 0, the reference weights.
+
+With `deepcam` as the second argument it trains a narrow DeepLabv3+ with LAMB and the weighted
+cross-entropy instead, and writes no reference: batch normalisation normalises each rank's local
+batch, so the union's gradient is not the average of the ranks' (as in the reference code, whose
+batchnorm_group_size is 1); what must still hold is that the ranks' weights stay identical.
 """
 import os
 import sys
@@ -25,42 +30,57 @@ from cosmoflow.metrics import mse_loss
 from cosmoflow.model import build_model
 
 MODEL = dict(input_shape=(16, 16, 16, 4), conv_filters=(4, 8, 8, 16), dense_units=(16, 8), dropout=0.0)
+DEEPCAM = dict(input_shape=(32, 48, 16), width=0.0625, middle_blocks=2)
 STEPS, BATCH, LR, MOMENTUM = 3, 2, 0.05, 0.9
 
 
-def rank_data(rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """(STEPS, BATCH, 16, 16, 16, 4) inputs and (STEPS, BATCH, 4) targets of one rank."""
+def rank_data(rank: int, kind: str = "cosmoflow") -> tuple[np.ndarray, np.ndarray]:
+    """STEPS batches of BATCH (inputs, targets) of one rank: (16, 16, 16, 4) universes with 4 targets,
+    or (32, 48, 16) DeepCAM images with (32, 48) labels."""
     rng = np.random.default_rng(rank)
+    if kind == "deepcam":
+        xs = rng.standard_normal((STEPS, BATCH, *DEEPCAM["input_shape"]), dtype=np.float32)
+        ys = rng.choice(3, size=(STEPS, BATCH, *DEEPCAM["input_shape"][:2]), p=(0.9, 0.03, 0.07)).astype(np.int32)
+        return xs, ys
     xs = rng.random((STEPS, BATCH, *MODEL["input_shape"]), dtype=np.float32)
     ys = rng.uniform(-1, 1, (STEPS, BATCH, 4)).astype(np.float32)
     return xs, ys
 
 
-def train(initial: list | None, xs, ys, dist: DistEnv) -> tuple[list, list]:
-    """(initial, final) trainable weights after one step per batch; rank 0's state broadcast first."""
+def build(kind: str):
+    """(model, optimizer, loss) of one of the two benchmarks, small."""
     import keras
-    model = build_model(**MODEL)
-    optimizer = keras.optimizers.SGD(learning_rate=LR, momentum=MOMENTUM)
+    if kind == "deepcam":
+        from deepcam import model as deepcam_model
+        from deepcam.metrics import WeightedCrossEntropy, class_weights
+        return (deepcam_model.build_model(**DEEPCAM), keras.optimizers.Lamb(learning_rate=0.01),
+                WeightedCrossEntropy(class_weights()))
+    return build_model(**MODEL), keras.optimizers.SGD(learning_rate=LR, momentum=MOMENTUM), mse_loss
+
+
+def train(initial: list | None, xs, ys, dist: DistEnv, kind: str = "cosmoflow") -> tuple[list, list]:
+    """(initial, final) trainable weights after one step per batch; rank 0's state broadcast first."""
+    model, optimizer, loss = build(kind)
     optimizer.build(model.trainable_variables)
     if initial is not None:
         for var, value in zip(model.trainable_variables, initial):
             var.assign(value)
     dist.broadcast_variables(model.variables + optimizer.variables)
     start = [v.numpy() for v in model.trainable_variables]
-    step = _make_train_step(model, optimizer, mse_loss, dist)
+    step = _make_train_step(model, optimizer, loss, dist)
     for x, y in zip(xs, ys):
         step(x, y)
     return start, [v.numpy() for v in model.trainable_variables]
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, kind: str = "cosmoflow") -> None:
     import keras
     dist = init_distributed(DistConfig(threads_per_rank=1, onednn=False))
     keras.utils.set_random_seed(100 + dist.rank)
-    xs, ys = rank_data(dist.rank)
-    initial, final = train(None, xs, ys, dist)
+    xs, ys = rank_data(dist.rank, kind)
+    initial, final = train(None, xs, ys, dist, kind)
     arrays = {f"initial{i}": w for i, w in enumerate(initial)} | {f"final{i}": w for i, w in enumerate(final)}
-    if dist.is_root:
+    if dist.is_root and kind == "cosmoflow":
         union = [np.concatenate(parts, axis=1) for parts in zip(*(rank_data(r) for r in range(dist.size)))]
         _, reference = train(initial, *union, DistEnv())
         arrays |= {f"reference{i}": w for i, w in enumerate(reference)}
@@ -68,4 +88,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

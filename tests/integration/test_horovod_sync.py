@@ -29,3 +29,20 @@ def test_two_ranks_identical_and_equal_to_single_process_on_union(tmp_path):
         assert np.linalg.norm(expected) > 0, "training did not change the weights"
         error = np.linalg.norm(update - expected) / np.linalg.norm(expected)
         assert error < 1e-3, f"update of a {initial.shape} tensor differs by {error:.2e} (relative)"
+
+
+def test_two_deepcam_ranks_keep_identical_weights(tmp_path):
+    """DeepLabv3+ (batch norm, LAMB, weighted cross-entropy): broadcast, then identical after every step."""
+    proc = horovodrun(2, [REPO / "tests/integration/hvd_sync_worker.py", tmp_path, "deepcam"], timeout=300)
+    assert proc.returncode == 0, show(proc)
+    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
+    assert not np.allclose(r0["xs"], r1["xs"])
+    initial0, initial1 = _weights(r0, "initial"), _weights(r1, "initial")
+    final0, final1 = _weights(r0, "final"), _weights(r1, "final")
+    assert len(final0) > 100  # every trainable tensor of the network, not a subset
+    for a, b in zip(initial0, initial1):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(final0, final1):
+        np.testing.assert_array_equal(a, b)
+    changed = sum(not np.array_equal(a, b) for a, b in zip(initial0, final0))
+    assert changed == len(final0), f"only {changed} of {len(final0)} tensors changed in training"
