@@ -77,6 +77,8 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
                               metric_name=app.metric_name)
         write_summary(summary, out)
         log(f"{result.status}: {result.reason}; time to train {time_to_train:.1f} s; summary in {out}/summary.json")
+    # A rank that exits non-zero (target not reached) makes mpirun kill the others: wait for rank 0's summary.
+    dist.barrier()
     return exit_code(result)
 
 

@@ -89,9 +89,11 @@ class DistEnv:
         return hvd.broadcast_object(obj, root_rank=root_rank)
 
     def barrier(self) -> None:
+        """Return when every rank has called it (an allreduce of one scalar; horovod.tensorflow has no barrier)."""
         if self.horovod and self.size > 1:
             import horovod.tensorflow as hvd
-            hvd.barrier()
+            import tensorflow as tf
+            hvd.allreduce(tf.zeros(()), op=hvd.Sum, name="barrier")
 
 
 def _tf_variable(v: Any) -> Any:
