@@ -42,7 +42,8 @@ class Application:
     build: Callable[[Any, DistEnv], Built]
     mlperf_keys: Callable[[Any, DistEnv, Built], dict]  # hyperparameter events, logged before init_stop
     loss_and_metric: Callable[[Any, Built], tuple[Callable, Metric]]
-    read_error: Callable[[Any, DistEnv, Exception], Exception]  # a TF read failure -> error naming the file
+    # (cfg.data, local batch, dist, TF read failure) -> an error naming the bad file and record
+    read_error: Callable[[Any, int, DistEnv, Exception], Exception]
     description: str = ""
 
 
@@ -109,7 +110,7 @@ def _fit(app: Application, cfg, dist: DistEnv, built: Built, mlperf: MLPerfLog, 
                    mlperf, log)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
         mlperf.end("run_stop", status="aborted")
-        raise app.read_error(cfg, dist, err) from None
+        raise app.read_error(cfg.data, cfg.train.local_batch_size, dist, err) from None
 
 
 def scale_events(cfg, dist: DistEnv, data: Datasets) -> dict:

@@ -47,6 +47,13 @@ class Datasets:
     val_samples: int
     local_batch_size: int
 
+    @classmethod
+    def from_shards(cls, train, val, train_shard, val_shard, local_batch: int) -> "Datasets":
+        """From the two datasets and the shards they read (`samples` on this rank, `global_samples` in all)."""
+        return cls(train=train, val=val, train_steps=train_shard.samples // local_batch,
+                   val_steps=val_shard.samples // local_batch, train_samples=train_shard.global_samples,
+                   val_samples=val_shard.global_samples, local_batch_size=local_batch)
+
 
 @dataclasses.dataclass
 class FitResult:

@@ -273,14 +273,8 @@ def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = F
     if split not in manifest.splits:
         raise BenchError(f"{manifest.root / MANIFEST_NAME}: no {split!r} split (found {sorted(manifest.splits)})")
     for entry in manifest.splits[split].files:
-        path = manifest.root / entry.path
-        if not path.is_file():
-            raise BenchError(f"{path}: listed in the manifest ({split} split) but missing; the dataset is "
-                             f"incomplete, reconvert it")
-        size = path.stat().st_size
-        if size != entry.bytes:
-            raise BenchError(f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or "
-                             f"truncated, reconvert the dataset")
+        path = _check_present(manifest.root / entry.path, entry.bytes,
+                              f"({split} split) but missing; the dataset is incomplete, reconvert it")
         if entry.index is not None:
             _check_index(manifest.root / entry.index, entry)
         if verify_checksums:
@@ -299,15 +293,20 @@ def check_aux_file(manifest: Manifest, name: str) -> Path:
         raise BenchError(f"{where}: no auxiliary file {name!r} (found {sorted(manifest.aux_files)}); this "
                          f"dataset was converted without it, reconvert it")
     entry = manifest.aux_files[name]
-    path = manifest.root / entry.path
-    if not path.is_file():
-        raise BenchError(f"{path}: listed in the manifest as {name!r} but missing; copy it back or reconvert "
-                         f"the dataset")
-    size = path.stat().st_size
-    if size != entry.bytes:
-        raise BenchError(f"{path}: {size} bytes, the manifest says {entry.bytes}; the file was changed or "
-                         f"truncated, reconvert the dataset")
+    path = _check_present(manifest.root / entry.path, entry.bytes,
+                          f"as {name!r} but missing; copy it back or reconvert the dataset")
     _check_sha256(path, entry.sha256)
+    return path
+
+
+def _check_present(path: Path, expected_bytes: int, when_missing: str) -> Path:
+    """`path`, which must exist with the size the manifest lists; `when_missing` ends the missing-file error."""
+    if not path.is_file():
+        raise BenchError(f"{path}: listed in the manifest {when_missing}")
+    size = path.stat().st_size
+    if size != expected_bytes:
+        raise BenchError(f"{path}: {size} bytes, the manifest says {expected_bytes}; the file was changed or "
+                         f"truncated, reconvert the dataset")
     return path
 
 

@@ -45,14 +45,10 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     make = _dali_dataset if cfg.loader == "dali" else _tfdata_dataset
     if cfg.loader == "dali":
         _check_dali_compatible(manifest)
-    train = make(shards[TRAIN], manifest, cfg, local_batch, dist, shuffle=cfg.shuffle, seed=seed + dist.rank)
-    val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, shuffle=False, seed=seed)
-    return Datasets(train=train, val=val,
-                    train_steps=shards[TRAIN].samples // local_batch,
-                    val_steps=shards[VALIDATION].samples // local_batch,
-                    train_samples=shards[TRAIN].global_samples,
-                    val_samples=shards[VALIDATION].global_samples,
-                    local_batch_size=local_batch)
+    preprocess = _preprocess(cfg, manifest)
+    train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
+    val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
+    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch)
 
 
 def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: dict[str, int]) -> None:
@@ -89,7 +85,7 @@ def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batc
 
 # ---------------------------------------------------------------------------- tf.data
 def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, dist: DistEnv,
-                    shuffle: bool, seed: int):
+                    preprocess, shuffle: bool, seed: int):
     import tensorflow as tf
     compression = "GZIP" if manifest.compression == "gzip" else ""
     parse = _record_parser(manifest.sample_shape, manifest.target_size)
@@ -107,7 +103,7 @@ def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batc
         records = tf.data.TFRecordDataset(files, compression_type=compression).repeat()
     samples = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = samples.batch(batch, drop_remainder=True)
-    return batches.map(_preprocess(cfg, manifest), num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
+    return batches.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 
 def _preprocess(cfg: CosmoDataConfig, manifest: Manifest):
@@ -177,7 +173,7 @@ def _check_dali_compatible(manifest: Manifest) -> None:
 
 
 def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, dist: DistEnv,
-                  shuffle: bool, seed: int):
+                  preprocess, shuffle: bool, seed: int):
     """A DALIDataset on the CPU, or on this rank's GPU when one is present."""
     try:
         import nvidia.dali.plugin.tf as dali_tf
@@ -191,7 +187,7 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch:
     with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):
         dataset = dali_tf.DALIDataset(pipeline=pipe, batch_size=batch, output_shapes=shapes,
                                       output_dtypes=(tf.int16, tf.float32), device_id=device_id)
-        return dataset.map(_preprocess(cfg, manifest))
+        return dataset.map(preprocess)
 
 
 def _dali_pipeline(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, shuffle: bool,

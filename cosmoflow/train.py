@@ -11,6 +11,7 @@ import sys
 
 from common.app import Application, Built, run_application, scale_events
 from common.dist import DistEnv
+from cosmoflow.data import build_datasets, read_error
 from common.mllog import sgd_keys
 from common.schedule import LRSchedule
 from cosmoflow.config import CosmoConfig
@@ -19,7 +20,6 @@ from cosmoflow.config import CosmoConfig
 def build_everything(cfg: CosmoConfig, dist: DistEnv) -> Built:
     """Datasets, model, optimizer and learning-rate schedule for this rank."""
     import keras
-    from cosmoflow.data import build_datasets
     from cosmoflow.model import build_model
     keras.utils.set_random_seed(cfg.run.seed + dist.rank)
     batch = cfg.train.local_batch_size
@@ -40,11 +40,6 @@ def mlperf_keys(cfg: CosmoConfig, dist: DistEnv, built: Built) -> dict:
 def loss_and_metric(cfg: CosmoConfig, built: Built):
     from cosmoflow.metrics import MeanAbsoluteError, mse_loss
     return mse_loss, MeanAbsoluteError()
-
-
-def read_error(cfg: CosmoConfig, dist: DistEnv, err: Exception) -> Exception:
-    from cosmoflow.data import read_error as diagnose
-    return diagnose(cfg.data, cfg.train.local_batch_size, dist, err)
 
 
 APP = Application(benchmark="cosmoflow", schema=CosmoConfig, metric_name="mae", build=build_everything,

@@ -78,12 +78,7 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
     preprocess = _preprocess(shift, divisor)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
     val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets(train=train, val=val,
-                    train_steps=shards[TRAIN].samples // local_batch,
-                    val_steps=shards[VALIDATION].samples // local_batch,
-                    train_samples=shards[TRAIN].global_samples,
-                    val_samples=shards[VALIDATION].global_samples,
-                    local_batch_size=local_batch)
+    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch)
 
 
 def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: dict[str, int]) -> None:

@@ -11,13 +11,13 @@ import sys
 
 from common.app import Application, Built, run_application, scale_events
 from common.dist import DistEnv
+from deepcam.data import build_datasets, read_error
 from deepcam.config import DeepCamConfig
 
 
 def build_everything(cfg: DeepCamConfig, dist: DistEnv) -> Built:
     """Datasets, model, optimizer, step-based schedule and loss for this rank."""
     import keras
-    from deepcam.data import build_datasets
     from deepcam.metrics import WeightedCrossEntropy, class_weights
     from deepcam.model import build_model
     from deepcam.optim import StepSchedule, build_optimizer
@@ -43,11 +43,6 @@ def mlperf_keys(cfg: DeepCamConfig, dist: DistEnv, built: Built) -> dict:
 def loss_and_metric(cfg: DeepCamConfig, built: Built):
     from deepcam.metrics import MeanIoU
     return built.extra["loss"], MeanIoU(cfg.model.num_classes)
-
-
-def read_error(cfg: DeepCamConfig, dist: DistEnv, err: Exception) -> Exception:
-    from deepcam.data import read_error as diagnose
-    return diagnose(cfg.data, cfg.train.local_batch_size, dist, err)
 
 
 APP = Application(benchmark="deepcam", schema=DeepCamConfig, metric_name="iou", build=build_everything,
