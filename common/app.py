@@ -1,10 +1,15 @@
 """What every application's `train.py` does, once: config, runtime, MLPerf-timed run, summary.
 
 An application describes itself with an `Application` (its benchmark name, config schema,
-metric and three functions); `run_application(app, argv)` then reads the config and the
-dotted overrides, starts the distributed runtime, saves the resolved config, writes the MLPerf
-log around the timed part (init, then run_start .. run_stop), writes summary.json and returns
+metric and the functions that build its parts); `run_application(app, argv)` then reads the
+config and the dotted overrides, starts the distributed runtime, saves the resolved config,
+writes the MLPerf log around the timed part, writes summary.json and io_report.json and returns
 the exit code: 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite loss.
+
+The timed part follows the MLPerf HPC rules: init builds the model and optimizer without touching
+the dataset; the run starts, stages the data when data.stage_dir is set (staging_start ..
+staging_stop; with data.stage_timing=before_run staging precedes init instead), builds the input
+pipelines, and trains to the target.
 """
 from __future__ import annotations
 
@@ -18,19 +23,21 @@ from typing import Any, Callable
 from common.cli import guarded
 from common.config import load_config, save_config
 from common.dist import DistEnv, describe, init_distributed
+from common.iostats import IOCounters, io_report, write_io_report
 from common.loop import Datasets, FitOptions, FitResult, Metric, fit
-from common.mllog import MLPerfLog, scale_keys
+from common.manifest import Manifest
+from common.mllog import MLPerfLog, dataset_keys, scale_keys
+from common.staging import StageResult, check_unstaged_source, stage_for_run
 from common.summary import exit_code, run_summary, write_summary
 
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    """Everything a rank trains with."""
+    """What a rank trains with, built in init (before the dataset is touched)."""
 
-    data: Datasets
     model: Any
     optimizer: Any
-    schedule: Callable[[float], float]  # learning rate by fractional 0-based epoch
+    schedule: Callable[[Datasets], Callable[[float], float]]  # the data -> learning rate by fractional epoch
     extra: dict = dataclasses.field(default_factory=dict)  # app-specific (loss, schedule object, ...)
 
 
@@ -40,11 +47,26 @@ class Application:
     schema: type  # the root config dataclass
     metric_name: str
     build: Callable[[Any, DistEnv], Built]
+    # (cfg.data with dir set to the directory to read, cfg, dist) -> the input pipelines
+    build_data: Callable[[Any, Any, DistEnv], Datasets]
+    # (cfg, manifest, rank, ranks) -> the dataset paths that rank reads (what data.stage_mode=rank stages)
+    rank_files: Callable[[Any, Manifest, int, int], list[str]]
     mlperf_keys: Callable[[Any, DistEnv, Built], dict]  # hyperparameter events, logged before init_stop
     loss_and_metric: Callable[[Any, Built], tuple[Callable, Metric]]
     # (cfg.data, local batch, dist, TF read failure) -> an error naming the bad file and record
     read_error: Callable[[Any, int, DistEnv, Exception], Exception]
     description: str = ""
+
+
+@dataclasses.dataclass
+class TimedRun:
+    """What the timed part leaves for the summary and the I/O report."""
+
+    result: FitResult
+    time_to_train: float
+    data: Datasets
+    staging: StageResult | None
+    io: IOCounters
 
 
 def parse_args(app: Application, argv=None) -> argparse.Namespace:
@@ -70,51 +92,76 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
     log = functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
     mlperf = MLPerfLog(out / cfg.mlperf.log_file, enabled=dist.is_root)
     try:
-        result, time_to_train, built = _timed_run(app, cfg, dist, mlperf, log)
+        run = _timed_run(app, cfg, dist, mlperf, log)
     finally:
         mlperf.close()
+    report = io_report(run.io, run.staging, run.result.history, dist)  # collective: every rank takes part
     if dist.is_root:
-        summary = run_summary(app.benchmark, cfg, dist, built.data, result, time_to_train,
-                              metric_name=app.metric_name)
+        summary = run_summary(app.benchmark, cfg, dist, run.data, run.result, run.time_to_train,
+                              metric_name=app.metric_name) | {"io": report}
+        write_io_report(report, out)
         write_summary(summary, out)
-        log(f"{result.status}: {result.reason}; time to train {time_to_train:.1f} s; summary in {out}/summary.json")
+        log(f"{run.result.status}: {run.result.reason}; time to train {run.time_to_train:.1f} s; summary in "
+            f"{out}/summary.json")
     # A rank that exits non-zero (target not reached) makes mpirun kill the others: wait for rank 0's summary.
     dist.barrier()
-    return exit_code(result)
+    return exit_code(run.result)
 
 
-def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log):
-    """The MLPerf-timed part: init (build everything), then run_start .. run_stop."""
+def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> TimedRun:
+    """The MLPerf-timed part: [staging,] init (model, optimizer), then run_start .. run_stop."""
+    staging = None
+    if not cfg.data.stage_dir:
+        check_unstaged_source(cfg.data)
+    elif cfg.data.stage_timing == "before_run":
+        staging = _stage(app, cfg, dist, mlperf, log)
     mlperf.start("init_start")
     mlperf.submission(app.benchmark, cfg.mlperf, cache_cleared=False)
     log(f"{app.benchmark}: {describe(dist)}; writing to {cfg.run.output_dir}")
     built = app.build(cfg, dist)
-    for key, value in app.mlperf_keys(cfg, dist, built).items():
-        mlperf.event(key, value)
+    mlperf.events(scale_events(cfg, dist) | app.mlperf_keys(cfg, dist, built))
     mlperf.end("init_stop")
     run_start = time.time()
     mlperf.start("run_start")
-    result = _fit(app, cfg, dist, built, mlperf, log)
+    if cfg.data.stage_dir and cfg.data.stage_timing == "in_run":
+        staging = _stage(app, cfg, dist, mlperf, log)
+    data_cfg = dataclasses.replace(cfg.data, dir=staging.dir) if staging else cfg.data
+    io = IOCounters.start()
+    data = app.build_data(data_cfg, cfg, dist)
+    mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
+    result = _fit(app, cfg, data_cfg, dist, built, data, mlperf, log)
     mlperf.end("run_stop", status=result.status)
-    return result, time.time() - run_start, built
+    return TimedRun(result, time.time() - run_start, data, staging, io.stop(data, result.history))
 
 
-def _fit(app: Application, cfg, dist: DistEnv, built: Built, mlperf: MLPerfLog, log) -> FitResult:
+def _stage(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> StageResult:
+    """Stage the dataset to data.stage_dir between staging_start and staging_stop."""
+    log(f"staging {cfg.data.dir} to {cfg.data.stage_dir} (data.stage_mode={cfg.data.stage_mode})")
+    mlperf.start("staging_start")
+    staging = stage_for_run(cfg.data, dist, lambda manifest, rank, ranks: app.rank_files(cfg, manifest, rank, ranks),
+                            progress=dist.is_root)
+    mlperf.end("staging_stop", staging_seconds=staging.seconds, staged_bytes=staging.bytes_written)
+    log(f"staged into {staging.dir}: {staging.files} files, {staging.bytes_written / 1e9:.3f} GB in "
+        f"{staging.seconds:.2f} s on rank 0" + ("" if staging.copied else " (waiting for its node's stager)"))
+    return staging
+
+
+def _fit(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, data: Datasets, mlperf: MLPerfLog,
+         log) -> FitResult:
     """fit() with the app's loss and metric; a failure to read the data becomes an error naming the file."""
     import tensorflow as tf
     loss, metric = app.loss_and_metric(cfg, built)
     options = FitOptions(max_epochs=cfg.train.max_epochs, target=cfg.train.target,
                          eval_every=cfg.train.eval_every, eval_every_steps=cfg.train.eval_every_steps)
     try:
-        return fit(built.model, built.optimizer, loss, metric, built.schedule, built.data, dist, options,
+        return fit(built.model, built.optimizer, loss, metric, built.schedule(data), data, dist, options,
                    mlperf, log)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
         mlperf.end("run_stop", status="aborted")
-        raise app.read_error(cfg.data, cfg.train.local_batch_size, dist, err) from None
+        raise app.read_error(data_cfg, cfg.train.local_batch_size, dist, err) from None
 
 
-def scale_events(cfg, dist: DistEnv, data: Datasets) -> dict:
-    """The scale and dataset-size keys every benchmark logs, for this run."""
+def scale_events(cfg, dist: DistEnv) -> dict:
+    """The scale keys every benchmark logs in init (the dataset sizes follow once the data is read)."""
     return scale_keys(nodes=dist.num_nodes, accelerators_per_node=dist.local_size if dist.gpu else 0,
-                      global_batch_size=cfg.train.local_batch_size * dist.size,
-                      train_samples=data.train_samples, eval_samples=data.val_samples)
+                      global_batch_size=cfg.train.local_batch_size * dist.size)

@@ -13,7 +13,7 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, Literal, Sequence, TypeVar
 
 import yaml
 
@@ -114,6 +114,26 @@ class MlperfConfig:
         _check(self.division in ("closed", "open"), "mlperf.division", self.division, "'closed' or 'open'")
         _check(self.status in ("onprem", "cloud", "preview", "research"), "mlperf.status", self.status,
                "one of onprem, cloud, preview, research")
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedDataConfig:
+    """The data-section keys every application shares: where the dataset is and how it is staged
+    to node-local storage before training (common/staging.py, docs/staging.md)."""
+
+    dir: str = ""  # a converted dataset (manifest.json) or a packed one (pack.json), on the shared file system
+    stage_dir: str = ""  # node-local directory to stage into, e.g. /tmp or /dev/shm; "" reads data.dir directly
+    # rank: each rank stages the files it reads; node: local rank 0 stages everything once per node;
+    # node_share: local rank 0 stages the node's 1/nodes share, which the node's ranks reshuffle every epoch.
+    stage_mode: Literal["rank", "node", "node_share"] = "node"
+    # in_run: staging is timed, between run_start and the first epoch (MLPerf HPC up to v2.0);
+    # before_run: staging precedes init_start, outside the timed run (allowed since v3.0).
+    stage_timing: Literal["in_run", "before_run"] = "in_run"
+    stage_threads: int = 0  # files or archives copied in parallel by a staging rank; 0: its cores
+    stage_reuse: bool = False  # keep files an earlier staging finished (the staging time then covers less)
+
+    def __post_init__(self):
+        _check(self.stage_threads >= 0, "data.stage_threads", self.stage_threads, ">= 0 (0: the rank's cores)")
 
 
 def _check(ok: bool, key: str, value: Any, expected: str) -> None:

@@ -31,6 +31,7 @@ class DistEnv:
     size: int = 1
     local_rank: int = 0
     local_size: int = 1
+    node: int = 0  # this rank's node (Horovod's cross rank)
     threads: int = 1
     gpu: bool = False
     horovod: bool = False
@@ -80,6 +81,13 @@ class DistEnv:
             return
         import horovod.tensorflow as hvd
         hvd.broadcast_variables([_tf_variable(v) for v in variables], root_rank=root_rank)
+
+    def gather_object(self, obj: Any) -> list:
+        """Every rank's picklable `obj`, in rank order, on every rank."""
+        if not self.horovod or self.size == 1:
+            return [obj]
+        import horovod.tensorflow as hvd
+        return hvd.allgather_object(obj)
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         """Rank 0's picklable object on every rank."""
@@ -141,7 +149,7 @@ def init_distributed(cfg: DistConfig) -> DistEnv:
         import horovod.tensorflow as hvd
         hvd.init()
         layout = dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                      local_size=hvd.local_size(), horovod=True)
+                      local_size=hvd.local_size(), node=hvd.cross_rank(), horovod=True)
     else:
         layout = dict(rank=0, size=1, local_rank=0, local_size=1, horovod=False)
     threads = threads_per_rank(cfg, layout["local_size"])

@@ -46,13 +46,21 @@ class Datasets:
     train_samples: int  # over all ranks, per epoch
     val_samples: int
     local_batch_size: int
+    # For the I/O report: the dataset's mean on-disk bytes per record, and the record files one pass
+    # over this rank's training and validation shards opens.
+    record_bytes: float = 0.0
+    train_files: int = 0
+    val_files: int = 0
 
     @classmethod
-    def from_shards(cls, train, val, train_shard, val_shard, local_batch: int) -> "Datasets":
-        """From the two datasets and the shards they read (`samples` on this rank, `global_samples` in all)."""
+    def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0
+                    ) -> "Datasets":
+        """From the two datasets and the shards they read (`samples` on this rank, `global_samples` in all,
+        `files` the record files of one pass)."""
         return cls(train=train, val=val, train_steps=train_shard.samples // local_batch,
                    val_steps=val_shard.samples // local_batch, train_samples=train_shard.global_samples,
-                   val_samples=val_shard.global_samples, local_batch_size=local_batch)
+                   val_samples=val_shard.global_samples, local_batch_size=local_batch, record_bytes=record_bytes,
+                   train_files=len(train_shard.files), val_files=len(val_shard.files))
 
 
 @dataclasses.dataclass

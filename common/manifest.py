@@ -264,15 +264,19 @@ def check_split_counts(manifest: Manifest, expected: dict[str, int], where: str)
                              f"{want} ({key}); point data.dir at the right dataset or set {key}=0")
 
 
-def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = False) -> None:
+def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = False,
+                      only: set[str] | None = None) -> None:
     """Check that a split's files exist with the sizes, record counts and (optionally) sha256 listed.
 
     Index files must have one "offset size" line per record covering the record file exactly.
+    `only`: check just these paths (the files this rank reads; a rank's staged copy holds no others).
     Raises BenchError naming the first file that does not match.
     """
     if split not in manifest.splits:
         raise BenchError(f"{manifest.root / MANIFEST_NAME}: no {split!r} split (found {sorted(manifest.splits)})")
     for entry in manifest.splits[split].files:
+        if only is not None and entry.path not in only:
+            continue
         path = _check_present(manifest.root / entry.path, entry.bytes,
                               f"({split} split) but missing; the dataset is incomplete, reconvert it")
         if entry.index is not None:
@@ -297,6 +301,12 @@ def check_aux_file(manifest: Manifest, name: str) -> Path:
                           f"as {name!r} but missing; copy it back or reconvert the dataset")
     _check_sha256(path, entry.sha256)
     return path
+
+
+def record_bytes(manifest: Manifest) -> float:
+    """Mean on-disk bytes of one record over all splits (for read-bandwidth figures)."""
+    files = [e for split in manifest.splits.values() for e in split.files]
+    return sum(e.bytes for e in files) / max(1, sum(e.records for e in files))
 
 
 def _check_present(path: Path, expected_bytes: int, when_missing: str) -> Path:

@@ -74,11 +74,15 @@ class MLPerfLog:
             self.event(key, value)
 
 
-def scale_keys(*, nodes: int, accelerators_per_node: int, global_batch_size: int, train_samples: int,
-               eval_samples: int) -> dict:
-    """Scale and dataset sizes, as the HPC rules name them (every benchmark logs these)."""
+def scale_keys(*, nodes: int, accelerators_per_node: int, global_batch_size: int) -> dict:
+    """The scale of a run, as the HPC rules name it (logged in init by every benchmark)."""
     return {"number_of_nodes": nodes, "accelerators_per_node": accelerators_per_node,
-            "global_batch_size": global_batch_size, "train_samples": train_samples, "eval_samples": eval_samples}
+            "global_batch_size": global_batch_size}
+
+
+def dataset_keys(*, train_samples: int, eval_samples: int) -> dict:
+    """The dataset sizes, logged once the run has read the manifest (after run_start, and staging)."""
+    return {"train_samples": train_samples, "eval_samples": eval_samples}
 
 
 def sgd_keys(optimizer: OptimizerConfig, schedule: ScheduleConfig, warmup_factor: float) -> dict:

@@ -4,12 +4,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from common.config import (DistConfig, MlperfConfig, OptimizerConfig, RunConfig, ScheduleConfig,
+from common.config import (DistConfig, MlperfConfig, OptimizerConfig, RunConfig, StagedDataConfig, ScheduleConfig,
                            TrainConfig, _check)
 
 
 @dataclasses.dataclass(frozen=True)
-class CosmoDataConfig:
+class CosmoDataConfig(StagedDataConfig):
     """Where the converted TFRecords are and how they are read."""
 
     dir: str = "data/cosmo_mini/tfrecords"
@@ -27,6 +27,7 @@ class CosmoDataConfig:
     val_samples: int = 0  # expected validation samples; 0 accepts any count
 
     def __post_init__(self):
+        super().__post_init__()
         _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
         _check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
         _check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")

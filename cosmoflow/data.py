@@ -1,13 +1,16 @@
 """CosmoFlow input pipeline: TFRecords (see docs/formats.md) through tf.data or NVIDIA DALI.
 
-`build_datasets` checks the dataset against its manifest up front (sample shape, files,
-sizes, counts that divide across ranks and batches), shards files by rank (rank r reads
-files r, r+size, ...), and returns repeated batched datasets of (B, D, H, W, 4) float32
-log(1 + counts) and (B, 4) float32 targets. Both loaders give the same tensors.
+`build_datasets` checks the dataset against its manifest up front (sample shape, the files
+this rank reads, sizes, counts that divide across ranks and batches), shards files by rank
+(rank r reads files r, r+size, ...; with data.stage_mode=node_share the node's share, divided
+between its ranks afresh every epoch, see common/sharding.py), and returns repeated batched
+datasets of (B, D, H, W, 4) float32 log(1 + counts) and (B, 4) float32 targets. Both loaders
+give the same tensors.
 """
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -15,7 +18,8 @@ import numpy as np
 from common.dist import DistEnv
 from common.errors import BenchError
 from common.loop import Datasets
-from common.manifest import Manifest, check_split_counts, check_split_files, load_manifest
+from common.manifest import Manifest, check_split_counts, check_split_files, load_manifest, record_bytes
+from common.sharding import dali_reader_sharding, local_files_dataset, node_share
 from cosmoflow.config import CosmoDataConfig
 
 TRAIN, VALIDATION = "train", "validation"
@@ -31,6 +35,9 @@ class Shard:
     index_files: tuple[str | None, ...]
     samples: int  # on this rank
     global_samples: int
+    # node_share: `files` are the node's share, divided between its ranks every epoch; (local rank,
+    # ranks per node, the run seed every rank of the node draws the division from). None: files are this rank's.
+    local: tuple[int, int, int] | None = None
 
 
 def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batch: int,
@@ -38,17 +45,37 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     """Datasets for training and validation on this rank, checked against the manifest."""
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
-    shards = {}
-    for split in (TRAIN, VALIDATION):
-        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums)
-        shards[split] = shard_split(manifest, split, dist.rank, dist.size, local_batch)
+    shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
+    for split, shard in shards.items():
+        read = {str(Path(f).relative_to(manifest.root)) for f in shard.files}
+        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums, only=read)
     make = _dali_dataset if cfg.loader == "dali" else _tfdata_dataset
     if cfg.loader == "dali":
         _check_dali_compatible(manifest)
     preprocess = _preprocess(cfg, manifest)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
     val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch)
+    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest))
+
+
+def rank_shard(manifest: Manifest, cfg: CosmoDataConfig, split: str, dist: DistEnv, local_batch: int,
+               seed: int) -> Shard:
+    """What this rank reads of `split`: its files, or its node's share when staged with node_share."""
+    if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
+        return shard_split(manifest, split, dist.rank, dist.size, local_batch)
+    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
+    return Shard(split=split, files=tuple(str(manifest.root / e.path) for e in share.files),
+                 index_files=tuple(str(manifest.root / e.index) if e.index else None for e in share.files),
+                 samples=share.samples_per_rank, global_samples=share.global_samples,
+                 local=(dist.local_rank, dist.local_size, seed))
+
+
+def files_read(manifest: Manifest, rank: int, size: int, local_batch: int) -> list[str]:
+    """The dataset paths (records and indexes) rank `rank` of `size` reads: what data.stage_mode=rank stages."""
+    entries = [e for split in (TRAIN, VALIDATION) for e in manifest.splits[split].files[rank::size]]
+    for split in (TRAIN, VALIDATION):
+        shard_split(manifest, split, rank, size, local_batch)  # the same checks as training
+    return [p for e in entries for p in (e.path, e.index) if p]
 
 
 def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: dict[str, int]) -> None:
@@ -90,7 +117,15 @@ def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batc
     compression = "GZIP" if manifest.compression == "gzip" else ""
     parse = _record_parser(manifest.sample_shape, manifest.target_size)
     files = tf.data.Dataset.from_tensor_slices(list(shard.files))
-    if shuffle:
+    if shard.local:
+        # Every epoch, this rank's part of a new division of the node's files (already endless).
+        records = local_files_dataset(list(shard.files), *shard.local, shuffle=shuffle).interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+            cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if shuffle:
+            records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    elif shuffle:
         # Reshuffled every epoch (repeat after shuffle); the seed makes it reproducible.
         files = files.shuffle(len(shard.files), seed=seed, reshuffle_each_iteration=True)
         records = files.repeat().interleave(
@@ -203,7 +238,7 @@ def _dali_pipeline(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch
             path=list(shard.files), index_path=list(shard.index_files),
             features={"x": tfrec.FixedLenFeature((), tfrec.string, ""),
                       "y": tfrec.FixedLenFeature([manifest.target_size], tfrec.float32, 0.0)},
-            random_shuffle=shuffle, initial_fill=cfg.shuffle_buffer, name="reader")
+            initial_fill=cfg.shuffle_buffer, name="reader", **dali_reader_sharding(shard.local, shuffle))
         x = fn.reinterpret(record["x"], dtype=types.INT16, shape=list(manifest.sample_shape))  # (D, H, W, C)
         y = record["y"]
         if device_id is not None:
@@ -242,6 +277,6 @@ def diagnose_read_error(files: Sequence[str], compression: str, sample_shape: Se
 def read_error(cfg: CosmoDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
     """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
-    files = [f for s in (TRAIN, VALIDATION) for f in shard_split(manifest, s, dist.rank, dist.size, local_batch).files]
+    files = [f for s in (TRAIN, VALIDATION) for f in rank_shard(manifest, cfg, s, dist, local_batch, 0).files]
     compression = "GZIP" if manifest.compression == "gzip" else ""
     return BenchError(diagnose_read_error(files, compression, manifest.sample_shape, manifest.target_size, err))

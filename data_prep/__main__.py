@@ -16,6 +16,8 @@ COMMANDS = {
     "deepcam-synth": "data_prep.climate_synth",
     "deepcam-stats": "data_prep.climate_stats",
     "deepcam-convert": "data_prep.deepcam_convert",
+    "pack": "data_prep.pack",
+    "stage": "data_prep.stage",
 }
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from common.config import DistConfig, MlperfConfig, RunConfig, _check
+from common.config import DistConfig, MlperfConfig, RunConfig, StagedDataConfig, _check
 
 LOADERS = ("tfdata", "dali")
 NORMALIZATIONS = ("minmax", "meanstd")
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepCamDataConfig:
+class DeepCamDataConfig(StagedDataConfig):
     """Where the converted TFRecords are and how they are read and normalised."""
 
     dir: str = "data/deepcam_mini/tfrecords"
@@ -31,6 +31,7 @@ class DeepCamDataConfig:
     val_samples: int = 0  # expected validation samples; 0 accepts any count
 
     def __post_init__(self):
+        super().__post_init__()
         _check(self.loader in LOADERS, "data.loader", self.loader, f"one of {list(LOADERS)}")
         _check(self.normalization in NORMALIZATIONS, "data.normalization", self.normalization,
                f"one of {list(NORMALIZATIONS)}")

@@ -5,7 +5,9 @@ statistics file, enough samples for the ranks and the batch). Each split is cut 
 blocks of records, one per rank: rank r reads records [r*m, (r+1)*m) of the split in file order,
 where m is N // ranks rounded down to a multiple of the local batch (so fewer than ranks x batch
 samples are left out). An epoch is exactly a rank's m records, reshuffled every epoch when
-shuffling; every evaluation reads each rank's whole validation block. The datasets repeat and yield
+shuffling; every evaluation reads each rank's whole validation block. With data.stage_mode=node_share
+a rank reads instead its part of its node's share of the files, divided afresh every epoch
+(common/sharding.py). The datasets repeat and yield
 (B, H, W, 16) float32 fields normalised per channel from the dataset's stats.h5, and (B, H, W)
 int32 labels. Both loaders give the same tensors when shuffling is off.
 """
@@ -24,7 +26,8 @@ from common.dist import DistEnv
 from common.errors import BenchError
 from common.loop import Datasets
 from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_split_counts, check_split_files,
-                             load_manifest)
+                             load_manifest, record_bytes)
+from common.sharding import dali_reader_sharding, local_files_dataset, node_share
 from deepcam.config import DeepCamDataConfig
 
 FORMAT = "deepcam-tfrecord"
@@ -52,6 +55,13 @@ class Shard:
     pieces: tuple[Piece, ...]
     samples: int  # on this rank per epoch, a multiple of the local batch
     global_samples: int  # in the split
+    # node_share: `pieces` are the node's files, divided between its ranks every epoch; (local rank, ranks
+    # per node, the run seed every rank of the node draws the division from). None: pieces are this rank's.
+    local: tuple[int, int, int] | None = None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.path for p in self.pieces))
 
 
 def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_batch: int, dist: DistEnv,
@@ -70,15 +80,34 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
     shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
     if cfg.loader == "dali":
         _check_dali_input(manifest)
-    shards = {}
-    for split in (TRAIN, VALIDATION):
-        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums)
-        shards[split] = shard_split(manifest, split, dist.rank, dist.size, local_batch)
+    shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
+    for split, shard in shards.items():
+        read = {str(Path(f).relative_to(manifest.root)) for f in shard.files}
+        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums, only=read)
     make = _dali_dataset if cfg.loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(shift, divisor)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
     val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch)
+    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest))
+
+
+def rank_shard(manifest: Manifest, cfg: DeepCamDataConfig, split: str, dist: DistEnv, local_batch: int,
+               seed: int) -> Shard:
+    """What this rank reads of `split`: its block, or its node's share when staged with node_share."""
+    if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
+        return shard_split(manifest, split, dist.rank, dist.size, local_batch)
+    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
+    pieces = tuple(Piece(str(manifest.root / e.path), str(manifest.root / e.index) if e.index else None, 0, e.records)
+                   for e in share.files)
+    return Shard(split=split, pieces=pieces, samples=share.samples_per_rank, global_samples=share.global_samples,
+                 local=(dist.local_rank, dist.local_size, seed))
+
+
+def files_read(manifest: Manifest, rank: int, size: int, local_batch: int) -> list[str]:
+    """The dataset paths (records and indexes) rank `rank` of `size` reads: what data.stage_mode=rank stages."""
+    pieces = [p for split in (TRAIN, VALIDATION) for p in shard_split(manifest, split, rank, size, local_batch).pieces]
+    paths = [q for p in pieces for q in (p.path, p.index) if q]
+    return list(dict.fromkeys(str(Path(q).relative_to(manifest.root)) for q in paths))
 
 
 def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: dict[str, int]) -> None:
@@ -195,7 +224,15 @@ def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, ba
     def read(path, start, count):
         return tf.data.TFRecordDataset(path, compression_type=compression).skip(start).take(count)
 
-    if shuffle:
+    if shard.local:
+        # Every epoch, this rank's part of a new division of the node's files (already endless).
+        pieces = local_files_dataset(([p.path for p in shard.pieces], np.int64([p.start for p in shard.pieces]),
+                                      np.int64([p.count for p in shard.pieces])), *shard.local, shuffle=shuffle)
+        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.pieces)), block_length=1,
+                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if shuffle:
+            records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    elif shuffle:
         # The pipeline is re-iterated by repeat() below, so both shuffles draw a new order every epoch.
         pieces = pieces.shuffle(len(shard.pieces), seed=seed, reshuffle_each_iteration=True)
         records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.pieces)), block_length=1,
@@ -293,7 +330,7 @@ def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[
             path=[p.path for p in shard.pieces], index_path=index_files,
             features={"data": tfrec.FixedLenFeature((), tfrec.string, ""),
                       "label": tfrec.FixedLenFeature((), tfrec.string, "")},
-            random_shuffle=shuffle, initial_fill=cfg.shuffle_buffer, name="reader")
+            initial_fill=cfg.shuffle_buffer, name="reader", **dali_reader_sharding(shard.local, shuffle))
         x = fn.reinterpret(record["data"], dtype=types.FLOAT, shape=[height, width, channels])  # (H, W, C)
         y = fn.reinterpret(record["label"], dtype=types.UINT8, shape=[height, width])  # (H, W)
         if device_id is not None:
@@ -307,8 +344,8 @@ def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[
 def read_error(cfg: DeepCamDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
     """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
-    paths = list(dict.fromkeys(piece.path for split in (TRAIN, VALIDATION)
-                               for piece in shard_split(manifest, split, dist.rank, dist.size, local_batch).pieces))
+    paths = list(dict.fromkeys(path for split in (TRAIN, VALIDATION)
+                               for path in rank_shard(manifest, cfg, split, dist, local_batch, 0).files))
     problem = find_bad_record(paths, manifest)
     if problem:
         return BenchError(problem)

@@ -274,7 +274,7 @@ def test_a_channel_without_spread_is_refused(records):
     ({"normalization": "zscore"}, r"data.normalization = 'zscore': expected one of \['minmax', 'meanstd'\]"),
     ({"loader": "torch"}, r"data.loader = 'torch': expected one of \['tfdata', 'dali'\]"),
     ({"val_samples": -1}, "data.val_samples = -1: expected >= 0"),
-    ({"shufle": True}, "unknown key.* data.shufle; valid keys: dir, loader, shuffle"),
+    ({"shufle": True}, "unknown key.* data.shufle; valid keys: dir, stage_dir, stage_mode"),
 ])
 def test_config_is_validated(raw_cfg, message):
     with pytest.raises(BenchError, match=message):

@@ -2,7 +2,7 @@
 import json
 
 from common.config import MlperfConfig, OptimizerConfig, ScheduleConfig
-from common.mllog import MLPerfLog, scale_keys, sgd_keys
+from common.mllog import MLPerfLog, dataset_keys, scale_keys, sgd_keys
 
 
 def _events(path):
@@ -13,7 +13,8 @@ def test_root_writes_events(tmp_path):
     log = MLPerfLog(tmp_path / "mlperf.log")
     log.start("init_start")
     log.submission("cosmoflow", MlperfConfig(), cache_cleared=False)
-    log.events(scale_keys(nodes=1, accelerators_per_node=0, global_batch_size=8, train_samples=64, eval_samples=16)
+    log.events(scale_keys(nodes=1, accelerators_per_node=0, global_batch_size=8)
+               | dataset_keys(train_samples=64, eval_samples=16)
                | sgd_keys(OptimizerConfig(), ScheduleConfig(decay_epochs=(2,), decay_factors=(0.5,)), 1.0)
                | {"dropout": 0.5})
     log.end("epoch_stop", epoch_num=3)

@@ -1,0 +1,501 @@
+"""Data staging: copy a dataset from the shared file system to node-local storage before training.
+
+The source is a plain dataset directory (`manifest.json` and its files) or a packed one (`pack.json`
+and compressed tar archives made by `python -m data_prep pack`). Three modes say what is staged:
+
+- `rank`: every rank stages the files it reads itself (its shard of each split) into its own
+  directory; nothing is shared between the ranks of a node.
+- `node`: local rank 0 of every node stages the whole dataset once; the node's other ranks wait.
+- `node_share`: local rank 0 of node n stages the node's share (files n, n+N, ... of each split, see
+  common/sharding.py); the node's ranks divide it between them afresh every epoch.
+
+Files are copied (or unpacked, streaming, one archive per thread) under temporary names beside
+their final ones, their sha256 is checked against the manifest while they are written, and only
+then are they renamed. The dataset's manifest.json is written last and a `.staged.json` record
+after it, so a killed staging never leaves a directory a later run takes for complete. A rerun
+starts afresh (every byte counted in the staging time) or, with `reuse`, keeps the files that were
+finished and stages the rest. Free space is checked before the first byte is copied.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable, Iterable
+
+from common.cli import write_json_atomic
+from common.errors import BenchError
+from common.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
+from common.packing import PACK_NAME, Member, Pack, dataset_files, load_pack
+from common.sharding import node_share_files
+
+MODES = ("rank", "node", "node_share")
+STAGED_NAME = ".staged.json"
+TEMP_MARK = ".stage-tmp-"
+CHUNK = 4 << 20  # bytes per read and write
+SPACE_MARGIN = 64 << 20  # free bytes left over at the destination after staging
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where this rank sits: rank, ranks, local rank, ranks per node, node index and node count."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    node: int = 0
+    nodes: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What staging reads: a plain dataset directory or a packed one, and the dataset's manifest."""
+
+    root: Path
+    manifest: Manifest
+    pack: Pack | None
+
+    @property
+    def kind(self) -> str:
+        return "packed" if self.pack else "plain"
+
+    @property
+    def compression(self) -> str:
+        return self.pack.compression if self.pack else "none"
+
+    def files(self) -> dict[str, Member]:
+        """Every stageable file by its dataset path, with the size and sha256 it must have."""
+        if self.pack:
+            return {path: member for path, (_, member) in self.pack.members().items()}
+        return dataset_files(self.manifest)
+
+
+def open_source(path: str | os.PathLike) -> Source:
+    """The dataset at `path`: a directory with manifest.json (plain) or pack.json (packed)."""
+    root = Path(path)
+    if (root / PACK_NAME).is_file():
+        pack = load_pack(root)
+        return Source(root=root, manifest=pack.manifest(), pack=pack)
+    if not root.is_dir():
+        raise BenchError(f"{root}: dataset directory not found (expected {MANIFEST_NAME} or {PACK_NAME} in it)")
+    if not (root / MANIFEST_NAME).is_file():
+        raise BenchError(f"{root}: neither {MANIFEST_NAME} (a converted dataset) nor {PACK_NAME} (a packed one); "
+                         f"its conversion or packing did not finish, or this is not a dataset")
+    return Source(root=root, manifest=load_manifest(root), pack=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one rank's staging does."""
+
+    mode: str
+    scope: str  # the staged directory's name below the dataset's: node, node-0000-of-0002, rank-00001-of-00004
+    files: tuple[str, ...]  # dataset paths staged into it
+    copies: bool  # False: another rank of this node stages it (this rank waits)
+    node_bytes: int  # bytes all of this node's staging writes (for the free-space check)
+
+
+RankFiles = Callable[[Manifest, int, int], Iterable[str]]  # (manifest, rank, ranks) -> dataset paths it reads
+
+
+def plan(source: Source, mode: str, layout: Layout, rank_files: RankFiles) -> Plan:
+    """The plan of this rank; `rank_files` says which files a rank reads (the application's sharding)."""
+    if mode not in MODES:
+        raise BenchError(f"data.stage_mode {mode!r}: expected one of {list(MODES)}")
+    manifest, files = source.manifest, source.files()
+    aux = [a.path for a in manifest.aux_files.values()]
+    if mode == "node":
+        chosen, scope = list(files), "node"
+        node_bytes = _bytes(files, chosen)
+    elif mode == "node_share":
+        chosen = aux + [p for split in manifest.splits for e in
+                        node_share_files(manifest, split, layout.node, layout.nodes) for p in _with_index(e)]
+        scope = f"node-{layout.node:04d}-of-{layout.nodes:04d}"
+        node_bytes = _bytes(files, chosen)
+    else:
+        def of_rank(rank: int) -> list[str]:
+            return aux + list(rank_files(manifest, rank, layout.size))
+        chosen, scope = of_rank(layout.rank), f"rank-{layout.rank:05d}-of-{layout.size:05d}"
+        first = layout.node * layout.local_size  # ranks are numbered node by node
+        node_bytes = sum(_bytes(files, of_rank(r)) for r in range(first, min(first + layout.local_size, layout.size)))
+    unknown = sorted(set(chosen) - set(files))
+    if unknown:
+        raise BenchError(f"{source.root}: the files to stage include {unknown[0]}, which the source does not hold")
+    return Plan(mode=mode, scope=scope, files=tuple(sorted(set(chosen))), node_bytes=node_bytes,
+                copies=mode == "rank" or layout.local_rank == 0)
+
+
+def _with_index(entry) -> list[str]:
+    return [entry.path] + ([entry.index] if entry.index else [])
+
+
+def _bytes(files: dict[str, Member], chosen: Iterable[str]) -> int:
+    return sum(files[p].bytes for p in set(chosen) if p in files)
+
+
+def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str) -> Path:
+    """`stage_root/<format>-<first 12 hex digits of the manifest's sha256>/<scope>`."""
+    digest = hashlib.sha256(json.dumps(source.manifest.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+    return Path(stage_root) / f"{source.manifest.format}-{digest}" / scope
+
+
+# ---------------------------------------------------------------------------- in a training run
+def check_unstaged_source(data_cfg) -> None:
+    """A packed dataset cannot be read in place: it needs data.stage_dir."""
+    if (Path(data_cfg.dir) / PACK_NAME).is_file():
+        raise BenchError(f"data.dir {data_cfg.dir} is a packed dataset ({PACK_NAME}); set data.stage_dir to a "
+                         f"node-local directory to unpack it into, or point data.dir at the unpacked dataset")
+
+
+def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False) -> "StageResult":
+    """Stage data_cfg.dir into data_cfg.stage_dir on the ranks the mode picks; the others wait.
+
+    Collective: every rank calls it. When any staging rank fails, every rank raises its error
+    (rather than waiting forever or reading a partial copy).
+    """
+    source = open_source(data_cfg.dir)
+    layout = Layout(rank=dist.rank, size=dist.size, local_rank=dist.local_rank, local_size=dist.local_size,
+                    node=dist.node, nodes=dist.num_nodes)
+    t0 = time.perf_counter()
+    the_plan, result, error = None, None, None
+    try:
+        the_plan = plan(source, data_cfg.stage_mode, layout, rank_files)
+        if the_plan.copies:
+            result = stage(source, the_plan, data_cfg.stage_dir, threads=data_cfg.stage_threads,
+                           reuse=data_cfg.stage_reuse, progress=progress)
+    except BenchError as err:
+        error = f"rank {dist.rank}: {err}"
+    failures = [e for e in dist.gather_object(error) if e]  # also the barrier the waiting ranks need
+    if failures:
+        raise BenchError(failures[0] + (f" (and {len(failures) - 1} more ranks failed)" if len(failures) > 1 else ""))
+    return result or wait_result(source, the_plan, data_cfg.stage_dir, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------- result
+@dataclasses.dataclass
+class StageResult:
+    """What one rank's staging did, for the MLPerf log, the I/O report and the run summary."""
+
+    dir: str
+    mode: str
+    scope: str
+    source: str
+    source_kind: str  # plain or packed
+    compression: str
+    copied: bool  # False: this rank waited for its node's stager
+    files: int = 0  # staged by this rank (reused ones excluded)
+    files_reused: int = 0
+    bytes_written: int = 0  # uncompressed bytes written
+    bytes_read: int = 0  # bytes read from the source (compressed archives: their size)
+    archives: int = 0
+    seconds: float = 0.0
+    threads: int = 0
+
+    def figures(self) -> dict:
+        d = dataclasses.asdict(self)
+        seconds = max(self.seconds, 1e-9)
+        d["write_gb_per_second"] = self.bytes_written / seconds / 1e9 if self.copied else None
+        d["read_gb_per_second"] = self.bytes_read / seconds / 1e9 if self.copied else None
+        d["compression_ratio"] = self.bytes_written / self.bytes_read if self.bytes_read else None
+        return d
+
+
+# ---------------------------------------------------------------------------- staging
+def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads: int = 0, reuse: bool = False,
+          progress: bool = False) -> StageResult:
+    """Copy or unpack the plan's files into their staged directory; returns what was done.
+
+    Only the ranks whose plan says `copies` call this; the others wait and call `wait_result`.
+    Raises BenchError for too little free space, a missing or truncated archive, a corrupt archive
+    member and a checksum mismatch, naming the file and the figures.
+    """
+    dest = staged_dir(stage_root, source, the_plan.scope)
+    threads = threads or _cores()
+    result = StageResult(dir=str(dest), mode=the_plan.mode, scope=the_plan.scope, source=str(source.root),
+                         source_kind=source.kind, compression=source.compression, copied=True, threads=threads)
+    t0 = time.perf_counter()
+    files = source.files()
+    done = _prepare(dest, files, the_plan, reuse)
+    todo = [p for p in the_plan.files if p not in done]
+    _check_space(dest, the_plan, files, todo)
+    bar = _progress_bar(sum(files[p].bytes for p in todo), progress, the_plan.scope)
+    try:
+        if source.pack:
+            result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar)
+        else:
+            result.bytes_read = _copy_plain(source, todo, dest, threads, bar)
+    finally:
+        bar.close()
+    write_manifest(source.manifest.to_dict(), dest)  # the dataset's manifest, now describing `dest`
+    result.files, result.files_reused = len(todo), len(done)
+    result.bytes_written = sum(files[p].bytes for p in todo)
+    result.seconds = time.perf_counter() - t0
+    write_json_atomic({"plan": dataclasses.asdict(the_plan), "result": result.figures()}, dest / STAGED_NAME)
+    return result
+
+
+def wait_result(source: Source, the_plan: Plan, stage_root: str | os.PathLike, seconds: float) -> StageResult:
+    """The result on a rank that waited `seconds` for its node's stager (which must have finished)."""
+    dest = staged_dir(stage_root, source, the_plan.scope)
+    if not (dest / STAGED_NAME).is_file():
+        raise BenchError(f"{dest}: the node's staging rank finished but {STAGED_NAME} is missing; is "
+                         f"data.stage_dir node-local storage that all ranks of the node see?")
+    return StageResult(dir=str(dest), mode=the_plan.mode, scope=the_plan.scope, source=str(source.root),
+                       source_kind=source.kind, compression=source.compression, copied=False, seconds=seconds)
+
+
+def _prepare(dest: Path, files: dict[str, Member], the_plan: Plan, reuse: bool) -> set[str]:
+    """Make `dest` ready; returns the planned files already complete there (only with `reuse`)."""
+    if not reuse and dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / STAGED_NAME).unlink(missing_ok=True)
+    (dest / MANIFEST_NAME).unlink(missing_ok=True)
+    for tmp in [p for p in dest.rglob(f"*{TEMP_MARK}*") if p.is_file()]:
+        tmp.unlink()
+    # A file with its final name was renamed only after its checksum matched.
+    return {p for p in the_plan.files if (dest / p).is_file() and (dest / p).stat().st_size == files[p].bytes}
+
+
+def _check_space(dest: Path, the_plan: Plan, files: dict[str, Member], todo: list[str]) -> None:
+    need = sum(files[p].bytes for p in todo)
+    if the_plan.mode == "rank":  # the node's other ranks stage at the same time
+        need = max(need, the_plan.node_bytes - _bytes(files, set(the_plan.files) - set(todo)))
+    free = shutil.disk_usage(dest).free
+    if free < need + SPACE_MARGIN:
+        raise BenchError(f"{dest}: {free / 1e9:.2f} GB free, but staging needs {need / 1e9:.2f} GB "
+                         f"({len(todo)} files, data.stage_mode={the_plan.mode}) plus {SPACE_MARGIN >> 20} MiB to "
+                         f"spare; free space there or choose another data.stage_dir")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------- plain copies
+def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar) -> int:
+    files = source.files()
+
+    def copy(path: str) -> int:
+        src = source.root / path
+        if not src.is_file():
+            raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
+        with open(src, "rb", buffering=0) as f:
+            _write_verified(f, dest, files[path], f"{src}", bar)
+        return files[path].bytes
+
+    return sum(_run_threads(copy, todo, threads))
+
+
+def _run_threads(function, jobs: list, threads: int) -> list:
+    """function(job) for every job on `threads` threads; the first error is raised after the rest stop."""
+    if threads <= 1 or len(jobs) <= 1:
+        return [function(job) for job in jobs]
+    with concurrent.futures.ThreadPoolExecutor(min(threads, len(jobs))) as pool:
+        futures = [pool.submit(function, job) for job in jobs]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+def _write_verified(stream, dest: Path, member: Member, where: str, bar) -> None:
+    """Write `stream` to dest/member.path through a temporary name, checking size and sha256 first."""
+    final = dest / member.path
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
+    digest, size = hashlib.sha256(), 0
+    buffer = _buffer()
+    try:
+        with open(tmp, "wb", buffering=0) as out:
+            while got := stream.readinto(buffer):
+                chunk = buffer[:got]
+                digest.update(chunk)
+                out.write(chunk)
+                size += got
+                bar.update(got)
+        if size != member.bytes:
+            raise BenchError(f"{where}: {member.path} has {size} bytes, the manifest says {member.bytes}; the "
+                             f"source is truncated or was changed")
+        if digest.hexdigest() != member.sha256:
+            raise BenchError(f"{where}: {member.path} has sha256 {digest.hexdigest()}, the manifest says "
+                             f"{member.sha256}; the source is corrupt (checksum mismatch), nothing was renamed")
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+_local = threading.local()
+
+
+def _buffer() -> memoryview:
+    """This thread's reusable read buffer."""
+    if not hasattr(_local, "buffer"):
+        _local.buffer = memoryview(bytearray(CHUNK))
+    return _local.buffer
+
+
+# ---------------------------------------------------------------------------- archives
+def _unpack(source: Source, todo: list[str], dest: Path, threads: int, bar) -> tuple[int, int]:
+    """Unpack the archives holding `todo`, one per thread; returns (archives read, their bytes)."""
+    wanted = set(todo)
+    archives = [a for a in source.pack.archives if any(m.path in wanted for m in a.members)]
+
+    def unpack(archive) -> int:
+        path = source.root / archive.path
+        if not path.is_file():
+            raise BenchError(f"{path}: archive listed in {source.root / PACK_NAME} is missing")
+        size = path.stat().st_size
+        if size != archive.bytes:
+            raise BenchError(f"{path}: {size} bytes, {PACK_NAME} says {archive.bytes}; the archive is truncated "
+                             f"or was changed, repack the dataset")
+        _unpack_archive(path, archive, source.compression, wanted, dest, bar)
+        return size
+
+    return len(archives), sum(_run_threads(unpack, archives, threads))
+
+
+def _unpack_archive(path: Path, archive, compression: str, wanted: set[str], dest: Path, bar) -> None:
+    members = {m.path: m for m in archive.members}
+    found, current = set(), None
+    try:
+        with open(path, "rb") as raw, _decompressed(raw, compression) as stream:
+            for name, size in tar_members(stream, str(path)):
+                current = name
+                if name not in members:
+                    raise BenchError(f"{path}: holds {name!r}, which {PACK_NAME} does not list for this archive")
+                if name in wanted:
+                    _write_verified(_Bounded(stream, size), dest, members[name], f"{path}", bar)
+                else:
+                    _skip(stream, size)
+                _skip(stream, -size % 512)
+                found.add(name)
+                current = None
+    except BenchError:
+        raise
+    except Exception as err:  # OSError, EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError
+        what = f"while reading member {current}" if current else "between members"
+        raise BenchError(f"{path}: corrupt or truncated archive {what} ({type(err).__name__}: {err}); "
+                         f"repack the dataset") from None
+    missing = sorted(set(members) - found)
+    if missing:
+        raise BenchError(f"{path}: member {missing[0]} listed in {PACK_NAME} is missing from the archive "
+                         f"({len(missing)} missing); repack the dataset")
+
+
+def tar_members(stream: BinaryIO, where: str):
+    """(name, size) of each regular file of a tar stream, leaving `stream` at the member's data.
+
+    The caller reads or skips the data and its padding. Reads ustar and pax headers (what tarfile
+    writes), checks every header checksum, and stops at the end-of-archive block.
+    """
+    pax: dict[str, str] = {}
+    while True:
+        header = _read_exact(stream, 512, where)
+        if header == bytes(512):
+            return
+        stored = int(header[148:156].split(b"\0")[0].strip() or b"0", 8)
+        if stored != sum(header[:148]) + 256 + sum(header[156:]):
+            raise BenchError(f"{where}: a tar header fails its checksum; the archive is corrupt, repack the dataset")
+        kind, size = header[156:157], _octal(header[124:136])
+        name = (header[345:500].split(b"\0")[0] + b"/" if header[345] else b"") + header[:100].split(b"\0")[0]
+        if kind in (b"x", b"g"):
+            records = _read_exact(stream, size, where)
+            _skip(stream, -size % 512)
+            if kind == b"x":
+                pax = _pax(records)
+            continue
+        name_text = pax.get("path", name.decode())
+        size = int(pax.get("size", size))
+        pax = {}
+        if kind not in (b"0", b"\0"):
+            raise BenchError(f"{where}: member {name_text!r} is not a regular file (tar type {kind!r})")
+        yield PurePosixPath(name_text).as_posix(), size
+
+
+def _octal(field: bytes) -> int:
+    return int(field.split(b"\0")[0].strip() or b"0", 8)
+
+
+def _pax(records: bytes) -> dict[str, str]:
+    """The key=value records of a pax extended header ("<len> key=value\\n" each)."""
+    out, pos = {}, 0
+    while pos < len(records):
+        length = int(records[pos:records.index(b" ", pos)])
+        key, _, value = records[records.index(b" ", pos) + 1:pos + length - 1].partition(b"=")
+        out[key.decode()] = value.decode()
+        pos += length
+    return out
+
+
+def _read_exact(stream: BinaryIO, size: int, where: str) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            raise EOFError(f"{where}: the archive ends {size - len(data)} bytes early")
+        data += chunk
+    return bytes(data)
+
+
+def _skip(stream: BinaryIO, size: int) -> None:
+    while size > 0:
+        chunk = stream.read(min(size, CHUNK))
+        if not chunk:
+            raise EOFError("the archive ends inside a member")
+        size -= len(chunk)
+
+
+class _Bounded:
+    """The next `size` bytes of a stream, read with `readinto`; a short stream is an error."""
+
+    def __init__(self, stream: BinaryIO, size: int):
+        self.stream, self.left = stream, size
+
+    def readinto(self, buffer) -> int:
+        if self.left == 0:
+            return 0
+        view = memoryview(buffer)[:min(len(buffer), self.left)]
+        got = self.stream.readinto(view)
+        if not got:
+            raise EOFError(f"the archive ends {self.left} bytes before the end of the member")
+        self.left -= got
+        return got
+
+
+class _decompressed:
+    """A readable stream of the archive's tar bytes (context manager)."""
+
+    def __init__(self, raw: BinaryIO, compression: str):
+        self.raw, self.compression, self.stream = raw, compression, None
+
+    def __enter__(self):
+        if self.compression == "zstd":
+            import zstandard
+            self.stream = zstandard.ZstdDecompressor().stream_reader(self.raw, read_size=CHUNK, closefd=False)
+        elif self.compression == "gzip":
+            import gzip
+            self.stream = gzip.GzipFile(fileobj=self.raw, mode="rb")
+        else:
+            return self.raw
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.stream is not None:
+            self.stream.close()
+        return False
+
+
+def _progress_bar(total: int, enabled: bool, scope: str):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"staging {scope}",
+                file=sys.stderr, disable=not enabled, mininterval=2.0)

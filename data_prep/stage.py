@@ -1,0 +1,44 @@
+"""Stage a dataset (plain or packed) to local storage, verifying every file, and report the rate.
+
+Copies a converted dataset directory, or unpacks a packed one (`python -m data_prep pack`), into
+STAGE_DIR/<format>-<manifest digest>/node/, the directory `data.stage_mode=node` training would
+stage into, and prints that directory, the bytes, the time and GB/s. Use it to stage ahead of a job
+(the MLPerf HPC v3.0 rules allow staging outside the timed run) or to time staging on its own;
+training configs with data.stage_dir stage inside the run themselves. See docs/staging.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from common.staging import Layout, open_source, plan, stage
+from data_prep import tfrecords
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, type=Path, metavar="DIR",
+                        help="a converted dataset (manifest.json) or a packed one (pack.json)")
+    parser.add_argument("--stage-dir", required=True, type=Path, metavar="DIR",
+                        help="local directory to stage into, e.g. /tmp or /dev/shm")
+    parser.add_argument("--threads", type=tfrecords.positive_int, default=tfrecords.available_cpus(), metavar="T",
+                        help="files or archives copied in parallel (default: CPUs available, %(default)s)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep files an earlier, interrupted staging finished (default: start afresh)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    source = open_source(args.input)
+    the_plan = plan(source, "node", Layout(), rank_files=lambda *_: ())
+    result = stage(source, the_plan, args.stage_dir, threads=args.threads, reuse=args.reuse, progress=True)
+    figures = result.figures()
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    ratio = f", compression ratio {figures['compression_ratio']:.2f}" if source.pack else ""
+    print(f"staged {result.files} files ({result.bytes_written / 1e9:.3f} GB written, {result.bytes_read / 1e9:.3f} GB "
+          f"read{ratio}; {result.files_reused} reused) from {source.kind} {source.root} into {result.dir} in "
+          f"{result.seconds:.2f} s: {figures['write_gb_per_second']:.2f} GB/s with sha256 verification, "
+          f"{result.threads} threads", flush=True)
+    return 0
