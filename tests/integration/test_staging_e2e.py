@@ -1,0 +1,104 @@
+"""Staging inside real 2-rank trainings: packed sources, the three modes, the MLPerf log and the I/O report."""
+import json
+import sys
+
+import pytest
+
+from common.compliance import check_log
+from tests.conftest import REPO, horovodrun, run_cmd, show
+from tests.integration import cosmo_fixtures
+from tests.integration.test_deepcam_e2e import TINY as DEEPCAM_TINY
+from tests.integration.test_deepcam_e2e import make_dataset as make_deepcam_dataset
+from tests.integration.test_deepcam_e2e import write_config as write_deepcam_config
+
+pytestmark = pytest.mark.slow
+COSMO_TRAIN, DEEPCAM_TRAIN = REPO / "cosmoflow/train.py", REPO / "deepcam/train.py"
+
+
+def pack(src, out, *args):
+    proc = run_cmd([sys.executable, "-m", "data_prep", "pack", "--input", src, "--out", out, "--workers", 1, *args])
+    assert proc.returncode == 0, show(proc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cosmo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cosmo-staging")
+    records = cosmo_fixtures.make_dataset(root)
+    return records, pack(records, root / "packed", "--compression", "zstd", "--archives", 2)
+
+
+def _events(log):
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+
+
+def _cosmo_run(tmp_path, data_dir, name, **data):
+    out = tmp_path / name
+    cfg = cosmo_fixtures.write_config(tmp_path / f"{name}.yaml", data_dir, out,
+                                      data={"shuffle_buffer": 8, "stage_dir": str(tmp_path / "local"), **data},
+                                      train={"max_epochs": 2, "target": 1e-6})
+    proc = horovodrun(2, [COSMO_TRAIN, cfg])
+    assert proc.returncode == 1, show(proc)  # the target is out of reach: two full epochs
+    return out, proc
+
+
+def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(cosmo, tmp_path):
+    _, packed = cosmo
+    out, proc = _cosmo_run(tmp_path, packed, "share", stage_mode="node_share")
+    keys = [e["key"] for e in _events(out / "mlperf.log")]
+    assert keys.index("run_start") < keys.index("staging_start") < keys.index("staging_stop") \
+        < keys.index("train_samples") < keys.index("epoch_start")
+    assert check_log(out / "mlperf.log").structural_problems == ()
+    report = json.loads((out / "io_report.json").read_text())
+    staging = report["staging"]
+    assert staging["mode"] == "node_share" and staging["source_kind"] == "packed" and staging["staging_ranks"] == 1
+    assert staging["files"] == 24 and staging["compression_ratio"] > 1.2  # int16 counts compress well
+    assert report["staging_seconds_over_mean_epoch_seconds"] > 0
+    assert [r["planned"]["train_records"] for r in report["ranks"]] == [64, 64]  # 2 epochs x 8 steps x 4
+    assert all(r["measured"]["rchar"] > 0 for r in report["ranks"])
+    assert json.loads((out / "summary.json").read_text())["io"] == report
+    assert "staged into" in proc.stdout
+
+
+def test_rank_and_node_staging_train_on_identical_data(cosmo, tmp_path):
+    plain, packed = cosmo
+    node_out, _ = _cosmo_run(tmp_path, plain, "node", stage_mode="node")
+    rank_out, _ = _cosmo_run(tmp_path, packed, "rank", stage_mode="rank")
+    direct = tmp_path / "direct"
+    cfg = cosmo_fixtures.write_config(tmp_path / "direct.yaml", plain, direct, data={"shuffle_buffer": 8},
+                                      train={"max_epochs": 2, "target": 1e-6})
+    assert horovodrun(2, [COSMO_TRAIN, cfg]).returncode == 1
+    histories = [[h["mae"] for h in json.loads((o / "summary.json").read_text())["history"]]
+                 for o in (node_out, rank_out, direct)]
+    assert histories[0] == histories[1] == histories[2]
+    rank_report = json.loads((rank_out / "io_report.json").read_text())["staging"]
+    assert rank_report["staging_ranks"] == 2 and rank_report["files"] == 24  # each rank its own 12
+
+
+def test_staging_before_the_run_precedes_init_and_passes_the_checker(cosmo, tmp_path):
+    _, packed = cosmo
+    out, _ = _cosmo_run(tmp_path, packed, "before", stage_mode="node", stage_timing="before_run")
+    keys = [e["key"] for e in _events(out / "mlperf.log")]
+    assert keys[:2] == ["staging_start", "staging_stop"] and keys[2] == "init_start"
+    assert check_log(out / "mlperf.log").structural_problems == ()
+
+
+def test_a_packed_dataset_without_a_stage_dir_is_refused(cosmo, tmp_path):
+    _, packed = cosmo
+    cfg = cosmo_fixtures.write_config(tmp_path / "c.yaml", packed, tmp_path / "run", data={"shuffle_buffer": 8})
+    proc = horovodrun(2, [COSMO_TRAIN, cfg])
+    assert proc.returncode == 2 and f"data.dir {packed} is a packed dataset (pack.json)" in proc.stderr, show(proc)
+
+
+def test_deepcam_stages_a_gzip_pack_per_rank_and_trains(tmp_path):
+    records = make_deepcam_dataset(tmp_path / "dc", 32, 48, train=16, validation=8)
+    packed = pack(records, tmp_path / "packed", "--compression", "gzip", "--archives", 2, "--layout", "contiguous")
+    out = tmp_path / "run"
+    cfg = write_deepcam_config(tmp_path / "c.yaml", "deepcam_mini.yaml", packed, out, DEEPCAM_TINY | {
+        "train": {**DEEPCAM_TINY["train"], "target": 0.05},
+        "data": {**DEEPCAM_TINY["data"], "stage_dir": str(tmp_path / "local"), "stage_mode": "rank"}})
+    proc = horovodrun(2, [DEEPCAM_TRAIN, cfg])
+    assert proc.returncode == 0, show(proc)
+    report = json.loads((out / "io_report.json").read_text())
+    assert report["staging"]["compression"] == "gzip" and report["staging"]["staging_ranks"] == 2
+    assert check_log(out / "mlperf.log").structural_problems == ()

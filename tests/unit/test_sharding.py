@@ -1,0 +1,92 @@
+"""Sharding covers every sample exactly once per epoch, for several rank and node counts."""
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from common.errors import BenchError
+from common.manifest import FileEntry, Manifest, SplitEntry
+from common.sharding import epoch_file_indices, local_files_dataset, node_share
+
+
+def manifest(files: int, records: int = 4, val_files: int = 4) -> Manifest:
+    def split(name, count):
+        entries = tuple(FileEntry(f"{name}/f{i:03d}.tfrecord", records, 100 * records, "0" * 64,
+                                  f"{name}/f{i:03d}.tfrecord.idx", "0" * 64) for i in range(count))
+        return SplitEntry(records * count, entries)
+    return Manifest(root=Path("/data"), format="cosmoflow-tfrecord", version=1, sample_shape=(4, 4, 4, 4),
+                    sample_dtype="int16", target_size=4, compression="none",
+                    splits={"train": split("train", files), "validation": split("validation", val_files)}, source={})
+
+
+@pytest.mark.parametrize("nodes,local_size", [(1, 1), (1, 2), (2, 2), (2, 3), (4, 2), (3, 1)])
+def test_node_shares_read_every_record_once_per_epoch(nodes, local_size):
+    m = manifest(files=nodes * local_size * 3)
+    for epoch in range(3):
+        read = Counter()
+        for node in range(nodes):
+            for local in range(local_size):
+                share = node_share(m, "train", node, nodes, local, local_size, local_batch=4)
+                picked = epoch_file_indices(len(share.files), local, local_size, seed=5, epoch=epoch, shuffle=True)
+                assert sum(share.files[i].records for i in picked) == share.samples_per_rank
+                read.update(share.files[i].path for i in picked)
+        assert set(read.values()) == {1} and len(read) == len(m.splits["train"].files)
+        assert share.global_samples == m.splits["train"].samples
+
+
+def test_the_division_inside_a_node_changes_between_epochs_and_is_seeded():
+    picks = [epoch_file_indices(12, 0, 3, seed=1, epoch=e, shuffle=True) for e in range(4)]
+    assert len({tuple(p) for p in picks}) == 4
+    assert picks[0] == epoch_file_indices(12, 0, 3, seed=1, epoch=0, shuffle=True)
+    assert epoch_file_indices(12, 1, 3, seed=1, epoch=0, shuffle=False) == [4, 5, 6, 7]  # DALI's shard 1 of 3
+
+
+def test_the_tf_data_division_is_the_planned_one():
+    import tensorflow as tf
+    files = [f"f{i}" for i in range(6)]
+    got = [x.decode() for x in local_files_dataset(files, 1, 2, seed=3, shuffle=True).take(9).as_numpy_iterator()]
+    expected = [files[i] for e in range(3) for i in epoch_file_indices(6, 1, 2, seed=3, epoch=e, shuffle=True)]
+    assert got == expected
+    pairs = local_files_dataset((files, tf.range(6, dtype=tf.int64).numpy()), 0, 2, seed=3, shuffle=False)
+    assert [int(n) for _, n in pairs.take(3).as_numpy_iterator()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("case,message", [
+    (dict(files=10, nodes=4, local_size=1, batch=4), r"do not divide evenly between 4 nodes .*files per node \[3, 3, 2, 2\]"),
+    (dict(files=6, nodes=2, local_size=2, batch=4), r"has 3 files, not a multiple of the 2 ranks per node"),
+    (dict(files=8, nodes=2, local_size=2, batch=3), r"each rank reads 8 train samples .* not a multiple of the local batch size 3"),
+])
+def test_uneven_node_shares_are_refused(case, message):
+    m = manifest(files=case["files"])
+    with pytest.raises(BenchError, match=message):
+        node_share(m, "train", 0, case["nodes"], 0, case["local_size"], case["batch"])
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+def test_cosmoflow_rank_shards_cover_every_file_once(ranks):
+    from cosmoflow.data import files_read, shard_split
+    m = manifest(files=16, val_files=8)
+    for split in ("train", "validation"):
+        shards = [shard_split(m, split, r, ranks, local_batch=4) for r in range(ranks)]
+        files = Counter(f for s in shards for f in s.files)
+        assert set(files.values()) == {1} and len(files) == len(m.splits[split].files)
+        assert sum(s.samples for s in shards) == m.splits[split].samples
+    staged = Counter(p for r in range(ranks) for p in files_read(m, r, ranks, 4))
+    assert set(staged.values()) == {1} and len(staged) == 2 * (16 + 8)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_deepcam_rank_blocks_read_each_sample_at_most_once_and_leave_out_less_than_a_batch_per_rank(ranks):
+    from deepcam.data import shard_split
+    m = manifest(files=16, records=4, val_files=8)
+    for split in ("train", "validation"):
+        seen = Counter()
+        for r in range(ranks):
+            shard = shard_split(m, split, r, ranks, local_batch=2)
+            offsets = {e.path: 4 * i for i, e in enumerate(m.splits[split].files)}
+            for piece in shard.pieces:
+                name = str(Path(piece.path).relative_to(m.root))
+                seen.update(range(offsets[name] + piece.start, offsets[name] + piece.start + piece.count))
+            assert shard.samples % 2 == 0
+        total = m.splits[split].samples
+        assert set(seen.values()) == {1} and total - len(seen) < ranks * 2

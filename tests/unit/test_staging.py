@@ -1,0 +1,263 @@
+"""common.staging and data_prep pack: identical copies, plans per mode, checksums, resumption, errors."""
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common import staging
+from common.errors import BenchError
+from common.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, load_manifest, sha256_file,
+                             write_manifest)
+from common.packing import PACK_NAME, load_pack
+from common.staging import Layout, open_source, plan, stage, staged_dir
+from data_prep.__main__ import main as data_prep_main
+
+FILES = {"train": 8, "validation": 4}  # record files per split, 3 records each
+
+
+def _write(path: Path, data: bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return sha256_file(path)
+
+
+def make_dataset(root: Path, file_bytes: int = 40_000) -> Path:
+    """A dataset directory the staging code accepts: record files with indexes, an aux file, a manifest."""
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, count in FILES.items():
+        entries = []
+        for i in range(count):
+            rel = f"{split}/part_{i:03d}.tfrecord"
+            # Compressible but not trivial: small integers, as CosmoFlow's counts.
+            data = rng.poisson(2, file_bytes).astype(np.uint8).tobytes()
+            digest = _write(root / rel, data)
+            index = f"0 {file_bytes // 3}\n{file_bytes // 3} {file_bytes // 3}\n{2 * (file_bytes // 3)} " \
+                    f"{file_bytes - 2 * (file_bytes // 3)}\n"
+            index_digest = _write(root / (rel + ".idx"), index.encode())
+            entries.append(FileEntry(rel, 3, file_bytes, digest, rel + ".idx", index_digest))
+        splits[split] = SplitEntry(3 * count, tuple(entries))
+    aux_digest = _write(root / "stats.h5", b"statistics" * 10)
+    manifest = Manifest(root=root, format="cosmoflow-tfrecord", version=1, sample_shape=(4, 4, 4, 4),
+                        sample_dtype="int16", target_size=4, compression="none", splits=splits,
+                        source={"test": True}, aux_files={"stats": AuxFile("stats.h5", 100, aux_digest)})
+    write_manifest(manifest, root)
+    return root
+
+
+def pack(src: Path, out: Path, compression: str = "zstd", archives: int = 4, *extra: str) -> Path:
+    code = data_prep_main(["pack", "--input", str(src), "--out", str(out), "--compression", compression,
+                           "--archives", str(archives), "--workers", "1", *extra])
+    assert code == 0
+    return out
+
+
+def rank_files(manifest, rank, ranks):  # CosmoFlow's file-by-file sharding
+    return [p for s in ("train", "validation") for e in manifest.splits[s].files[rank::ranks] for p in (e.path, e.index)]
+
+
+def node_plan(source):
+    return plan(source, "node", Layout(), rank_files)
+
+
+def assert_same_files(staged: Path, src: Path, paths):
+    for rel in paths:
+        assert (staged / rel).read_bytes() == (src / rel).read_bytes(), rel
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("ds") / "data")
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
+def test_packed_and_plain_staging_give_the_dataset_byte_for_byte(dataset, tmp_path, compression):
+    packed = pack(dataset, tmp_path / "packed", compression)
+    for src in (dataset, packed):
+        source = open_source(src)
+        result = stage(source, node_plan(source), tmp_path / f"local-{src.name}")
+        out = Path(result.dir)
+        assert_same_files(out, dataset, source.files())
+        assert load_manifest(out).to_dict() == load_manifest(dataset).to_dict()
+        record = json.loads((out / staging.STAGED_NAME).read_text())
+        assert record["result"]["files"] == 2 * sum(FILES.values()) + 1 and result.files_reused == 0
+        assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
+    pack_info = load_pack(packed)
+    assert pack_info.compression == compression and len(pack_info.archives) == 9  # 4 + 4 + aux
+    assert all(sha256_file(packed / a.path) == a.sha256 for a in pack_info.archives)
+
+
+def test_staging_never_modifies_its_input(dataset, tmp_path):
+    before = {p: sha256_file(p) for p in dataset.rglob("*") if p.is_file()}
+    source = open_source(dataset)
+    stage(source, node_plan(source), tmp_path / "local")
+    assert {p: sha256_file(p) for p in dataset.rglob("*") if p.is_file()} == before
+
+
+def test_interleaved_archives_align_with_rank_shards(dataset, tmp_path):
+    source = open_source(pack(dataset, tmp_path / "packed", "zstd", 4))
+    mine = set(plan(source, "rank", Layout(rank=1, size=2, local_rank=1, local_size=2), rank_files).files)
+    holding = {a.path for a in source.pack.archives if {m.path for m in a.members} & mine - {"stats.h5"}}
+    # Files 1, 3, 5, 7 of train live in archives 1 and 3 of 4 (file i in archive i mod 4).
+    assert holding == {f"train-0000{k}-of-00004.tar.zst" for k in (1, 3)} | {
+        f"validation-0000{k}-of-00004.tar.zst" for k in (1, 3)}
+
+
+@pytest.mark.parametrize("size,local_size", [(1, 1), (2, 2), (4, 2), (6, 3), (4, 1)])
+def test_plans_cover_every_file_of_the_dataset(dataset, size, local_size):
+    source = open_source(dataset)
+    every = set(source.files())
+    layouts = [Layout(rank=r, size=size, local_rank=r % local_size, local_size=local_size, node=r // local_size,
+                      nodes=size // local_size) for r in range(size)]
+    if FILES["validation"] % size == 0:  # rank mode needs files to divide evenly between the ranks
+        by_rank = [set(plan(source, "rank", lay, rank_files).files) - {"stats.h5"} for lay in layouts]
+        assert set().union(*by_rank) == every - {"stats.h5"}
+        assert sum(len(s) for s in by_rank) == len(every) - 1  # no file staged twice
+    shares = {lay.node: set(plan(source, "node_share", lay, rank_files).files) - {"stats.h5"} for lay in layouts}
+    assert set().union(*shares.values()) == every - {"stats.h5"}
+    assert sum(len(s) for s in shares.values()) == len(every) - 1
+    copiers = [plan(source, "node", lay, rank_files).copies for lay in layouts]
+    assert copiers == [lay.local_rank == 0 for lay in layouts]
+
+
+def test_a_flipped_byte_in_the_source_is_caught_and_nothing_is_renamed(dataset, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(dataset, src)
+    victim = src / "train/part_005.tfrecord"
+    data = bytearray(victim.read_bytes())
+    data[1234] ^= 0x01
+    victim.write_bytes(bytes(data))
+    source = open_source(src)
+    with pytest.raises(BenchError, match=r"part_005.tfrecord has sha256 .* the manifest says .*checksum mismatch"):
+        stage(source, node_plan(source), tmp_path / "local", threads=1)
+    out = staged_dir(tmp_path / "local", source, "node")
+    assert not (out / "train/part_005.tfrecord").exists() and not (out / MANIFEST_NAME).exists()
+    assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
+
+
+@pytest.mark.parametrize("compression,message", [
+    ("none", r"checksum mismatch"),
+    ("zstd", r"corrupt (or truncated archive|zstd)|checksum mismatch"),
+    ("gzip", r"corrupt or truncated archive|checksum mismatch"),
+])
+def test_a_flipped_byte_in_an_archive_is_caught(dataset, tmp_path, compression, message):
+    packed = pack(dataset, tmp_path / "packed", compression, 2)
+    archive = next(packed.glob("train-00001-of-00002*"))
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    archive.write_bytes(bytes(data))
+    source = open_source(packed)
+    with pytest.raises(BenchError, match=message) as err:
+        stage(source, node_plan(source), tmp_path / "local", threads=1)
+    assert str(archive) in str(err.value)
+    assert not (staged_dir(tmp_path / "local", source, "node") / MANIFEST_NAME).exists()
+
+
+def test_missing_truncated_and_misfiled_archives_are_named(dataset, tmp_path):
+    packed = pack(dataset, tmp_path / "packed", "zstd", 2)
+    source = open_source(packed)
+    first = packed / source.pack.archives[0].path
+    saved = first.read_bytes()
+    first.unlink()
+    with pytest.raises(BenchError, match=rf"{first}: archive listed in .*pack.json is missing"):
+        stage(source, node_plan(source), tmp_path / "a")
+    first.write_bytes(saved[:-100])
+    with pytest.raises(BenchError, match=rf"{first}: {len(saved) - 100} bytes, pack.json says {len(saved)}"):
+        stage(source, node_plan(source), tmp_path / "b")
+    first.write_bytes(saved)
+    # pack.json moving one member to another archive: one archive lacks it, the other holds an unlisted file.
+    obj = json.loads((packed / PACK_NAME).read_text())
+    moved = obj["archives"][0]["members"].pop()
+    obj["archives"][1]["members"].append(moved)
+    (packed / PACK_NAME).write_text(json.dumps(obj))
+    source = open_source(packed)
+    with pytest.raises(BenchError, match=rf"(member {moved['path']} listed in pack.json is missing from the archive"
+                                         rf"|holds '{moved['path']}', which pack.json does not list)"):
+        stage(source, node_plan(source), tmp_path / "c", threads=1)
+
+
+def test_too_little_free_space_is_refused_before_copying(dataset, tmp_path, monkeypatch):
+    source = open_source(dataset)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(staging.shutil, "disk_usage", lambda path: usage._replace(free=100_000))
+    with pytest.raises(BenchError, match=r"0.00 GB free, but staging needs 0.00 GB \(25 files, "
+                                         r"data.stage_mode=node\) plus 64 MiB to spare"):
+        stage(source, node_plan(source), tmp_path / "local")
+    out = staged_dir(tmp_path / "local", source, "node")
+    assert not [p for p in out.rglob("*") if p.is_file()]
+
+
+def test_an_interrupted_staging_is_never_complete_and_resumes(dataset, tmp_path, monkeypatch):
+    source = open_source(pack(dataset, tmp_path / "packed", "zstd", 2))
+    real_write, written = staging._write_verified, []
+
+    def dies_after_five(stream, dest, member, where, bar):
+        if len(written) == 5:
+            raise KeyboardInterrupt  # what a killed job leaves: some files renamed, the rest never written
+        real_write(stream, dest, member, where, bar)
+        written.append(member.path)
+
+    monkeypatch.setattr(staging, "_write_verified", dies_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        stage(source, node_plan(source), tmp_path / "local", threads=1)
+    out = staged_dir(tmp_path / "local", source, "node")
+    assert not (out / MANIFEST_NAME).exists() and not (out / staging.STAGED_NAME).exists()
+    with pytest.raises(BenchError, match="has no manifest.json"):
+        load_manifest(out)
+    (out / f".part.tfrecord{staging.TEMP_MARK}999-1").write_bytes(b"half")  # a killed writer's temporary
+    monkeypatch.setattr(staging, "_write_verified", real_write)
+    resumed = stage(source, node_plan(source), tmp_path / "local", reuse=True)
+    assert resumed.files_reused == 5 and resumed.files == len(source.files()) - 5
+    assert_same_files(out, dataset, source.files())
+    assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
+    fresh = stage(source, node_plan(source), tmp_path / "local")  # without reuse: everything again
+    assert fresh.files_reused == 0 and fresh.files == len(source.files())
+
+
+def test_pack_refuses_a_corrupt_dataset_and_resumes_its_own_output(dataset, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(dataset, src)
+    victim = src / "validation/part_002.tfrecord"
+    data = bytearray(victim.read_bytes())
+    data[7] ^= 0x10
+    victim.write_bytes(bytes(data))
+    code = data_prep_main(["pack", "--input", str(src), "--out", str(tmp_path / "bad"), "--archives", "2",
+                           "--workers", "1"])
+    assert code == 2 and not (tmp_path / "bad" / PACK_NAME).exists()
+    out = pack(dataset, tmp_path / "good", "gzip", 2)
+    first = json.loads((out / PACK_NAME).read_text())
+    (out / PACK_NAME).unlink()
+    (out / "validation-00000-of-00002.tar.gz").unlink()
+    pack(dataset, out, "gzip", 2)
+    assert json.loads((out / PACK_NAME).read_text()) == first
+    assert data_prep_main(["pack", "--input", str(dataset), "--out", str(out), "--compression", "zstd",
+                           "--archives", "2"]) == 2  # other settings into the same directory: refused
+
+
+def test_packed_data_dir_needs_a_stage_dir(dataset, tmp_path):
+    from cosmoflow.config import CosmoDataConfig
+    packed = pack(dataset, tmp_path / "packed", "none", 1)
+    with pytest.raises(BenchError, match=r"is a packed dataset \(pack.json\); set data.stage_dir"):
+        staging.check_unstaged_source(CosmoDataConfig(dir=str(packed)))
+    staging.check_unstaged_source(CosmoDataConfig(dir=str(dataset)))
+    with pytest.raises(BenchError, match="neither manifest.json .* nor pack.json"):
+        open_source(tmp_path)
+
+
+def test_stage_command_prints_the_rate(dataset, tmp_path, capsys):
+    assert data_prep_main(["stage", "--input", str(dataset), "--stage-dir", str(tmp_path / "l"), "--threads", "2"]) == 0
+    line = capsys.readouterr().out
+    assert "staged 25 files" in line and "GB/s with sha256 verification" in line
+
+
+def test_result_figures():
+    result = staging.StageResult(dir="d", mode="node", scope="node", source="s", source_kind="packed",
+                                 compression="zstd", copied=True, files=3, bytes_written=4_000_000_000,
+                                 bytes_read=1_000_000_000, seconds=2.0)
+    figures = result.figures()
+    assert figures["write_gb_per_second"] == 2.0 and figures["read_gb_per_second"] == 0.5
+    assert figures["compression_ratio"] == 4.0
+    assert dataclasses.replace(result, copied=False).figures()["write_gb_per_second"] is None
