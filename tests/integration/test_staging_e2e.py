@@ -102,3 +102,38 @@ def test_deepcam_stages_a_gzip_pack_per_rank_and_trains(tmp_path):
     report = json.loads((out / "io_report.json").read_text())
     assert report["staging"]["compression"] == "gzip" and report["staging"]["staging_ranks"] == 2
     assert check_log(out / "mlperf.log").structural_problems == ()
+
+
+def test_a_staging_killed_with_sigkill_is_not_complete_and_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+    from common.manifest import MANIFEST_NAME
+    from common.staging import STAGED_NAME, TEMP_MARK, open_source, staged_dir
+    from tests.unit.test_staging import make_dataset
+    data = make_dataset(tmp_path / "data", file_bytes=8_000_000)  # 12 files of 8 MB: long enough to interrupt
+    packed = pack(data, tmp_path / "packed", "--compression", "gzip", "--level", "1", "--archives", 1)
+    dest = staged_dir(tmp_path / "local", open_source(packed), "node")
+    cmd = [sys.executable, "-m", "data_prep", "stage", "--input", str(packed), "--stage-dir", str(tmp_path / "local"),
+           "--threads", "1"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        finished = [p for p in dest.rglob("*.tfrecord")] if dest.exists() else []
+        if len(finished) >= 2:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "staging finished before it could be killed"
+    assert not (dest / MANIFEST_NAME).exists() and not (dest / STAGED_NAME).exists()
+    killed_with = len(list(dest.rglob("*.tfrecord")))
+    resumed = run_cmd(cmd + ["--reuse", "--json"])
+    assert resumed.returncode == 0, show(resumed)
+    figures = json.loads(resumed.stdout)
+    assert figures["files_reused"] >= killed_with >= 2 and figures["files"] + figures["files_reused"] == 25
+    assert not list(dest.rglob(f"*{TEMP_MARK}*"))
+    for path in data.rglob("*"):
+        if path.is_file() and path.name != MANIFEST_NAME:
+            assert (dest / path.relative_to(data)).read_bytes() == path.read_bytes()
