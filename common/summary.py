@@ -80,7 +80,8 @@ def read_run(run_dir: str | Path) -> dict:
 
 
 def format_table(runs: list[dict]) -> str:
-    header = ("benchmark", "status", "time to train", "epochs", "final metric", "samples/s", "ranks", "compliance")
+    header = ("benchmark", "status", "time to train", "staging", "epochs", "final metric", "samples/s", "ranks",
+              "compliance")
     rows = [header] + [_row(r) for r in runs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
@@ -91,7 +92,9 @@ def _row(r: dict) -> tuple[str, ...]:
     verdict = "not run" if comp is None else ("SUCCESS" if comp["passed"] else "FAILED")
     div = r["config"]["mlperf"]["division"]
     rate = r.get("samples_per_second_steady")
-    return (r["benchmark"], r["status"], f"{r['time_to_train_seconds']:.1f} s", str(r["epochs"]),
+    staging = (r.get("io") or {}).get("staging")
+    staged = f"{staging['seconds']:.1f} s, {staging['write_gb_per_second']:.2f} GB/s" if staging else "-"
+    return (r["benchmark"], r["status"], f"{r['time_to_train_seconds']:.1f} s", staged, str(r["epochs"]),
             f"{r['metric_name']} {r['final_metric']:.4f} (target {r['target']})" if r["final_metric"] is not None
             else "-", f"{rate:.1f}" if rate else "-", str(r["ranks"]), f"{verdict} ({div})")
 
