@@ -51,16 +51,17 @@ class Datasets:
     record_bytes: float = 0.0
     train_files: int = 0
     val_files: int = 0
+    loader: str = ""  # the input pipeline that reads them: tfdata or dali
 
     @classmethod
-    def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0
-                    ) -> "Datasets":
+    def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0,
+                    loader: str = "") -> "Datasets":
         """From the two datasets and the shards they read (`samples` on this rank, `global_samples` in all,
         `files` the record files of one pass)."""
         return cls(train=train, val=val, train_steps=train_shard.samples // local_batch,
                    val_steps=val_shard.samples // local_batch, train_samples=train_shard.global_samples,
                    val_samples=val_shard.global_samples, local_batch_size=local_batch, record_bytes=record_bytes,
-                   train_files=len(train_shard.files), val_files=len(val_shard.files))
+                   train_files=len(train_shard.files), val_files=len(val_shard.files), loader=loader)
 
 
 @dataclasses.dataclass

@@ -57,7 +57,7 @@ def run_summary(benchmark: str, cfg: Any, dist: DistEnv, data: Datasets, result:
         "global_batch_size": data.local_batch_size * dist.size,
         "train_samples": data.train_samples,
         "eval_samples": data.val_samples,
-        "loader": cfg.data.loader,
+        "loader": data.loader or cfg.data.loader,  # the one data.loader (auto, tfdata, dali) resolved to
         "history": result.history,
         "config": to_dict(cfg),
     }

@@ -13,7 +13,7 @@ class CosmoDataConfig(StagedDataConfig):
     """Where the converted TFRecords are and how they are read."""
 
     dir: str = "data/cosmo_mini/tfrecords"
-    loader: Literal["tfdata", "dali"] = "tfdata"
+    loader: Literal["auto", "tfdata", "dali"] = "tfdata"  # auto: DALI when it is installed and can read the data
     shuffle: bool = True
     shuffle_buffer: int = 64  # samples held for shuffling, per rank
     read_threads: int = 2  # parallel file readers / DALI worker threads

@@ -17,6 +17,7 @@ import numpy as np
 
 from common.dist import DistEnv
 from common.errors import BenchError
+from common.loader import resolve_loader
 from common.loop import Datasets
 from common.manifest import Manifest, check_split_counts, check_split_files, load_manifest, record_bytes
 from common.sharding import dali_reader_sharding, local_files_dataset, node_share
@@ -49,13 +50,13 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     for split, shard in shards.items():
         read = {str(Path(f).relative_to(manifest.root)) for f in shard.files}
         check_split_files(manifest, split, verify_checksums=cfg.verify_checksums, only=read)
-    make = _dali_dataset if cfg.loader == "dali" else _tfdata_dataset
-    if cfg.loader == "dali":
-        _check_dali_compatible(manifest)
+    loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
+    make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(cfg, manifest)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
     val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest))
+    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest),
+                                loader)
 
 
 def rank_shard(manifest: Manifest, cfg: CosmoDataConfig, split: str, dist: DistEnv, local_batch: int,
@@ -195,18 +196,6 @@ def _record_parser(sample_shape: Sequence[int], target_size: int):
 
 
 # ---------------------------------------------------------------------------- DALI
-def _check_dali_compatible(manifest: Manifest) -> None:
-    where = manifest.root / "manifest.json"
-    if manifest.compression != "none":
-        raise BenchError(f"{where}: records are {manifest.compression}-compressed, but DALI's TFRecord reader "
-                         f"needs uncompressed records with index files; convert with --compression none, "
-                         f"or set data.loader=tfdata")
-    missing = [e.path for s in (TRAIN, VALIDATION) for e in manifest.splits[s].files if not e.index]
-    if missing:
-        raise BenchError(f"{where}: {len(missing)} record file(s) have no DALI index (first: {missing[0]}); "
-                         f"reconvert the dataset or set data.loader=tfdata")
-
-
 def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, dist: DistEnv,
                   preprocess, shuffle: bool, seed: int):
     """A DALIDataset on the CPU, or on this rank's GPU when one is present."""

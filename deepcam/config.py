@@ -8,7 +8,7 @@ from typing import Literal
 
 from common.config import DistConfig, MlperfConfig, RunConfig, StagedDataConfig, _check
 
-LOADERS = ("tfdata", "dali")
+LOADERS = ("auto", "tfdata", "dali")
 NORMALIZATIONS = ("minmax", "meanstd")
 
 
@@ -17,7 +17,7 @@ class DeepCamDataConfig(StagedDataConfig):
     """Where the converted TFRecords are and how they are read and normalised."""
 
     dir: str = "data/deepcam_mini/tfrecords"
-    loader: Literal["tfdata", "dali"] = "tfdata"
+    loader: Literal["auto", "tfdata", "dali"] = "tfdata"  # auto: DALI when it is installed and can read the data
     shuffle: bool = True
     # Samples held for shuffling, per rank: 8 x 57.5 MB at the full 768x1152 size.
     shuffle_buffer: int = 8

@@ -24,6 +24,7 @@ import numpy as np
 
 from common.dist import DistEnv
 from common.errors import BenchError
+from common.loader import resolve_loader
 from common.loop import Datasets
 from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_split_counts, check_split_files,
                              load_manifest, record_bytes)
@@ -78,17 +79,17 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
     _check_manifest(manifest, image_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
     stats_path = check_aux_file(manifest, "stats")
     shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
-    if cfg.loader == "dali":
-        _check_dali_input(manifest)
+    loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
     for split, shard in shards.items():
         read = {str(Path(f).relative_to(manifest.root)) for f in shard.files}
         check_split_files(manifest, split, verify_checksums=cfg.verify_checksums, only=read)
-    make = _dali_dataset if cfg.loader == "dali" else _tfdata_dataset
+    make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(shift, divisor)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
     val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest))
+    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest),
+                                loader)
 
 
 def rank_shard(manifest: Manifest, cfg: DeepCamDataConfig, split: str, dist: DistEnv, local_batch: int,
@@ -262,18 +263,6 @@ def _record_parser(sample_shape: Sequence[int]):
 
 
 # ---------------------------------------------------------------------------- DALI
-def _check_dali_input(manifest: Manifest) -> None:
-    where = manifest.root / MANIFEST_NAME
-    if manifest.compression != "none":
-        raise BenchError(f"{where}: records are {manifest.compression}-compressed, but data.loader=dali reads "
-                         f"uncompressed records through their index files; convert with --compression none "
-                         f"or set data.loader=tfdata")
-    unindexed = [e.path for s in (TRAIN, VALIDATION) for e in manifest.splits[s].files if e.index is None]
-    if unindexed:
-        raise BenchError(f"{where}: {len(unindexed)} record file(s) have no DALI index, the first {unindexed[0]}; "
-                         f"reconvert the dataset or set data.loader=tfdata")
-
-
 def _dali_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batch: int, dist: DistEnv,
                   preprocess, shuffle: bool, seed: int):
     """A DALIDataset on the CPU, or on this rank's GPU when one is present."""

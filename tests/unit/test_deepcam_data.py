@@ -237,7 +237,7 @@ def test_image_shape_differs_from_the_config(records):
 
 
 def test_dali_on_gzip_records_is_refused(gzip_records):
-    with pytest.raises(BenchError, match="records are gzip-compressed, but data.loader=dali .* --compression none"):
+    with pytest.raises(BenchError, match="records are gzip-compressed, but DALI's TFRecord reader .* --compression none"):
         datasets(gzip_records, loader="dali")
 
 
@@ -272,7 +272,7 @@ def test_a_channel_without_spread_is_refused(records):
 @pytest.mark.parametrize("raw_cfg, message", [
     ({"shuffle_buffer": 0}, "config key data.shuffle_buffer = 0: expected >= 1"),
     ({"normalization": "zscore"}, r"data.normalization = 'zscore': expected one of \['minmax', 'meanstd'\]"),
-    ({"loader": "torch"}, r"data.loader = 'torch': expected one of \['tfdata', 'dali'\]"),
+    ({"loader": "torch"}, r"data.loader = 'torch': expected one of \['auto', 'tfdata', 'dali'\]"),
     ({"val_samples": -1}, "data.val_samples = -1: expected >= 0"),
     ({"shufle": True}, "unknown key.* data.shufle; valid keys: dir, stage_dir, stage_mode"),
 ])

@@ -1,0 +1,26 @@
+"""common.loader: data.loader=auto picks DALI only where DALI can read the records."""
+import dataclasses
+
+import pytest
+
+from common.errors import BenchError
+from common.loader import resolve_loader
+from tests.unit.test_sharding import manifest
+
+
+def test_auto_reads_uncompressed_indexed_records_with_dali():
+    assert resolve_loader("auto", manifest(files=4), ("train", "validation")) == "dali"  # DALI is installed here
+
+
+def test_auto_falls_back_to_tf_data_for_gzip_or_unindexed_records():
+    gzip = dataclasses.replace(manifest(files=4), compression="gzip")
+    assert resolve_loader("auto", gzip, ("train",)) == "tfdata"
+    m = manifest(files=4)
+    split = m.splits["train"]
+    unindexed = dataclasses.replace(split, files=(dataclasses.replace(split.files[0], index=None, index_sha256=None),
+                                                  *split.files[1:]))
+    m = dataclasses.replace(m, splits={**m.splits, "train": unindexed})
+    assert resolve_loader("auto", m, ("train",)) == "tfdata"
+    with pytest.raises(BenchError, match=r"1 record file\(s\) have no DALI index \(first: train/f000.tfrecord\)"):
+        resolve_loader("dali", m, ("train",))
+    assert resolve_loader("tfdata", gzip, ("train",)) == "tfdata"
