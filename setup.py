@@ -36,6 +36,7 @@ setup(
         "pytest==8.3.4",
         "tqdm==4.67.1",
         "psutil==6.1.1",
+        "xxhash==3.6.0",
         "zstandard==0.25.0",
     ],
     entry_points={"console_scripts": ["sciml-data-prep=data_prep.__main__:main"]},

@@ -10,8 +10,8 @@ and compressed tar archives made by `python -m data_prep pack`). Three modes say
   common/sharding.py); the node's ranks divide it between them afresh every epoch.
 
 Files are copied (or unpacked, streaming, one archive per thread) under temporary names beside
-their final ones, their sha256 is checked against the manifest while they are written, and only
-then are they renamed. The dataset's manifest.json is written last and a `.staged.json` record
+their final ones, their checksum is checked while they are written (xxh3-128 from pack.json for
+packed sources, sha256 from the manifest for plain ones), and only then are they renamed. The dataset's manifest.json is written last and a `.staged.json` record
 after it, so a killed staging never leaves a directory a later run takes for complete. A rerun
 starts afresh (every byte counted in the staging time) or, with `reuse`, keeps the files that were
 finished and stages the rest. Free space is checked before the first byte is copied.
@@ -198,6 +198,7 @@ class StageResult:
     archives: int = 0
     seconds: float = 0.0
     threads: int = 0
+    checksum: str = ""  # what every file was verified with: xxh3_128 (packed) or sha256 (plain)
 
     def figures(self) -> dict:
         d = dataclasses.asdict(self)
@@ -220,7 +221,8 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     dest = staged_dir(stage_root, source, the_plan.scope)
     threads = threads or _cores()
     result = StageResult(dir=str(dest), mode=the_plan.mode, scope=the_plan.scope, source=str(source.root),
-                         source_kind=source.kind, compression=source.compression, copied=True, threads=threads)
+                         source_kind=source.kind, compression=source.compression, copied=True, threads=threads,
+                         checksum=_checksum_kinds(source, the_plan))
     t0 = time.perf_counter()
     files = source.files()
     done = _prepare(dest, files, the_plan, reuse)
@@ -240,6 +242,11 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     result.seconds = time.perf_counter() - t0
     write_json_atomic({"plan": dataclasses.asdict(the_plan), "result": result.figures()}, dest / STAGED_NAME)
     return result
+
+
+def _checksum_kinds(source: Source, the_plan: Plan) -> str:
+    files = source.files()
+    return "+".join(sorted({checksum_of(files[p])[0] for p in the_plan.files}))
 
 
 def wait_result(source: Source, the_plan: Plan, stage_root: str | os.PathLike, seconds: float) -> StageResult:
@@ -309,11 +316,12 @@ def _run_threads(function, jobs: list, threads: int) -> list:
 
 
 def _write_verified(stream, dest: Path, member: Member, where: str, bar) -> None:
-    """Write `stream` to dest/member.path through a temporary name, checking size and sha256 first."""
+    """Write `stream` to dest/member.path through a temporary name, checking size and checksum first."""
     final = dest / member.path
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
-    digest, size = hashlib.sha256(), 0
+    kind, expected = checksum_of(member)
+    digest, size = _hasher(kind), 0
     buffer = _buffer()
     try:
         with open(tmp, "wb", buffering=0) as out:
@@ -326,12 +334,25 @@ def _write_verified(stream, dest: Path, member: Member, where: str, bar) -> None
         if size != member.bytes:
             raise BenchError(f"{where}: {member.path} has {size} bytes, the manifest says {member.bytes}; the "
                              f"source is truncated or was changed")
-        if digest.hexdigest() != member.sha256:
-            raise BenchError(f"{where}: {member.path} has sha256 {digest.hexdigest()}, the manifest says "
-                             f"{member.sha256}; the source is corrupt (checksum mismatch), nothing was renamed")
+        if digest.hexdigest() != expected:
+            raise BenchError(f"{where}: {member.path} has {kind} {digest.hexdigest()}, the "
+                             f"{'pack' if kind == 'xxh3_128' else 'manifest'} says {expected}; the source is corrupt "
+                             f"(checksum mismatch), nothing was renamed")
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def checksum_of(member: Member) -> tuple[str, str]:
+    """(kind, expected hex digest): xxh3-128 when the pack recorded it, else sha256."""
+    return ("xxh3_128", member.xxh3_128) if member.xxh3_128 else ("sha256", member.sha256)
+
+
+def _hasher(kind: str):
+    if kind == "xxh3_128":
+        import xxhash
+        return xxhash.xxh3_128()
+    return hashlib.sha256()
 
 
 _local = threading.local()

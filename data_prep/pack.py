@@ -131,9 +131,17 @@ def _deal(units: list, count: int, layout: str) -> list[list]:
 
 # ---------------------------------------------------------------------------- writing one archive
 def write_or_reuse(job: Job) -> Archive:
-    """The archive at job.path: kept when an earlier run finished it, else written."""
+    """The archive at job.path: kept when an earlier run finished it (its members' digests are
+    recomputed from the checked input files), else written."""
     if job.path.is_file():  # renamed into place only when complete
-        return Archive(job.path.name, job.path.stat().st_size, sha256_file(job.path), job.members)
+        members = []
+        for member in job.members:
+            with _open_checked(job.input_dir, member) as f:
+                reader = _HashingReader(f)
+                while reader.read(CHUNK):
+                    pass
+            members.append(_verified(reader, job.input_dir / member.path, member))
+        return Archive(job.path.name, job.path.stat().st_size, sha256_file(job.path), tuple(members))
     return write_archive(job)
 
 
@@ -144,33 +152,42 @@ def write_archive(job: Job) -> Archive:
             hashed = _HashingWriter(raw)
             compressor = _compressor(hashed, job.compression, job.level)
             with tarfile.open(fileobj=compressor, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
-                for member in job.members:
-                    _add(tar, job.input_dir, member)
+                members = tuple(_add(tar, job.input_dir, member) for member in job.members)
             if compressor is not hashed:
                 compressor.close()
-        archive = Archive(job.path.name, tmp.stat().st_size, hashed.digest.hexdigest(), job.members)
+        archive = Archive(job.path.name, tmp.stat().st_size, hashed.digest.hexdigest(), members)
         tmp.replace(job.path)
         return archive
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _add(tar: tarfile.TarFile, input_dir: Path, member: Member) -> None:
+def _add(tar: tarfile.TarFile, input_dir: Path, member: Member) -> Member:
     """Add one dataset file, checking its size and sha256 against the manifest as it is read."""
+    info = tarfile.TarInfo(member.path)
+    info.size, info.mode, info.mtime = member.bytes, 0o644, 0
+    with _open_checked(input_dir, member) as f:
+        reader = _HashingReader(f)
+        tar.addfile(info, reader)
+    return _verified(reader, input_dir / member.path, member)
+
+
+def _open_checked(input_dir: Path, member: Member) -> BinaryIO:
     path = input_dir / member.path
     if not path.is_file():
         raise BenchError(f"{path}: listed in the manifest but missing; the dataset is incomplete, reconvert it")
     size = path.stat().st_size
     if size != member.bytes:
         raise BenchError(f"{path}: {size} bytes, the manifest says {member.bytes}; reconvert the dataset")
-    info = tarfile.TarInfo(member.path)
-    info.size, info.mode, info.mtime = member.bytes, 0o644, 0
-    with open(path, "rb") as f:
-        reader = _HashingReader(f)
-        tar.addfile(info, reader)
+    return open(path, "rb")
+
+
+def _verified(reader: "_HashingReader", path: Path, member: Member) -> Member:
+    """The member with the xxh3-128 digest staging verifies, once its sha256 matched the manifest."""
     if reader.digest.hexdigest() != member.sha256:
         raise BenchError(f"{path}: sha256 {reader.digest.hexdigest()}, the manifest says {member.sha256}; the "
                          f"dataset is corrupt, reconvert it before packing")
+    return dataclasses.replace(member, xxh3_128=reader.fast.hexdigest())
 
 
 def _compressor(out: BinaryIO, compression: str, level: int):
@@ -196,10 +213,14 @@ class _HashingWriter:
 
 
 class _HashingReader:
+    """Reads a file, computing its sha256 (checked against the manifest) and xxh3-128 (for staging)."""
+
     def __init__(self, f: BinaryIO):
-        self.f, self.digest = f, hashlib.sha256()
+        import xxhash
+        self.f, self.digest, self.fast = f, hashlib.sha256(), xxhash.xxh3_128()
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(n)
         self.digest.update(data)
+        self.fast.update(data)
         return data

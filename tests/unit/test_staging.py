@@ -84,6 +84,7 @@ def test_packed_and_plain_staging_give_the_dataset_byte_for_byte(dataset, tmp_pa
         assert load_manifest(out).to_dict() == load_manifest(dataset).to_dict()
         record = json.loads((out / staging.STAGED_NAME).read_text())
         assert record["result"]["files"] == 2 * sum(FILES.values()) + 1 and result.files_reused == 0
+        assert result.checksum == ("xxh3_128" if src == packed else "sha256")
         assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
     pack_info = load_pack(packed)
     assert pack_info.compression == compression and len(pack_info.archives) == 9  # 4 + 4 + aux
