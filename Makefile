@@ -14,8 +14,9 @@ help:
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
 	@echo "make test    set up, run the test suite"
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
-	@echo "make bench   CosmoFlow and DeepCAM training throughput and staging throughput against cp -r /"
-	@echo "             tar -x (writes benchmarks/results/*.json and the tables in docs/performance.md)"
+	@echo "make bench   CosmoFlow and DeepCAM training throughput, input-pipeline (loader) throughput and"
+	@echo "             staging throughput against cp -r / tar -x (writes benchmarks/results/*.json and"
+	@echo "             the tables in docs/performance.md)"
 
 # Set-up runs when .venv is missing or older than the files that define it.
 $(STAMP): setup.py pyproject.toml constraints.txt scripts/setup.sh
@@ -37,6 +38,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/cosmoflow_throughput.py
 	$(PY) benchmarks/deepcam_throughput.py
+	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/staging_throughput.py
 
 clean-demo:
