@@ -287,6 +287,13 @@ def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = F
                 _check_sha256(manifest.root / entry.index, entry.index_sha256)
 
 
+def check_shard_files(manifest: Manifest, shards: dict, verify_checksums: bool = False) -> None:
+    """`check_split_files` for just the files each split's shard reads (`shard.files`: absolute paths)."""
+    for split, shard in shards.items():
+        read = {Path(f).relative_to(manifest.root).as_posix() for f in shard.files}
+        check_split_files(manifest, split, verify_checksums=verify_checksums, only=read)
+
+
 def check_aux_file(manifest: Manifest, name: str) -> Path:
     """The path of auxiliary file `name`, checked against its size and sha256 (always: such files are small).
 

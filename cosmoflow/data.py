@@ -10,7 +10,6 @@ give the same tensors.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -19,7 +18,7 @@ from common.dist import DistEnv
 from common.errors import BenchError
 from common.loader import resolve_loader
 from common.loop import Datasets
-from common.manifest import Manifest, check_split_counts, check_split_files, load_manifest, record_bytes
+from common.manifest import Manifest, check_shard_files, check_split_counts, load_manifest, record_bytes
 from common.sharding import dali_reader_sharding, local_files_dataset, node_share
 from cosmoflow.config import CosmoDataConfig
 
@@ -47,9 +46,7 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
-    for split, shard in shards.items():
-        read = {str(Path(f).relative_to(manifest.root)) for f in shard.files}
-        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums, only=read)
+    check_shard_files(manifest, shards, verify_checksums=cfg.verify_checksums)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
     make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(cfg, manifest)

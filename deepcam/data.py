@@ -26,7 +26,7 @@ from common.dist import DistEnv
 from common.errors import BenchError
 from common.loader import resolve_loader
 from common.loop import Datasets
-from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_split_counts, check_split_files,
+from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_shard_files, check_split_counts,
                              load_manifest, record_bytes)
 from common.sharding import dali_reader_sharding, local_files_dataset, node_share
 from deepcam.config import DeepCamDataConfig
@@ -81,9 +81,7 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
     shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
-    for split, shard in shards.items():
-        read = {str(Path(f).relative_to(manifest.root)) for f in shard.files}
-        check_split_files(manifest, split, verify_checksums=cfg.verify_checksums, only=read)
+    check_shard_files(manifest, shards, verify_checksums=cfg.verify_checksums)
     make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(shift, divisor)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
