@@ -422,7 +422,7 @@ def component_costs(source: Path, kind: str, scratch: Path) -> dict:
     import zstandard
 
     from common.staging import CHUNK, checksum_of, open_source
-    digest_kind = checksum_of(max(open_source(source).files().values(), key=lambda m: m.bytes))[0]
+    digest_kind = checksum_of(max(open_source(source).files.values(), key=lambda m: m.bytes))[0]
     if kind == "plain":
         streams, members = [p for p in source_files(source) if p.name != "manifest.json"], None
     else:

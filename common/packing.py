@@ -128,11 +128,11 @@ def dataset_files(manifest: Manifest) -> dict[str, Member]:
     files = {}
     for split in manifest.splits.values():
         for e in split.files:
-            files[e.path] = Member(e.path, e.bytes, e.sha256)
+            files[e.path] = Member(e.path, e.bytes, e.sha256, e.xxh3_128)
             if e.index is not None:
-                files[e.index] = Member(e.index, _index_bytes(manifest, e.index), e.index_sha256)
+                files[e.index] = Member(e.index, _index_bytes(manifest, e.index), e.index_sha256, e.index_xxh3_128)
     for aux in manifest.aux_files.values():
-        files[aux.path] = Member(aux.path, aux.bytes, aux.sha256)
+        files[aux.path] = Member(aux.path, aux.bytes, aux.sha256, aux.xxh3_128)
     return files
 
 

@@ -10,8 +10,9 @@ and compressed tar archives made by `python -m data_prep pack`). Three modes say
   common/sharding.py); the node's ranks divide it between them afresh every epoch.
 
 Files are copied (or unpacked, streaming, one archive per thread) under temporary names beside
-their final ones, their checksum is checked while they are written (xxh3-128 from pack.json for
-packed sources, sha256 from the manifest for plain ones), and only then are they renamed. The dataset's manifest.json is written last and a `.staged.json` record
+their final ones, their checksum is checked while they are written (xxh3-128 from pack.json or
+manifest.json; sha256 for files of a manifest written before converters recorded xxh3-128), and
+only then are they renamed. The dataset's manifest.json is written last and a `.staged.json` record
 after it, so a killed staging never leaves a directory a later run takes for complete. A rerun
 starts afresh (every byte counted in the staging time) or, with `reuse`, keeps the files that were
 finished and stages the rest. Free space is checked before the first byte is copied.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +34,7 @@ from typing import BinaryIO, Callable, Iterable
 
 from common.cli import write_json_atomic
 from common.errors import BenchError
-from common.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
+from common.manifest import MANIFEST_NAME, Manifest, load_manifest
 from common.packing import PACK_NAME, Member, Pack, dataset_files, load_pack
 from common.sharding import node_share_files
 
@@ -71,11 +73,17 @@ class Source:
     def compression(self) -> str:
         return self.pack.compression if self.pack else "none"
 
+    @functools.cached_property
     def files(self) -> dict[str, Member]:
-        """Every stageable file by its dataset path, with the size and sha256 it must have."""
+        """Every stageable file by its dataset path, with the size and checksums it must have."""
         if self.pack:
             return {path: member for path, (_, member) in self.pack.members().items()}
         return dataset_files(self.manifest)
+
+    @functools.cached_property
+    def manifest_dict(self) -> dict:
+        """The manifest's JSON form (computed once: CosmoFlow's has thousands of files)."""
+        return self.manifest.to_dict()
 
 
 def open_source(path: str | os.PathLike) -> Source:
@@ -110,7 +118,7 @@ def plan(source: Source, mode: str, layout: Layout, rank_files: RankFiles) -> Pl
     """The plan of this rank; `rank_files` says which files a rank reads (the application's sharding)."""
     if mode not in MODES:
         raise BenchError(f"data.stage_mode {mode!r}: expected one of {list(MODES)}")
-    manifest, files = source.manifest, source.files()
+    manifest, files = source.manifest, source.files
     aux = [a.path for a in manifest.aux_files.values()]
     if mode == "node":
         chosen, scope = list(files), "node"
@@ -143,7 +151,7 @@ def _bytes(files: dict[str, Member], chosen: Iterable[str]) -> int:
 
 def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str) -> Path:
     """`stage_root/<format>-<first 12 hex digits of the manifest's sha256>/<scope>`."""
-    digest = hashlib.sha256(json.dumps(source.manifest.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps(source.manifest_dict, sort_keys=True).encode()).hexdigest()[:12]
     return Path(stage_root) / f"{source.manifest.format}-{digest}" / scope
 
 
@@ -224,7 +232,7 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
                          source_kind=source.kind, compression=source.compression, copied=True, threads=threads,
                          checksum=_checksum_kinds(source, the_plan))
     t0 = time.perf_counter()
-    files = source.files()
+    files = source.files
     done = _prepare(dest, files, the_plan, reuse)
     todo = [p for p in the_plan.files if p not in done]
     _check_space(dest, the_plan, files, todo)
@@ -236,7 +244,8 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
             result.bytes_read = _copy_plain(source, todo, dest, threads, bar)
     finally:
         bar.close()
-    write_manifest(source.manifest.to_dict(), dest)  # the dataset's manifest, now describing `dest`
+    # The dataset's manifest, now describing `dest` (loaded and validated from the source already).
+    write_json_atomic(source.manifest_dict, dest / MANIFEST_NAME)
     result.files, result.files_reused = len(todo), len(done)
     result.bytes_written = sum(files[p].bytes for p in todo)
     result.seconds = time.perf_counter() - t0
@@ -245,7 +254,7 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
 
 
 def _checksum_kinds(source: Source, the_plan: Plan) -> str:
-    files = source.files()
+    files = source.files
     return "+".join(sorted({checksum_of(files[p])[0] for p in the_plan.files}))
 
 
@@ -289,7 +298,7 @@ def _cores() -> int:
 
 # ---------------------------------------------------------------------------- plain copies
 def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar) -> int:
-    files = source.files()
+    files = source.files
 
     def copy(path: str) -> int:
         src = source.root / path
@@ -335,16 +344,15 @@ def _write_verified(stream, dest: Path, member: Member, where: str, bar) -> None
             raise BenchError(f"{where}: {member.path} has {size} bytes, the manifest says {member.bytes}; the "
                              f"source is truncated or was changed")
         if digest.hexdigest() != expected:
-            raise BenchError(f"{where}: {member.path} has {kind} {digest.hexdigest()}, the "
-                             f"{'pack' if kind == 'xxh3_128' else 'manifest'} says {expected}; the source is corrupt "
-                             f"(checksum mismatch), nothing was renamed")
+            raise BenchError(f"{where}: {member.path} has {kind} {digest.hexdigest()}, the source lists {expected}; "
+                             f"the source is corrupt (checksum mismatch), nothing was renamed")
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def checksum_of(member: Member) -> tuple[str, str]:
-    """(kind, expected hex digest): xxh3-128 when the pack recorded it, else sha256."""
+    """(kind, expected hex digest): xxh3-128 when the pack or manifest recorded it, else sha256."""
     return ("xxh3_128", member.xxh3_128) if member.xxh3_128 else ("sha256", member.sha256)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import BenchError
-from common.manifest import MANIFEST_NAME, AuxFile, Manifest, SplitEntry, sha256_file, write_manifest
+from common.manifest import MANIFEST_NAME, AuxFile, Manifest, SplitEntry, sha256_file, write_manifest, xxh3_128_file
 from data_prep import tfrecords
 from deepcam.data import CHANNELS, FORMAT, STATS_NAME, read_stats
 
@@ -272,7 +272,7 @@ def copy_stats(plan: Plan) -> AuxFile:
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
-    return AuxFile(path=STATS_NAME, bytes=target.stat().st_size, sha256=digest)
+    return AuxFile(path=STATS_NAME, bytes=target.stat().st_size, sha256=digest, xxh3_128=xxh3_128_file(target))
 
 
 # ---------------------------------------------------------------------------- conversion

@@ -30,7 +30,7 @@ import numpy as np
 
 from common.cli import write_json_atomic
 from common.errors import BenchError
-from common.manifest import COMPRESSIONS, MANIFEST_NAME, FileEntry, sha256_file
+from common.manifest import COMPRESSIONS, MANIFEST_NAME, FileEntry, file_digests
 
 FRAMING_BYTES = 16  # 8-byte length + 4-byte length CRC + 4-byte payload CRC
 INDEX_SUFFIX = ".idx"
@@ -47,6 +47,17 @@ class RecordFile:
     sha256: str
     index: Path | None
     index_sha256: str | None
+    xxh3_128: str | None = None
+    index_xxh3_128: str | None = None
+
+    @classmethod
+    def of(cls, path: Path, records: int, data: Path, index: Path | None, index_data: Path | None) -> "RecordFile":
+        """The description of record file `path` (index `index`), digested from `data` and `index_data` (the
+        same files, or their temporary names before the rename)."""
+        sha, xxh = file_digests(data)
+        index_sha, index_xxh = file_digests(index_data) if index_data else (None, None)
+        return cls(path=path, records=records, bytes=data.stat().st_size, sha256=sha, index=index,
+                   index_sha256=index_sha, xxh3_128=xxh, index_xxh3_128=index_xxh)
 
 
 def _tensorflow():
@@ -110,8 +121,7 @@ def write_record_file(path: str | os.PathLike, records: Iterable[bytes], compres
         if tmp_index:
             _check_framing(tmp, lengths)
             tmp_index.write_text(index_text(lengths))
-        result = RecordFile(path=path, records=len(lengths), bytes=tmp.stat().st_size, sha256=sha256_file(tmp),
-                            index=index, index_sha256=sha256_file(tmp_index) if tmp_index else None)
+        result = RecordFile.of(path, len(lengths), tmp, index, tmp_index)
         if tmp_index:
             os.replace(tmp_index, index)
         os.replace(tmp, path)
@@ -126,8 +136,7 @@ def existing_record_file(path: str | os.PathLike, records: int, compression: str
     """The finished file at `path` (and its index when uncompressed), or None if it must be (re)written.
 
     Files are renamed into place only when complete, so existence means complete; an uncompressed
-    file must also agree with its index (`records` lines covering the file exactly). The sha256
-    values are recomputed from the files.
+    file must also agree with its index (`records` lines covering the file exactly). The checksums are recomputed from the files.
     """
     path = Path(path)
     index = index_path(path) if compression == "none" else None
@@ -141,8 +150,7 @@ def existing_record_file(path: str | os.PathLike, records: int, compression: str
             return None
         if len(entries) != records or sum(s for _, s in entries) != size:
             return None
-    return RecordFile(path=path, records=records, bytes=size, sha256=sha256_file(path), index=index,
-                      index_sha256=sha256_file(index) if index else None)
+    return RecordFile.of(path, records, path, index, index)
 
 
 # ---------------------------------------------------------------------------- DALI index and framing
@@ -324,7 +332,8 @@ def file_entry(record_file: RecordFile, root: Path) -> FileEntry:
 
     return FileEntry(path=relative(record_file.path), records=record_file.records, bytes=record_file.bytes,
                      sha256=record_file.sha256, index=relative(record_file.index),
-                     index_sha256=record_file.index_sha256)
+                     index_sha256=record_file.index_sha256, xxh3_128=record_file.xxh3_128,
+                     index_xxh3_128=record_file.index_xxh3_128)
 
 
 def available_cpus() -> int:

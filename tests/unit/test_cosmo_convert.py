@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from common.errors import BenchError
-from common.manifest import check_split_files, load_manifest
+from common.manifest import check_split_files, load_manifest, xxh3_128_file
 from data_prep import cosmo_convert, tfrecords
 
 
@@ -78,6 +78,8 @@ def test_records_are_the_subcubes_in_c_order(inputs, tmp_path, compression, caps
         check_split_files(manifest, split, verify_checksums=True)
         for entry in manifest.splits[split].files:
             assert (entry.index is None) == (compression == "gzip")
+            assert entry.xxh3_128 == xxh3_128_file(tmp_path / entry.path)
+            assert entry.index_xxh3_128 == (None if entry.index is None else xxh3_128_file(tmp_path / entry.index))
             with h5py.File(inputs / (Path(entry.path).stem + ".h5"), "r") as f:
                 full, unit = f["full"][()], f["unitPar"][()]
             samples = list(read_samples(tmp_path / entry.path, compression, 4))

@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import xxhash
 
 from common.errors import BenchError
 from common.manifest import check_aux_file, check_split_files, load_manifest
@@ -121,6 +122,7 @@ def test_manifest_describes_the_dataset(inputs, tmp_path):
     assert manifest.source["samples_per_file"] == 2 and manifest.source["dir"] == str(inputs.resolve())
     stats = manifest.aux_files["stats"]
     assert stats.path == "stats.h5" and stats.sha256 == hashlib.sha256((inputs / "stats.h5").read_bytes()).hexdigest()
+    assert stats.xxh3_128 == xxhash.xxh3_128((inputs / "stats.h5").read_bytes()).hexdigest()
     assert (tmp_path / "stats.h5").read_bytes() == (inputs / "stats.h5").read_bytes()
     assert check_aux_file(manifest, "stats") == tmp_path / "stats.h5"
 

@@ -204,3 +204,39 @@ def test_compressed_files_have_no_index(tmp_path):
     manifest = load_manifest(tmp_path)
     assert all(f.index is None and f.index_sha256 is None for f in manifest.splits["train"].files)
     check_split_files(manifest, "train", verify_checksums=True)
+
+
+def test_xxh3_digests_are_optional_kept_and_used_for_verification(dataset):
+    assert "xxh3_128" not in (dataset / "manifest.json").read_text()  # an older manifest keeps its form
+    manifest_module.file_digests(dataset / "train/a.tfrecord")  # one pass, both digests
+
+    def add_xxh3(obj):
+        for entry in obj["splits"]["train"]["files"]:
+            entry["xxh3_128"] = manifest_module.xxh3_128_file(dataset / entry["path"])
+            entry["index_xxh3_128"] = manifest_module.xxh3_128_file(dataset / entry["index"])
+    _edit_json(dataset, add_xxh3)
+    manifest = load_manifest(dataset)
+    assert manifest.splits["train"].files[0].xxh3_128 == manifest_module.xxh3_128_file(dataset / "train/a.tfrecord")
+    assert manifest.splits["validation"].files[0].xxh3_128 is None
+    assert manifest.to_dict()["splits"]["train"]["files"][0]["index_xxh3_128"] is not None
+    check_split_files(manifest, "train", verify_checksums=True)
+    path = dataset / "train/b.tfrecord"
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(BenchError, match="train/b.tfrecord: xxh3_128 [0-9a-f]{32}, the manifest says [0-9a-f]{32}"):
+        check_split_files(manifest, "train", verify_checksums=True)
+
+
+def test_file_digests_match_hashlib_and_xxhash(tmp_path):
+    import xxhash
+    data = bytes(range(256)) * 5000
+    (tmp_path / "f").write_bytes(data)
+    assert manifest_module.file_digests(tmp_path / "f", chunk_bytes=999) == (
+        hashlib.sha256(data).hexdigest(), xxhash.xxh3_128(data).hexdigest())
+
+
+def test_malformed_xxh3_is_refused(dataset):
+    _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][0].update(xxh3_128="abc"))
+    with pytest.raises(BenchError, match=r"split 'train' file 0 xxh3_128 'abc', expected 32 lower-case hex"):
+        load_manifest(dataset)

@@ -10,7 +10,7 @@ import pytest
 from common import staging
 from common.errors import BenchError
 from common.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, load_manifest, sha256_file,
-                             write_manifest)
+                             write_manifest, xxh3_128_file)
 from common.packing import PACK_NAME, load_pack
 from common.staging import Layout, open_source, plan, stage, staged_dir
 from data_prep.__main__ import main as data_prep_main
@@ -24,8 +24,11 @@ def _write(path: Path, data: bytes) -> str:
     return sha256_file(path)
 
 
-def make_dataset(root: Path, file_bytes: int = 40_000) -> Path:
-    """A dataset directory the staging code accepts: record files with indexes, an aux file, a manifest."""
+def make_dataset(root: Path, file_bytes: int = 40_000, xxh3: bool = False) -> Path:
+    """A dataset directory the staging code accepts: record files with indexes, an aux file, a manifest.
+
+    `xxh3`: the manifest also records xxh3-128 digests (as current converters do); else sha256 only (as
+    manifests written before them)."""
     rng = np.random.default_rng(0)
     splits = {}
     for split, count in FILES.items():
@@ -38,12 +41,14 @@ def make_dataset(root: Path, file_bytes: int = 40_000) -> Path:
             index = f"0 {file_bytes // 3}\n{file_bytes // 3} {file_bytes // 3}\n{2 * (file_bytes // 3)} " \
                     f"{file_bytes - 2 * (file_bytes // 3)}\n"
             index_digest = _write(root / (rel + ".idx"), index.encode())
-            entries.append(FileEntry(rel, 3, file_bytes, digest, rel + ".idx", index_digest))
+            entries.append(FileEntry(rel, 3, file_bytes, digest, rel + ".idx", index_digest,
+                                     *(map(xxh3_128_file, (root / rel, root / (rel + ".idx"))) if xxh3 else ())))
         splits[split] = SplitEntry(3 * count, tuple(entries))
     aux_digest = _write(root / "stats.h5", b"statistics" * 10)
     manifest = Manifest(root=root, format="cosmoflow-tfrecord", version=1, sample_shape=(4, 4, 4, 4),
                         sample_dtype="int16", target_size=4, compression="none", splits=splits,
-                        source={"test": True}, aux_files={"stats": AuxFile("stats.h5", 100, aux_digest)})
+                        source={"test": True}, aux_files={"stats": AuxFile(
+                            "stats.h5", 100, aux_digest, xxh3_128_file(root / "stats.h5") if xxh3 else None)})
     write_manifest(manifest, root)
     return root
 
@@ -80,7 +85,7 @@ def test_packed_and_plain_staging_give_the_dataset_byte_for_byte(dataset, tmp_pa
         source = open_source(src)
         result = stage(source, node_plan(source), tmp_path / f"local-{src.name}")
         out = Path(result.dir)
-        assert_same_files(out, dataset, source.files())
+        assert_same_files(out, dataset, source.files)
         assert load_manifest(out).to_dict() == load_manifest(dataset).to_dict()
         record = json.loads((out / staging.STAGED_NAME).read_text())
         assert record["result"]["files"] == 2 * sum(FILES.values()) + 1 and result.files_reused == 0
@@ -110,7 +115,7 @@ def test_interleaved_archives_align_with_rank_shards(dataset, tmp_path):
 @pytest.mark.parametrize("size,local_size", [(1, 1), (2, 2), (4, 2), (6, 3), (4, 1)])
 def test_plans_cover_every_file_of_the_dataset(dataset, size, local_size):
     source = open_source(dataset)
-    every = set(source.files())
+    every = set(source.files)
     layouts = [Layout(rank=r, size=size, local_rank=r % local_size, local_size=local_size, node=r // local_size,
                       nodes=size // local_size) for r in range(size)]
     if FILES["validation"] % size == 0:  # rank mode needs files to divide evenly between the ranks
@@ -132,11 +137,26 @@ def test_a_flipped_byte_in_the_source_is_caught_and_nothing_is_renamed(dataset, 
     data[1234] ^= 0x01
     victim.write_bytes(bytes(data))
     source = open_source(src)
-    with pytest.raises(BenchError, match=r"part_005.tfrecord has sha256 .* the manifest says .*checksum mismatch"):
+    with pytest.raises(BenchError, match=r"part_005.tfrecord has sha256 .* the source lists .*checksum mismatch"):
         stage(source, node_plan(source), tmp_path / "local", threads=1)
     out = staged_dir(tmp_path / "local", source, "node")
     assert not (out / "train/part_005.tfrecord").exists() and not (out / MANIFEST_NAME).exists()
     assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
+
+
+def test_plain_staging_verifies_xxh3_when_the_manifest_records_it(tmp_path):
+    src = make_dataset(tmp_path / "src", xxh3=True)
+    source = open_source(src)
+    assert source.files["train/part_001.tfrecord"].xxh3_128 == xxh3_128_file(src / "train/part_001.tfrecord")
+    result = stage(source, node_plan(source), tmp_path / "ok", threads=2)
+    assert result.checksum == "xxh3_128"
+    assert_same_files(Path(result.dir), src, source.files)
+    assert load_manifest(result.dir).to_dict() == load_manifest(src).to_dict()  # xxh3 keys kept
+    victim = src / "validation/part_002.tfrecord.idx"
+    victim.write_bytes(victim.read_bytes().replace(b"0 ", b"0\t", 1))  # same size, one byte changed
+    with pytest.raises(BenchError, match=r"part_002.tfrecord.idx has xxh3_128 [0-9a-f]{32}, the source lists "
+                                         r"[0-9a-f]{32}; the source is corrupt \(checksum mismatch\)"):
+        stage(open_source(src), node_plan(source), tmp_path / "bad", threads=1)
 
 
 @pytest.mark.parametrize("compression,message", [
@@ -211,11 +231,11 @@ def test_an_interrupted_staging_is_never_complete_and_resumes(dataset, tmp_path,
     (out / f".part.tfrecord{staging.TEMP_MARK}999-1").write_bytes(b"half")  # a killed writer's temporary
     monkeypatch.setattr(staging, "_write_verified", real_write)
     resumed = stage(source, node_plan(source), tmp_path / "local", reuse=True)
-    assert resumed.files_reused == 5 and resumed.files == len(source.files()) - 5
-    assert_same_files(out, dataset, source.files())
+    assert resumed.files_reused == 5 and resumed.files == len(source.files) - 5
+    assert_same_files(out, dataset, source.files)
     assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
     fresh = stage(source, node_plan(source), tmp_path / "local")  # without reuse: everything again
-    assert fresh.files_reused == 0 and fresh.files == len(source.files())
+    assert fresh.files_reused == 0 and fresh.files == len(source.files)
 
 
 def test_pack_refuses_a_corrupt_dataset_and_resumes_its_own_output(dataset, tmp_path):
