@@ -13,7 +13,8 @@ class CosmoDataConfig(StagedDataConfig):
     """Where the converted TFRecords are and how they are read."""
 
     dir: str = "data/cosmo_mini/tfrecords"
-    loader: Literal["auto", "tfdata", "dali"] = "tfdata"  # auto: DALI when it is installed and can read the data
+    # auto: DALI when it is installed and can read the data (the faster loader, docs/performance.md), else tf.data
+    loader: Literal["auto", "tfdata", "dali"] = "auto"
     shuffle: bool = True
     shuffle_buffer: int = 64  # samples held for shuffling, per rank
     read_threads: int = 2  # parallel file readers / DALI worker threads
@@ -22,7 +23,7 @@ class CosmoDataConfig(StagedDataConfig):
     # Standardise each channel of log(1 + x) with the training split's mean and std, which cosmo-convert
     # records in the manifest (input_stats); the reference feeds log(1 + x) as it is.
     normalize: bool = False
-    verify_checksums: bool = False  # sha256 of every file against the manifest before training
+    verify_checksums: bool = False  # xxh3-128 (older manifests: sha256) of the files read
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
 

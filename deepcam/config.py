@@ -17,7 +17,8 @@ class DeepCamDataConfig(StagedDataConfig):
     """Where the converted TFRecords are and how they are read and normalised."""
 
     dir: str = "data/deepcam_mini/tfrecords"
-    loader: Literal["auto", "tfdata", "dali"] = "tfdata"  # auto: DALI when it is installed and can read the data
+    # auto: DALI when it is installed and can read the data (the faster loader, docs/performance.md), else tf.data
+    loader: Literal["auto", "tfdata", "dali"] = "auto"
     shuffle: bool = True
     # Samples held for shuffling, per rank: 8 x 57.5 MB at the full 768x1152 size.
     shuffle_buffer: int = 8
@@ -26,7 +27,7 @@ class DeepCamDataConfig(StagedDataConfig):
     # Per channel, from the dataset's stats.h5: "minmax" (the reference's) (x - min) / (max - min);
     # "meanstd" (x - mean) / sqrt(sqmean - mean^2).
     normalization: Literal["minmax", "meanstd"] = "minmax"
-    verify_checksums: bool = False  # sha256 of every record file against the manifest before training
+    verify_checksums: bool = False  # xxh3-128 (older manifests: sha256) of the files read
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
 

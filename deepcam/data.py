@@ -275,7 +275,8 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batc
                                       output_shapes=((batch, height, width, channels), (batch, height, width)),
                                       output_dtypes=(tf.float32, tf.uint8))
         weakref.finalize(dataset, shutil.rmtree, index_dir, True)  # the indexes live as long as the reader
-        return dataset.map(preprocess)
+        # Preprocessing overlaps with the next DALI batch and the training step, as on the tf.data path.
+        return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 
 def _dali_plugin():
