@@ -64,9 +64,14 @@ def test_corrupt_record_bad_crc(dataset, tmp_path, capsys):
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # same size, payload byte flipped: the record CRC no longer matches
     victim.write_bytes(bytes(raw))
-    code, err = _train(tmp_path, dataset, "data.shuffle=false", capsys=capsys)
+    # tf.data checks every record's CRC; DALI's reader (the default loader) does not, so there the
+    # file checksums of data.verify_checksums (or of staging) are what catch the flipped byte.
+    code, err = _train(tmp_path, dataset, "data.shuffle=false", "data.loader=tfdata", capsys=capsys)
     assert code == 2 and victim.name in err and ("corrupt" in err or "CRC" in err)
     _assert_not_finished(tmp_path)
+    (tmp_path / "verified").mkdir()
+    code, err = _train(tmp_path / "verified", dataset, "data.verify_checksums=true", capsys=capsys)
+    assert code == 2 and f"{victim}: xxh3_128" in err and "the manifest says" in err
 
 
 def test_record_of_wrong_size(dataset, tmp_path, capsys):

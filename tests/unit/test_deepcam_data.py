@@ -1,6 +1,7 @@
 """deepcam.data: shapes, normalisation, sharding over ranks, tf.data == DALI, and the promised errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -293,7 +294,7 @@ def test_read_error_names_the_corrupt_file_and_record(records, tmp_path):
         byte = f.read(1)
         f.seek(offset + 100)
         f.write(bytes([byte[0] ^ 0xFF]))
-    cfg = DeepCamDataConfig(dir=str(root), shuffle=False)
+    cfg = DeepCamDataConfig(dir=str(root), shuffle=False, loader="tfdata")  # DALI checks no record CRC
     data = build_datasets(cfg, SAMPLE, 2, DistEnv(), seed=0)  # sizes still match the manifest
     with pytest.raises(tf.errors.DataLossError) as err:
         take(data.train, data.train_steps)
@@ -302,3 +303,6 @@ def test_read_error_names_the_corrupt_file_and_record(records, tmp_path):
     assert "reconvert it" in message
     intact = read_error(DeepCamDataConfig(dir=str(records)), 2, DistEnv(), RuntimeError("boom"))
     assert str(intact).startswith("reading the DeepCAM records failed (boom); every record of the 5 files")
+    # DALI's reader does not check record CRCs; the xxh3-128 of data.verify_checksums catches the byte.
+    with pytest.raises(BenchError, match=f"{root / entry.path}: xxh3_128 [0-9a-f]{{32}}, the manifest says"):
+        build_datasets(dataclasses.replace(cfg, loader="auto", verify_checksums=True), SAMPLE, 2, DistEnv(), seed=0)
