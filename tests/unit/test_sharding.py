@@ -90,3 +90,52 @@ def test_deepcam_rank_blocks_read_each_sample_at_most_once_and_leave_out_less_th
             assert shard.samples % 2 == 0
         total = m.splits[split].samples
         assert set(seen.values()) == {1} and total - len(seen) < ranks * 2
+
+
+def _numbered_records(root: Path, files: int, per_file: int) -> tuple[list[str], list[str]]:
+    """Record files whose records hold their global number (file * per_file + i), with DALI indexes."""
+    import numpy as np
+    from data_prep import tfrecords
+    paths, indexes = [], []
+    for f in range(files):
+        records = [tfrecords.serialize_example({"n": np.array([f * per_file + i], np.float32)})
+                   for i in range(per_file)]
+        path = root / f"f{f}.tfrecord"
+        record_file = tfrecords.write_record_file(path, records, "none")
+        paths.append(str(record_file.path))
+        indexes.append(str(record_file.index))
+    return paths, indexes
+
+
+def _dali_epochs(paths, indexes, reader_args: dict, batch: int, epochs: int) -> list[list[int]]:
+    import numpy as np
+    import nvidia.dali.fn as fn
+    import nvidia.dali.tfrecord as tfrec
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=batch, num_threads=1, device_id=None, seed=11)
+    def pipeline():
+        return fn.readers.tfrecord(path=paths, index_path=indexes, initial_fill=4, name="reader",
+                                   features={"n": tfrec.FixedLenFeature([1], tfrec.float32, 0.0)},
+                                   **reader_args)["n"]
+    pipe = pipeline()
+    pipe.build()
+    steps = pipe.epoch_size("reader") // reader_args.get("num_shards", 1) // batch
+    return [[int(np.array(t)[0]) for _ in range(steps) for t in pipe.run()[0]] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("local_size", [1, 2])
+def test_dali_reader_reads_every_sample_once_per_epoch_in_a_new_order(tmp_path, local_size):
+    pytest.importorskip("nvidia.dali")
+    from common.sharding import dali_reader_sharding
+    paths, indexes = _numbered_records(tmp_path, files=4, per_file=8)
+    runs = [_dali_epochs(paths, indexes, dali_reader_sharding(
+        None if local_size == 1 else (rank, local_size, 5), shuffle=True), batch=4, epochs=4)
+        for rank in range(local_size)]
+    for epoch in range(4):
+        read = [n for run in runs for n in run[epoch]]
+        assert sorted(read) == list(range(32)), f"epoch {epoch}"  # each sample once across the ranks
+    orders = [tuple(runs[0][epoch]) for epoch in range(4)]
+    assert len(set(orders)) == 4 and orders[0] != tuple(sorted(orders[0]))  # shuffled, anew every epoch
+    first_files = {order[0] // 8 for order in orders}
+    assert len(first_files) > 1  # the file order changes too, not only the draws from the buffer
