@@ -1,0 +1,303 @@
+"""CosmoFlow in Mesh-TensorFlow, with the cube's depth and/or height split into blocks over a device mesh.
+
+The architecture and sizes are those of `cosmoflow.model.build_model` (taken from a `CosmoModelConfig`),
+so the Keras model's weights load unchanged and give the same outputs, loss and gradients.
+
+Mesh axes: "b" (data parallel: the batch is split), "pd" (depth blocks) and "ph" (height blocks);
+`len(devices) = b * pd * ph`, devices in row-major order of (b, pd, ph). The activations are
+(batch, [d_blocks], [h_blocks], d, h, w, c); the blocks dimensions exist while a spatial size is split
+and map to "pd"/"ph". Each conv layer is `mtf.layers.conv3d_with_blocks` (halo exchange between
+neighbouring blocks). Pooling windows never straddle blocks when a block's size is a multiple of the
+pool size; when it is not, that split is merged first (an allconcat over the mesh axis; the merged
+dimension then stays whole), so pooling equals Keras' 'valid' pooling exactly. Before Flatten every
+split is merged, so the flatten order is Keras' (d, h, w, c) row-major order, and the dense layers run
+on activations replicated over "pd"/"ph" (split only over "b"). All weights are replicated.
+
+Graph mode only (tf.compat.v1): the model is built into its own `tf.Graph`, lowered onto a
+`PlacementMeshImpl`, and run in a `tf.compat.v1.Session` (local virtual devices or a cluster target).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from common.errors import BenchError
+from cosmoflow.config import CosmoModelConfig
+from cosmoflow.mesh.shim import import_mtf
+
+mtf = import_mtf()
+
+LAYOUT = "batch:b;d_blocks:pd;h_blocks:ph"
+# Every weight's value comes from the Keras model (`MeshCosmoFlow.initialize`), the one place that
+# defines CosmoFlow's initialisation; the masters start at zero until then.
+_UNSET = tf.compat.v1.zeros_initializer()
+
+
+# ---------------------------------------------------------------------------- planning (pure Python)
+@dataclasses.dataclass(frozen=True)
+class MeshLayout:
+    """How a batch is spread: `batch_splits` x `spatial` = (pd, ph) blocks, one per device."""
+
+    spatial: tuple[int, int]
+    batch_splits: int
+    devices: tuple[str, ...]
+
+    @property
+    def mesh_shape(self) -> str:
+        pd, ph = self.spatial
+        return f"b:{self.batch_splits};pd:{pd};ph:{ph}"
+
+
+def plan_layout(input_shape: Sequence[int], spatial: Sequence[int], devices: Sequence[str],
+                batch_size: int) -> MeshLayout:
+    """Check that `spatial` = (pd, ph) partitions fit the cube, the devices and the batch; raise BenchError if not.
+
+    The devices left over by the spatial split (len(devices) / (pd * ph)) split the batch.
+    """
+    if len(spatial) != 2 or any(int(p) < 1 for p in spatial):
+        raise BenchError(f"spatial partitions {list(spatial)}: expected two integers >= 1 (depth, height)")
+    pd, ph = (int(p) for p in spatial)
+    depth, height = input_shape[0], input_shape[1]
+    for name, size, parts in (("depth", depth, pd), ("height", height, ph)):
+        if size % parts:
+            raise BenchError(f"spatial partitions {[pd, ph]}: the cube's {name} {size} (input_shape "
+                             f"{list(input_shape)}) is not divisible by {parts} partitions")
+    parts, count = pd * ph, len(devices)
+    if parts > count:
+        raise BenchError(f"spatial partitions {[pd, ph]}: {parts} partitions need at least {parts} devices, "
+                         f"got {count}: {list(devices)}")
+    if count % parts:
+        raise BenchError(f"spatial partitions {[pd, ph]}: {count} devices are not divisible by {parts} "
+                         f"partitions (the rest split the batch)")
+    batch_splits = count // parts
+    if batch_size % batch_splits:
+        raise BenchError(f"batch size {batch_size} is not divisible by {batch_splits} data-parallel splits "
+                         f"({count} devices / {parts} spatial partitions)")
+    return MeshLayout((pd, ph), batch_splits, tuple(devices))
+
+
+def pooling_splits(input_shape: Sequence[int], spatial: Sequence[int], blocks: int,
+                   pool_size: int) -> list[tuple[bool, bool]]:
+    """For each conv block, whether depth and height are still split when it pools.
+
+    A split survives a pooling only while every block's size is a multiple of the pool size;
+    otherwise it is merged before that pooling and stays merged.
+    """
+    sizes, splits, plan = list(input_shape[:2]), [p > 1 for p in spatial], []
+    for _ in range(blocks):
+        splits = [split and (size // parts) % pool_size == 0
+                  for split, size, parts in zip(splits, sizes, spatial)]
+        plan.append((splits[0], splits[1]))
+        sizes = [size // pool_size for size in sizes]
+    return plan
+
+
+# ---------------------------------------------------------------------------- the built model
+@dataclasses.dataclass
+class StepResult:
+    """One forward/backward pass: outputs (B, targets), the MSE loss and gradients in Keras weight order."""
+
+    outputs: np.ndarray
+    loss: float
+    gradients: list[np.ndarray]
+
+
+@dataclasses.dataclass
+class MeshCosmoFlow:
+    """A lowered mesh model: its graph, feeds, fetches and the ops that load weights."""
+
+    graph: Any  # tf.Graph
+    layout: MeshLayout
+    images: Any  # placeholder (B, D, H, W, C)
+    targets: Any  # placeholder (B, target_size)
+    outputs: Any  # (B, target_size)
+    loss: Any  # scalar
+    gradients: list  # replicated weights' gradients, Keras order, each the full tensor
+    weight_names: list[str]
+    weight_shapes: list[tuple[int, ...]]
+    weight_feeds: list  # placeholders of the master values
+    load_ops: list  # assign each master from its feed
+    init_op: Any  # initialise the master variables
+    copy_to_slices: Any  # masters -> per-device slices
+
+    def initialize(self, session: Any, weights: Any) -> None:
+        """Set every weight from a Keras CosmoFlow model (or its `get_weights()` list) and copy it to the devices."""
+        values = keras_weights(weights)
+        self._check_weights(values)
+        session.run(self.init_op)
+        session.run(self.load_ops, feed_dict=dict(zip(self.weight_feeds, values)))
+        session.run(self.copy_to_slices)
+
+    def step(self, session: Any, images: np.ndarray, targets: np.ndarray) -> StepResult:
+        """Forward, MSE loss and gradients for one batch (no update)."""
+        feed = {self.images: images, self.targets: targets}
+        outputs, loss, *grads = session.run([self.outputs, self.loss, *self.gradients], feed_dict=feed)
+        return StepResult(outputs, float(loss), grads)
+
+    def _check_weights(self, values: list[np.ndarray]) -> None:
+        if len(values) != len(self.weight_shapes):
+            raise BenchError(f"{len(values)} weight arrays given, the mesh model has {len(self.weight_shapes)}: "
+                             f"{self.weight_names}")
+        for name, shape, value in zip(self.weight_names, self.weight_shapes, values):
+            if tuple(value.shape) != shape:
+                raise BenchError(f"weight {name}: shape {tuple(value.shape)} given, expected {shape}")
+
+
+def keras_weights(weights: Any) -> list[np.ndarray]:
+    """float32 arrays from a keras.Model (its trainable weights, in layer order) or a list of arrays."""
+    if hasattr(weights, "trainable_weights"):
+        from tensorflow.python.eager import context
+        # Keras' variables are eager; read them eagerly even inside a session's graph context
+        # (tf.init_scope would stay in that graph).
+        with context.eager_mode():
+            weights = [w.numpy() for w in weights.trainable_weights]
+    return [np.asarray(w, dtype=np.float32) for w in weights]
+
+
+def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: Sequence[int] = (1, 1),
+                     batch_size: int = 1, training: bool = False) -> MeshCosmoFlow:
+    """Build and lower CosmoFlow over `devices` with the cube split into `spatial` = (pd, ph) blocks.
+
+    Args:
+        model: the sizes (the config's `model:` section, as for `cosmoflow.model.build_model`).
+        devices: TensorFlow device strings, e.g. "/job:worker/task:1/cpu:0"; the devices beyond
+            pd * ph split the batch.
+        batch_size: the global batch of one step (static in Mesh-TF).
+        training: apply dropout (random masks); False makes dropout the identity, as Keras'
+            inference mode does, which is what equivalence checks need.
+    """
+    layout = plan_layout(model.input_shape, spatial, devices, batch_size)
+    if model.kernel_size % 2 == 0:
+        raise BenchError(f"model.kernel_size {model.kernel_size}: the mesh model needs an odd kernel size "
+                         f"(conv3d_with_blocks pads both sides equally, like Keras 'same' only for odd kernels)")
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf.compat.v1.placeholder(tf.float32, [batch_size, *model.input_shape], name="images")
+        targets = tf.compat.v1.placeholder(tf.float32, [batch_size, model.target_size], name="targets")
+        mesh_graph = mtf.Graph()
+        mesh = mtf.Mesh(mesh_graph, "cosmoflow")
+        outputs, loss = _forward(mesh, model, layout, images, targets, training)
+        variables = list(mesh_graph.trainable_variables)  # creation order = Keras weight order
+        grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+        mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(layout.mesh_shape, LAYOUT, list(layout.devices))
+        lowering = mtf.Lowering(mesh_graph, {mesh: mesh_impl})
+        feeds = [tf.compat.v1.placeholder(tf.float32, v.shape.to_integer_list) for v in variables]
+        return MeshCosmoFlow(
+            graph=graph, layout=layout, images=images, targets=targets,
+            outputs=lowering.export_to_tf_tensor(outputs), loss=lowering.export_to_tf_tensor(loss),
+            gradients=[lowering.export_to_tf_tensor(g) for g in grads],
+            weight_names=[v.name for v in variables],
+            weight_shapes=[tuple(v.shape.to_integer_list) for v in variables],
+            weight_feeds=feeds,
+            load_ops=[v.get_master().assign(f) for v, f in zip(variables, feeds)],
+            init_op=tf.compat.v1.global_variables_initializer(),
+            copy_to_slices=lowering.copy_masters_to_slices())
+
+
+# ---------------------------------------------------------------------------- the network
+@dataclasses.dataclass
+class _Blocks:
+    """The activation and its blocks dimensions (None once merged or never split)."""
+
+    x: Any
+    d_blocks: Any = None
+    h_blocks: Any = None
+
+
+def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, images, targets, training: bool):
+    """Mesh-TF ops from images to (outputs, loss)."""
+    act = _import_blocks(mesh, images, layout)
+    plan = pooling_splits(model.input_shape, layout.spatial, len(model.conv_filters), model.pool_size)
+    for i, (filters, (keep_d, keep_h)) in enumerate(zip(model.conv_filters, plan)):
+        act = _conv_block(act, model, i, filters, keep_d, keep_h)
+    x = _flatten(_merge_all(act))
+    for i, units in enumerate(model.dense_units):
+        x = mtf.leaky_relu(_dense(x, units, f"dense{i + 1}"), alpha=model.leaky_slope)
+        if training and model.dropout > 0:
+            x = mtf.dropout(x, is_training=True, rate=model.dropout)
+    outputs = mtf.tanh(_dense(x, model.target_size, "output")) * model.output_scale
+    y = mtf.import_tf_tensor(mesh, targets, outputs.shape)
+    loss = mtf.reduce_mean(mtf.square(outputs - y))  # as cosmoflow.metrics.mse_loss
+    return outputs, loss
+
+
+def _import_blocks(mesh, images, layout: MeshLayout) -> _Blocks:
+    """(B, D, H, W, C) -> mtf (batch, [d_blocks], [h_blocks], d, h, w, c), blocks dims only where split."""
+    batch, depth, height, width, channels = images.shape.as_list()
+    pd, ph = layout.spatial
+    x = tf.reshape(images, [batch, pd, depth // pd, ph, height // ph, width, channels])
+    x = tf.transpose(x, [0, 1, 3, 2, 4, 5, 6])  # (B, pd, ph, D/pd, H/ph, W, C)
+    # Unsplit blocks dims (size 1) are left out: conv3d_with_blocks then pads that dimension itself.
+    d_blocks = mtf.Dimension("d_blocks", pd) if pd > 1 else None
+    h_blocks = mtf.Dimension("h_blocks", ph) if ph > 1 else None
+    dims = [mtf.Dimension("batch", batch), d_blocks, h_blocks, mtf.Dimension("d", depth // pd),
+            mtf.Dimension("h", height // ph), mtf.Dimension("w", width), mtf.Dimension("c0", channels)]
+    dims = [d for d in dims if d is not None]
+    x = tf.reshape(x, [d.size for d in dims])
+    return _Blocks(mtf.import_tf_tensor(mesh, x, mtf.Shape(dims)), d_blocks, h_blocks)
+
+
+def _conv_block(act: _Blocks, model: CosmoModelConfig, index: int, filters: int,
+                keep_d: bool, keep_h: bool) -> _Blocks:
+    """Conv3D 'same' + bias -> LeakyReLU -> pool, merging the splits that the pooling cannot keep."""
+    name = f"conv{index + 1}"
+    out_dim = mtf.Dimension(f"c{index + 1}", filters)
+    k = model.kernel_size
+    x = mtf.layers.conv3d_with_blocks(act.x, out_dim, filter_size=(k, k, k), padding="SAME",
+                                      d_blocks_dim=act.d_blocks, h_blocks_dim=act.h_blocks,
+                                      filter_initializer=_UNSET, name=name)  # variable name/kernel
+    with tf.compat.v1.variable_scope(name):
+        x = x + mtf.get_variable(x.mesh, "bias", [out_dim], initializer=_UNSET)
+    act = _Blocks(mtf.leaky_relu(x, alpha=model.leaky_slope), act.d_blocks, act.h_blocks)
+    if act.d_blocks is not None and not keep_d:
+        act = _Blocks(_merge(act.x, act.d_blocks, "d"), None, act.h_blocks)
+    if act.h_blocks is not None and not keep_h:
+        act = _Blocks(_merge(act.x, act.h_blocks, "h"), act.d_blocks, None)
+    return _Blocks(_pool(act.x, model), act.d_blocks, act.h_blocks)
+
+
+def _pool(x, model: CosmoModelConfig):
+    """Non-overlapping pooling over (d, h, w); unsplit sizes that are not multiples are cropped, as 'valid' does."""
+    p = model.pool_size
+    for dim in x.shape.dims[-4:-1]:
+        if dim.size % p:  # only whole (merged) dims get here: a split dim kept for pooling is divisible
+            x = mtf.slice(x, 0, dim.size - dim.size % p, dim.name)
+    pool = mtf.layers.max_pool3d if model.pooling == "max" else mtf.layers.avg_pool3d
+    return pool(x, ksize=(p, p, p))
+
+
+def _merge(x, blocks_dim, size_name: str):
+    """Join the blocks of one spatial dimension: (.., blocks, .., size, ..) -> (.., blocks * size, ..)."""
+    dims = [d for d in x.shape.dims if d != blocks_dim]
+    i = [d.name for d in dims].index(size_name)
+    x = mtf.transpose(x, dims[:i] + [blocks_dim] + dims[i:])  # blocks just before the block size: row-major join
+    merged = mtf.Dimension(size_name, blocks_dim.size * dims[i].size)
+    return mtf.reshape(x, dims[:i] + [merged] + dims[i + 1:])
+
+
+def _merge_all(act: _Blocks):
+    x = act.x
+    if act.d_blocks is not None:
+        x = _merge(x, act.d_blocks, "d")
+    if act.h_blocks is not None:
+        x = _merge(x, act.h_blocks, "h")
+    return x
+
+
+def _flatten(x):
+    """(batch, d, h, w, c) -> (batch, flat) in row-major order, i.e. Keras' Flatten of channels-last."""
+    batch, *rest = x.shape.dims
+    return mtf.reshape(x, [batch, mtf.Dimension("flat", int(np.prod([d.size for d in rest])))])
+
+
+def _dense(x, units: int, name: str):
+    """x @ kernel + bias over the last dimension; kernel (in, units) and bias (units) as in Keras."""
+    batch, in_dim = x.shape.dims
+    out_dim = mtf.Dimension(name, units)
+    with tf.compat.v1.variable_scope(name):
+        kernel = mtf.get_variable(x.mesh, "kernel", [in_dim, out_dim], initializer=_UNSET)
+        bias = mtf.get_variable(x.mesh, "bias", [out_dim], initializer=_UNSET)
+    return mtf.einsum([x, kernel], output_shape=[batch, out_dim]) + bias
