@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -43,6 +44,10 @@ STAGED_NAME = ".staged.json"
 TEMP_MARK = ".stage-tmp-"
 CHUNK = 4 << 20  # bytes per read and write
 SPACE_MARGIN = 64 << 20  # free bytes left over at the destination after staging
+# Node-local file systems whose files plain staging maps into memory and hashes and writes from there,
+# with no copy into a buffer (0.44 against 0.55 CPU s/GB, docs/performance.md). From any other (Lustre,
+# GPFS, NFS, BeeGFS, ...), where page-fault reads can be slower than large reads, it reads.
+MMAP_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "tmpfs", "overlay"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +212,8 @@ class StageResult:
     seconds: float = 0.0
     threads: int = 0
     checksum: str = ""  # what every file was verified with: xxh3_128 (packed) or sha256 (plain)
+    source_fs: str = ""  # file system type of the source directory ("" when unknown)
+    reads: str = ""  # how the source was read: mmap or read (plain), stream (packed)
 
     def figures(self) -> dict:
         d = dataclasses.asdict(self)
@@ -238,10 +245,13 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     _check_space(dest, the_plan, files, todo)
     bar = _progress_bar(sum(files[p].bytes for p in todo), progress, the_plan.scope)
     try:
+        result.source_fs = filesystem_type(source.root)
         if source.pack:
+            result.reads = "stream"
             result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar)
         else:
-            result.bytes_read = _copy_plain(source, todo, dest, threads, bar)
+            result.reads = "mmap" if result.source_fs in MMAP_FILESYSTEMS else "read"
+            result.bytes_read = _copy_plain(source, todo, dest, threads, bar, mapped=result.reads == "mmap")
     finally:
         bar.close()
     # The dataset's manifest, now describing `dest` (loaded and validated from the source already).
@@ -297,7 +307,7 @@ def _cores() -> int:
 
 
 # ---------------------------------------------------------------------------- plain copies
-def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar) -> int:
+def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, mapped: bool) -> int:
     files = source.files
 
     def copy(path: str) -> int:
@@ -305,10 +315,48 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar) 
         if not src.is_file():
             raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
         with open(src, "rb", buffering=0) as f:
-            _write_verified(f, dest, files[path], f"{src}", bar)
+            _write_verified(_mapped_chunks(f) if mapped else _read_chunks(f), dest, files[path], f"{src}", bar)
         return files[path].bytes
 
     return sum(_run_threads(copy, todo, threads))
+
+
+def filesystem_type(path: str | os.PathLike) -> str:
+    """The type of the file system holding `path` (the longest mount point above it), "" when unknown."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    target, best, kind = os.path.realpath(path), "", ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind
+
+
+def _read_chunks(stream):
+    """The stream's bytes, read into this thread's buffer piece by piece (each view valid until the next)."""
+    buffer = _buffer()
+    while got := stream.readinto(buffer):
+        yield buffer[:got]
+
+
+def _mapped_chunks(f):
+    """The file's bytes as views of a read-only memory map, CHUNK bytes at a time."""
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        return
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+        with memoryview(mapped) as view:
+            for offset in range(0, size, CHUNK):
+                with view[offset:offset + CHUNK] as chunk:
+                    yield chunk
 
 
 def _run_threads(function, jobs: list, threads: int) -> list:
@@ -324,22 +372,21 @@ def _run_threads(function, jobs: list, threads: int) -> list:
                 f.cancel()
 
 
-def _write_verified(stream, dest: Path, member: Member, where: str, bar) -> None:
-    """Write `stream` to dest/member.path through a temporary name, checking size and checksum first."""
+def _write_verified(chunks, dest: Path, member: Member, where: str, bar) -> None:
+    """Write `chunks` (views of the file's bytes) to dest/member.path through a temporary name, checking
+    size and checksum before the rename."""
     final = dest / member.path
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
     kind, expected = checksum_of(member)
     digest, size = _hasher(kind), 0
-    buffer = _buffer()
     try:
         with open(tmp, "wb", buffering=0) as out:
-            while got := stream.readinto(buffer):
-                chunk = buffer[:got]
+            for chunk in chunks:
                 digest.update(chunk)
                 out.write(chunk)
-                size += got
-                bar.update(got)
+                size += len(chunk)
+                bar.update(len(chunk))
         if size != member.bytes:
             raise BenchError(f"{where}: {member.path} has {size} bytes, the manifest says {member.bytes}; the "
                              f"source is truncated or was changed")
@@ -403,7 +450,7 @@ def _unpack_archive(path: Path, archive, compression: str, wanted: set[str], des
                 if name not in members:
                     raise BenchError(f"{path}: holds {name!r}, which {PACK_NAME} does not list for this archive")
                 if name in wanted:
-                    _write_verified(_Bounded(stream, size), dest, members[name], f"{path}", bar)
+                    _write_verified(_read_chunks(_Bounded(stream, size)), dest, members[name], f"{path}", bar)
                 else:
                     _skip(stream, size)
                 _skip(stream, -size % 512)

@@ -282,3 +282,38 @@ def test_result_figures():
     assert figures["write_gb_per_second"] == 2.0 and figures["read_gb_per_second"] == 0.5
     assert figures["compression_ratio"] == 4.0
     assert dataclasses.replace(result, copied=False).figures()["write_gb_per_second"] is None
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_plain_staging_reads_through_mmap_on_local_file_systems_and_read_elsewhere(tmp_path, monkeypatch, mapped):
+    src = make_dataset(tmp_path / "src", xxh3=True)
+    (src / "train/empty.bin").write_bytes(b"")  # not in the manifest: never staged, must not disturb
+    if not mapped:  # as if the source were on Lustre or NFS
+        monkeypatch.setattr(staging, "MMAP_FILESYSTEMS", frozenset())
+    source = open_source(src)
+    result = stage(source, node_plan(source), tmp_path / "local", threads=2)
+    assert result.source_fs == staging.filesystem_type(src) != ""
+    assert result.reads == ("mmap" if mapped and result.source_fs in staging.MMAP_FILESYSTEMS else "read")
+    assert_same_files(Path(result.dir), src, source.files)
+    victim = src / "train/part_003.tfrecord"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0x80
+    victim.write_bytes(bytes(data))
+    with pytest.raises(BenchError, match=r"part_003.tfrecord has xxh3_128 .*checksum mismatch"):
+        stage(open_source(src), node_plan(source), tmp_path / "again", threads=1)
+
+
+def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, staging.CHUNK * 2 + 123, dtype=np.uint8).tobytes()
+    for content in (data, b""):
+        path = tmp_path / "f"
+        path.write_bytes(content)
+        with open(path, "rb", buffering=0) as f:
+            assert b"".join(bytes(c) for c in staging._mapped_chunks(f)) == content
+        with open(path, "rb", buffering=0) as f:
+            assert b"".join(bytes(c) for c in staging._read_chunks(f)) == content
+
+
+def test_filesystem_type_is_that_of_the_longest_mount_point():
+    assert staging.filesystem_type("/proc/self") == "proc"
+    assert staging.filesystem_type("/") != ""
