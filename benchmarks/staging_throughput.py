@@ -84,16 +84,18 @@ class Dataset:
     config: str  # the mini config, for the local batch the rank shards are cut with
     synth: tuple[str, ...]  # data_prep command and arguments, as in scripts/demo.sh (without --out)
     convert: tuple[str, ...]  # data_prep command and arguments (without --input and --out)
+    layout: str  # the pack layout whose archives follow the app's rank shards (file by file, or blocks)
 
 
 DATASETS = {
     "cosmoflow": Dataset("cosmoflow", REPO / "demo/data/cosmo_mini", "cosmoflow/configs/cosmo_mini.yaml",
                          ("cosmo-synth", "--universes", "1088", "--size", "64", "--prior", "mini", "--seed", "2026"),
-                         ("cosmo-convert", "--sample-size", "32", "--val-universes", "64", "--seed", "2026")),
+                         ("cosmo-convert", "--sample-size", "32", "--val-universes", "64", "--seed", "2026"),
+                         "interleaved"),
     "deepcam": Dataset("deepcam", REPO / "demo/data/deepcam_mini", "deepcam/configs/deepcam_mini.yaml",
                        ("deepcam-synth", "--train", "1024", "--validation", "128", "--height", "96", "--width",
                         "144", "--seed", "2026"),
-                       ("deepcam-convert",)),
+                       ("deepcam-convert",), "contiguous"),
 }
 
 
@@ -121,26 +123,30 @@ def prepare_dataset(spec: Dataset, data_dir: Path) -> dict:
 def prepare_pack(spec: Dataset, records: Path, compression: str, work_dir: Path) -> dict:
     """`records` packed with `compression` under `work_dir`; sizes and packing time.
 
-    A finished pack is reused when the packing code (PACKER_FILES) is the one that made it; else it
-    is deleted and packed again, so that a pack in an older format is never what staging is timed on.
+    The archives follow the app's rank shards (`--layout` of the dataset, `--align-ranks RANKS`), so a
+    rank of the rank mode unpacks only archives of its own files. A finished pack is reused when the
+    packing code (PACKER_FILES) and the arguments are the ones that made it; else it is deleted and
+    packed again, so that a pack in an older format is never what staging is timed on.
     """
     out = work_dir / f"{spec.name}-{compression}"
     timing = work_dir / f"{spec.name}-{compression}.timing.json"
     earlier = json.loads(timing.read_text()) if timing.is_file() else {}
-    reused = (out / "pack.json").is_file() and earlier.get("packer") == packer_digest()
+    settings = ["--compression", compression, "--layout", spec.layout, "--align-ranks", str(RANKS)]
+    reused = ((out / "pack.json").is_file() and earlier.get("packer") == packer_digest()
+              and earlier.get("settings") == settings)
     if not reused:
         shutil.rmtree(out, ignore_errors=True)
         print(f"  {spec.name}: packing with {compression} into {out}", flush=True)
         t0 = time.perf_counter()
-        _run([sys.executable, "-m", "data_prep", "pack", "--input", str(records), "--out", str(out),
-              "--compression", compression])
+        _run([sys.executable, "-m", "data_prep", "pack", "--input", str(records), "--out", str(out), *settings])
         earlier = {"pack_seconds": time.perf_counter() - t0, "date": time.strftime("%Y-%m-%d %H:%M"),
-                   "loadavg": os.getloadavg(), "packer": packer_digest()}
+                   "loadavg": os.getloadavg(), "packer": packer_digest(), "settings": settings}
         write_json_atomic(timing, earlier)
     pack = json.loads((out / "pack.json").read_text())
     archive_bytes = sum(a["bytes"] for a in pack["archives"])
     member_bytes = sum(m["bytes"] for a in pack["archives"] for m in a["members"])
     return {"dir": str(out), "compression": compression, "level": pack["source"].get("level"),
+            "layout": pack["source"].get("layout"), "align_ranks": pack["source"].get("align_ranks"),
             "archives": len(pack["archives"]), "archive_bytes": archive_bytes, "member_bytes": member_bytes,
             "compression_ratio": member_bytes / archive_bytes, "reused": reused,
             "pack_seconds": earlier.get("pack_seconds"), "packed_on": earlier.get("date"),
@@ -543,12 +549,13 @@ def _cost_rows(result: dict) -> list[str]:
 
 
 def _packing_rows(result: dict) -> list[str]:
-    rows = ["| dataset | plain GB | packed | archives | archive GB | compression ratio | packing time (s) |",
+    rows = ["| dataset | plain GB | packed | archives (layout) | archive GB | compression ratio | packing time (s) |",
             "|---|---|---|---|---|---|---|"]
     for name, d in result["datasets"].items():
         for comp, p in d["packed"].items():
             seconds = f"{p['pack_seconds']:.0f}" if p["pack_seconds"] is not None else "not recorded"
-            rows.append(f"| {name} | {d['bytes'] / 1e9:.3f} | {comp} | {p['archives']} | "
+            layout = f"{p.get('layout')}, aligned to {p.get('align_ranks')} ranks" if p.get("align_ranks") else "?"
+            rows.append(f"| {name} | {d['bytes'] / 1e9:.3f} | {comp} | {p['archives']} ({layout}) | "
                         f"{p['archive_bytes'] / 1e9:.3f} | {p['compression_ratio']:.2f} | {seconds} |")
     return rows
 

@@ -3,9 +3,9 @@
 The archives hold the dataset's files whole (each record file with its DALI index, and the
 auxiliary files such as DeepCAM's stats.h5), so unpacking restores the directory the converter
 wrote. Record files of a split are dealt to its archives in turn (`--layout interleaved`: file i
-goes to archive i mod A) or in runs (`--layout contiguous`); with interleaved archives and a rank
-count that divides A, a rank of `data.stage_mode=rank` (CosmoFlow's file-by-file sharding) unpacks
-only its own archives. Every file is checked against its sha256 in the dataset's manifest while it
+goes to archive i mod A) or in runs (`--layout contiguous`). When the rank count divides A (which
+`--align-ranks R` arranges), a rank of `data.stage_mode=rank` unpacks only its own archives: with
+interleaved archives for CosmoFlow's file-by-file shards, with contiguous ones for DeepCAM's blocks. Every file is checked against its sha256 in the dataset's manifest while it
 is packed (a corrupt dataset is refused), and the output is:
 
   OUT/train-00000-of-00008.tar.zst ...      one archive per shard of each split
@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s)")
     parser.add_argument("--archives", type=tfrecords.positive_int, default=None, metavar="A",
                         help="archives per split instead of --archive-mb (use a multiple of the rank count)")
+    parser.add_argument("--align-ranks", type=tfrecords.positive_int, default=1, metavar="R",
+                        help="round each split's archive count up to a multiple of R (capped at one archive per "
+                             "record file), so that each of R ranks in data.stage_mode=rank unpacks only archives "
+                             "of its own files (default: %(default)s)")
     parser.add_argument("--layout", choices=("interleaved", "contiguous"), default="interleaved",
                         help="how record files are dealt to a split's archives (default: %(default)s)")
     parser.add_argument("--workers", type=tfrecords.positive_int, default=tfrecords.available_cpus(), metavar="K",
@@ -74,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     level = _level(args.compression, args.level)
     manifest = load_manifest(args.input)
     files = dataset_files(manifest)
-    jobs = plan_archives(args.input, args.out, manifest, files, args.compression, level, args.archives,
-                         args.archive_mb, args.layout)
+    counts = ArchiveCounts(args.archives, args.archive_mb, args.align_ranks)
+    jobs = plan_archives(args.input, args.out, manifest, files, args.compression, level, counts, args.layout)
     settings = {"input": str(args.input.resolve()), "manifest": manifest.to_dict(), "compression": args.compression,
                 "level": level, "archives": [[j.path.name, [m.path for m in j.members]] for j in jobs]}
     tfrecords.begin_conversion(args.out, STATE_NAME, settings, [j.path for j in jobs], [], "data_prep pack")
@@ -84,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
           f"{len(jobs)} {args.compression} archives in {args.out}", flush=True)
     archives = tfrecords.run_in_pool(write_or_reuse, jobs, args.workers, "pack", "archive")
     pack = Pack(root=args.out, compression=args.compression, dataset_manifest=manifest.to_dict(),
-                archives=tuple(archives), source={"input": str(args.input), "level": level, "layout": args.layout})
+                archives=tuple(archives), source={"input": str(args.input), "level": level, "layout": args.layout,
+                                                    "align_ranks": args.align_ranks})
     write_json_atomic(pack.to_dict(), args.out / PACK_NAME)
     raw, packed = sum(m.bytes for m in files.values()), sum(a.bytes for a in archives)
     print(f"wrote {args.out / PACK_NAME}: {len(archives)} archives, {packed / 1e9:.3f} GB from {raw / 1e9:.3f} GB "
@@ -101,8 +106,27 @@ def _level(compression: str, level: int | None) -> int:
     return level
 
 
+@dataclasses.dataclass(frozen=True)
+class ArchiveCounts:
+    """How many archives a split gets: `archives` each, or one per `archive_mb` MiB; a multiple of `align`."""
+
+    archives: int | None
+    archive_mb: float
+    align: int = 1
+
+    def __post_init__(self):
+        if self.archives and self.archives % self.align:
+            raise BenchError(f"--archives {self.archives} is not a multiple of --align-ranks {self.align}: "
+                             f"use --archives {math.ceil(self.archives / self.align) * self.align}")
+
+    def for_split(self, size: int, files: int) -> int:
+        """The archive count of a split of `size` bytes in `files` record files (never more than `files`)."""
+        count = self.archives or max(1, math.ceil(size / (self.archive_mb * 2**20)))
+        return min(math.ceil(count / self.align) * self.align, files)
+
+
 def plan_archives(input_dir: Path, out: Path, manifest, files: dict[str, Member], compression: str, level: int,
-                  archives: int | None, archive_mb: float, layout: str) -> list[Job]:
+                  counts: ArchiveCounts, layout: str) -> list[Job]:
     """The archives of every split (record files with their indexes), then one of the auxiliary files."""
     if MANIFEST_NAME in files:
         raise BenchError(f"{input_dir}: the manifest lists {MANIFEST_NAME} as a data file")
@@ -111,8 +135,7 @@ def plan_archives(input_dir: Path, out: Path, manifest, files: dict[str, Member]
     for split, entry in manifest.splits.items():
         units = [tuple(files[p] for p in [e.path, e.index] if p) for e in entry.files]
         size = sum(m.bytes for unit in units for m in unit)
-        count = archives or max(1, math.ceil(size / (archive_mb * 2**20)))
-        count = min(count, len(units))
+        count = counts.for_split(size, len(units))
         for k, group in enumerate(_deal(units, count, layout)):
             name = f"{split}-{k:05d}-of-{count:05d}{suffix}"
             jobs.append(Job(input_dir, out / name, tuple(m for unit in group for m in unit), compression, level))

@@ -112,6 +112,57 @@ def test_interleaved_archives_align_with_rank_shards(dataset, tmp_path):
         f"validation-0000{k}-of-00004.tar.zst" for k in (1, 3)}
 
 
+def block_rank_files(manifest, rank, ranks):  # DeepCAM-like contiguous blocks of files
+    return [p for s in ("train", "validation") for e in _block(manifest.splits[s].files, rank, ranks)
+            for p in (e.path, e.index)]
+
+
+def _block(entries, rank, ranks):
+    return entries[rank * len(entries) // ranks:(rank + 1) * len(entries) // ranks]
+
+
+def _archives_read(source, files) -> set[str]:
+    """The record archives holding any of `files` (what a rank of data.stage_mode=rank unpacks)."""
+    return {a.path for a in source.pack.archives if {m.path for m in a.members} & (set(files) - {"stats.h5"})}
+
+
+@pytest.mark.parametrize("layout,sharding", [("interleaved", rank_files), ("contiguous", block_rank_files)])
+def test_align_ranks_gives_each_rank_archives_of_its_own_files_only(dataset, tmp_path, layout, sharding):
+    # 0.12 MiB archives: 3 for train's 8 files (0.31 MiB), 2 for validation's 4; aligned to 2 ranks: 4 and 2.
+    def archives_per_rank(out, *extra):
+        code = data_prep_main(["pack", "--input", str(dataset), "--out", str(out), "--archive-mb", "0.12",
+                               "--layout", layout, "--workers", "1", *extra])
+        assert code == 0
+        source = open_source(out)
+        return source, [_archives_read(source, plan(source, "rank", Layout(rank=r, size=2, local_rank=r,
+                                                                             local_size=2), sharding).files)
+                        for r in range(2)]
+    source, (rank0, rank1) = archives_per_rank(tmp_path / "unaligned")
+    assert sum(a.path.startswith("train-") for a in source.pack.archives) == 3
+    assert rank0 & rank1  # some archive holds files of both ranks: both unpack it
+    source, (rank0, rank1) = archives_per_rank(tmp_path / "aligned", "--align-ranks", "2")
+    names = [a.path for a in source.pack.archives]
+    assert sum(n.startswith("train-") for n in names) == 4 and sum(n.startswith("validation-") for n in names) == 2
+    assert not rank0 & rank1 and rank0 | rank1 == set(names) - {"aux.tar.zst"}
+    assert load_pack(tmp_path / "aligned").source["align_ranks"] == 2
+
+
+def test_align_ranks_rounds_up_caps_at_one_archive_per_file_and_refuses_a_count_it_cannot_keep(dataset, tmp_path,
+                                                                                                  capsys):
+    def split_counts(out, align):
+        code = data_prep_main(["pack", "--input", str(dataset), "--out", str(out), "--compression", "none",
+                               "--workers", "1", "--align-ranks", str(align)])  # 256 MiB: one archive per split
+        assert code == 0
+        names = [a.path for a in load_pack(out).archives]
+        return [sum(n.startswith(f"{split}-") for n in names) for split in FILES]
+    assert split_counts(tmp_path / "three", 3) == [3, 3]
+    assert split_counts(tmp_path / "sixteen", 16) == [8, 4]  # more ranks than files: one file per archive
+    code = data_prep_main(["pack", "--input", str(dataset), "--out", str(tmp_path / "bad"), "--archives", "3",
+                           "--align-ranks", "2"])
+    assert code == 2 and not (tmp_path / "bad").exists()
+    assert "--archives 3 is not a multiple of --align-ranks 2: use --archives 4" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("size,local_size", [(1, 1), (2, 2), (4, 2), (6, 3), (4, 1)])
 def test_plans_cover_every_file_of_the_dataset(dataset, size, local_size):
     source = open_source(dataset)
