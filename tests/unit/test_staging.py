@@ -335,23 +335,39 @@ def test_result_figures():
     assert dataclasses.replace(result, copied=False).figures()["write_gb_per_second"] is None
 
 
-@pytest.mark.parametrize("mapped", [True, False])
-def test_plain_staging_reads_through_mmap_on_local_file_systems_and_read_elsewhere(tmp_path, monkeypatch, mapped):
+@pytest.mark.parametrize("method", staging.PLAIN_METHODS)
+def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_path, monkeypatch, method):
     src = make_dataset(tmp_path / "src", xxh3=True)
-    (src / "train/empty.bin").write_bytes(b"")  # not in the manifest: never staged, must not disturb
-    if not mapped:  # as if the source were on Lustre or NFS
-        monkeypatch.setattr(staging, "MMAP_FILESYSTEMS", frozenset())
+    src.joinpath("train/part_000.tfrecord").write_bytes(b"")  # an empty file (manifest updated): copied too
+    manifest = load_manifest(src)
+    entry = manifest.splits["train"].files[0]
+    emptied = dataclasses.replace(entry, bytes=0, sha256=sha256_file(src / entry.path),
+                                  xxh3_128=xxh3_128_file(src / entry.path))
+    splits = dict(manifest.splits, train=dataclasses.replace(
+        manifest.splits["train"], files=(emptied, *manifest.splits["train"].files[1:])))
+    write_manifest(dataclasses.replace(manifest, splits=splits), src)
+    (src / "train/stray.bin").write_bytes(b"x")  # not in the manifest: never staged, must not disturb
+    monkeypatch.setattr(staging, "plain_method", lambda source_fs, dest_fs: method)
     source = open_source(src)
     result = stage(source, node_plan(source), tmp_path / "local", threads=2)
-    assert result.source_fs == staging.filesystem_type(src) != ""
-    assert result.reads == ("mmap" if mapped and result.source_fs in staging.MMAP_FILESYSTEMS else "read")
+    assert result.reads == method and result.source_fs == staging.filesystem_type(src) != ""
+    assert result.dest_fs == staging.filesystem_type(tmp_path / "local") != ""
     assert_same_files(Path(result.dir), src, source.files)
+    assert not (Path(result.dir) / "train/stray.bin").exists()
     victim = src / "train/part_003.tfrecord"
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0x80
     victim.write_bytes(bytes(data))
     with pytest.raises(BenchError, match=r"part_003.tfrecord has xxh3_128 .*checksum mismatch"):
         stage(open_source(src), node_plan(source), tmp_path / "again", threads=1)
+    assert not [p for p in (tmp_path / "again").rglob("*part_003*")]  # neither renamed nor left as temporary
+
+
+@pytest.mark.parametrize("source_fs,dest_fs,method", [
+    ("ext4", "tmpfs", "mmap"), ("xfs", "ext4", "sendfile"), ("tmpfs", "xfs", "sendfile"),
+    ("lustre", "tmpfs", "read"), ("nfs4", "ext4", "read"), ("ext4", "", "mmap"), ("", "ext4", "read")])
+def test_plain_method_follows_the_file_systems(source_fs, dest_fs, method):
+    assert staging.plain_method(source_fs, dest_fs) == method
 
 
 def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):
