@@ -44,14 +44,13 @@ STAGED_NAME = ".staged.json"
 TEMP_MARK = ".stage-tmp-"
 CHUNK = 4 << 20  # bytes per read and write
 SPACE_MARGIN = 64 << 20  # free bytes left over at the destination after staging
-# Node-local file systems. Plain staging from one of them copies each file without a user-space buffer:
-# to tmpfs it hashes and writes from a memory map of the source ("mmap"); to another local file system it
-# copies in the kernel (os.sendfile) and then hashes the copy through a memory map ("sendfile"), since
-# writes from user memory cost ext4 here 1.5-1.7 CPU s/GB against 0.7 for the two steps (docs/staging.md).
-# From any other (Lustre, GPFS, NFS, BeeGFS, ...), where page-fault reads can be slower than large reads,
-# it reads in CHUNK pieces ("read").
+# Node-local file systems whose files plain staging maps into memory and hashes and writes from there,
+# with no copy into a buffer ("mmap"; 0.44 against 0.55 CPU s/GB, docs/performance.md). From any other
+# (Lustre, GPFS, NFS, BeeGFS, ...), where page-fault reads can be slower than large reads, it reads in
+# CHUNK pieces ("read"). An in-kernel copy (os.sendfile) with the copy hashed afterwards was measured and
+# is not used: no faster to tmpfs, and slower or no faster to ext4 in the staging benchmark.
 MMAP_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "tmpfs", "overlay"})
-PLAIN_METHODS = ("mmap", "sendfile", "read")
+PLAIN_METHODS = ("mmap", "read")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +217,7 @@ class StageResult:
     checksum: str = ""  # what every file was verified with: xxh3_128 (packed) or sha256 (plain)
     source_fs: str = ""  # file system type of the source directory ("" when unknown)
     dest_fs: str = ""  # file system type of the staged directory ("" when unknown)
-    reads: str = ""  # how files were copied: mmap, sendfile or read (plain, see plain_method), stream (packed)
+    reads: str = ""  # how the source was read: mmap or read (plain, see plain_method), stream (packed)
 
     def figures(self) -> dict:
         d = dataclasses.asdict(self)
@@ -255,7 +254,7 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
             result.reads = "stream"
             result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar)
         else:
-            result.reads = plain_method(result.source_fs, result.dest_fs)
+            result.reads = plain_method(result.source_fs)
             result.bytes_read = _copy_plain(source, todo, dest, threads, bar, result.reads)
     finally:
         bar.close()
@@ -312,11 +311,9 @@ def _cores() -> int:
 
 
 # ---------------------------------------------------------------------------- plain copies
-def plain_method(source_fs: str, dest_fs: str) -> str:
-    """How plain staging copies a file between these file system types (see MMAP_FILESYSTEMS)."""
-    if source_fs not in MMAP_FILESYSTEMS:
-        return "read"
-    return "sendfile" if dest_fs in MMAP_FILESYSTEMS and dest_fs != "tmpfs" else "mmap"
+def plain_method(source_fs: str) -> str:
+    """How plain staging reads a source on this file system type (see MMAP_FILESYSTEMS)."""
+    return "mmap" if source_fs in MMAP_FILESYSTEMS else "read"
 
 
 def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, method: str) -> int:
@@ -327,11 +324,8 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
         if not src.is_file():
             raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
         with open(src, "rb", buffering=0) as f:
-            if method == "sendfile":
-                _send_verified(f, dest, files[path], f"{src}", bar)
-            else:
-                _write_verified(_mapped_chunks(f) if method == "mmap" else _read_chunks(f), dest, files[path],
-                                f"{src}", bar)
+            _write_verified(_mapped_chunks(f) if method == "mmap" else _read_chunks(f), dest, files[path], f"{src}",
+                            bar)
         return files[path].bytes
 
     return sum(_run_threads(copy, todo, threads))
@@ -401,27 +395,6 @@ def _write_verified(chunks, dest: Path, member: Member, where: str, bar) -> None
                 out.write(chunk)
                 size += len(chunk)
                 bar.update(len(chunk))
-        _check_copy(size, digest.hexdigest(), member, where)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _send_verified(f: BinaryIO, dest: Path, member: Member, where: str, bar) -> None:
-    """Copy the open file `f` to dest/member.path in the kernel (sendfile) through a temporary name,
-    then check the size and the checksum of the copy itself (read back through a memory map) before
-    the rename."""
-    final, tmp = _temp_path(dest, member)
-    kind, _ = checksum_of(member)
-    digest, size = _hasher(kind), 0
-    try:
-        with open(tmp, "wb", buffering=0) as out:
-            while sent := os.sendfile(out.fileno(), f.fileno(), size, CHUNK):
-                size += sent
-                bar.update(sent)
-        with open(tmp, "rb", buffering=0) as copy:
-            for chunk in _mapped_chunks(copy):
-                digest.update(chunk)
         _check_copy(size, digest.hexdigest(), member, where)
         os.replace(tmp, final)
     finally:
