@@ -33,6 +33,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterable
 
+from common import nativecopy
 from common.cli import write_json_atomic
 from common.errors import BenchError
 from common.manifest import MANIFEST_NAME, Manifest, load_manifest
@@ -218,6 +219,7 @@ class StageResult:
     source_fs: str = ""  # file system type of the source directory ("" when unknown)
     dest_fs: str = ""  # file system type of the staged directory ("" when unknown)
     reads: str = ""  # how the source was read: mmap or read (plain, see plain_method), stream (packed)
+    copier: str = "python"  # who copied and hashed: native (common/nativecopy.py) or python
 
     def figures(self) -> dict:
         d = dataclasses.asdict(self)
@@ -254,8 +256,8 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
             result.reads = "stream"
             result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar)
         else:
-            result.reads = plain_method(result.source_fs)
-            result.bytes_read = _copy_plain(source, todo, dest, threads, bar, result.reads)
+            result.reads, result.copier = plain_method(result.source_fs), plain_copier(source)
+            result.bytes_read = _copy_plain(source, todo, dest, threads, bar, result.reads, result.copier)
     finally:
         bar.close()
     # The dataset's manifest, now describing `dest` (loaded and validated from the source already).
@@ -316,19 +318,42 @@ def plain_method(source_fs: str) -> str:
     return "mmap" if source_fs in MMAP_FILESYSTEMS else "read"
 
 
-def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, method: str) -> int:
+def plain_copier(source: Source) -> str:
+    """Who copies a plain source's files: "native" (common/nativecopy.py, outside the interpreter) when
+    the library is built and the manifest lists xxh3-128 digests, else "python"."""
+    if nativecopy.load() is None or any(checksum_of(source.files[p])[0] != "xxh3_128" for p in source.files):
+        return "python"
+    return "native"
+
+
+def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, method: str, copier: str) -> int:
     files = source.files
 
     def copy(path: str) -> int:
         src = source.root / path
         if not src.is_file():
             raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
+        if copier == "native":
+            _copy_native(src, dest, files[path], method == "mmap", bar)
+            return files[path].bytes
         with open(src, "rb", buffering=0) as f:
             _write_verified(_mapped_chunks(f) if method == "mmap" else _read_chunks(f), dest, files[path], f"{src}",
                             bar)
         return files[path].bytes
 
     return sum(_run_threads(copy, todo, threads))
+
+
+def _copy_native(src: Path, dest: Path, member: Member, mapped: bool, bar) -> None:
+    """Copy and hash `src` in native code (no interpreter lock held), then check it and rename."""
+    final, tmp = _temp_path(dest, member)
+    try:
+        digest, size = nativecopy.load().copy(src, tmp, mapped, CHUNK)
+        bar.update(size)
+        _check_copy(size, digest, member, f"{src}")
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def filesystem_type(path: str | os.PathLike) -> str:

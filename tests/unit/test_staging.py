@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import staging
+from common import nativecopy, staging
 from common.errors import BenchError
 from common.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, load_manifest, sha256_file,
                              write_manifest, xxh3_128_file)
@@ -335,8 +335,9 @@ def test_result_figures():
     assert dataclasses.replace(result, copied=False).figures()["write_gb_per_second"] is None
 
 
+@pytest.mark.parametrize("copier", ["native", "python"])
 @pytest.mark.parametrize("method", staging.PLAIN_METHODS)
-def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_path, monkeypatch, method):
+def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_path, monkeypatch, method, copier):
     src = make_dataset(tmp_path / "src", xxh3=True)
     src.joinpath("train/part_000.tfrecord").write_bytes(b"")  # an empty file (manifest updated): copied too
     manifest = load_manifest(src)
@@ -348,9 +349,11 @@ def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_
     write_manifest(dataclasses.replace(manifest, splits=splits), src)
     (src / "train/stray.bin").write_bytes(b"x")  # not in the manifest: never staged, must not disturb
     monkeypatch.setattr(staging, "plain_method", lambda source_fs: method)
+    monkeypatch.setattr(staging, "plain_copier", lambda source: copier)
     source = open_source(src)
     result = stage(source, node_plan(source), tmp_path / "local", threads=2)
-    assert result.reads == method and result.source_fs == staging.filesystem_type(src) != ""
+    assert result.reads == method and result.copier == copier
+    assert result.source_fs == staging.filesystem_type(src) != ""
     assert result.dest_fs == staging.filesystem_type(tmp_path / "local") != ""
     assert_same_files(Path(result.dir), src, source.files)
     assert not (Path(result.dir) / "train/stray.bin").exists()
@@ -367,6 +370,31 @@ def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_
                                               ("lustre", "read"), ("nfs4", "read"), ("gpfs", "read"), ("", "read")])
 def test_plain_method_follows_the_source_file_system(source_fs, method):
     assert staging.plain_method(source_fs) == method
+
+
+def test_the_native_copier_is_built_and_used_when_the_manifest_lists_xxh3(tmp_path, monkeypatch):
+    assert nativecopy.load() is not None, "run `python -m common.nativecopy --build` (scripts/setup.sh does)"
+    assert staging.plain_copier(open_source(make_dataset(tmp_path / "new", xxh3=True))) == "native"
+    assert staging.plain_copier(open_source(make_dataset(tmp_path / "old", xxh3=False))) == "python"  # sha256 only
+    monkeypatch.setattr(nativecopy, "load", lambda: None)
+    assert staging.plain_copier(open_source(tmp_path / "new")) == "python"
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_native_copy_gives_the_bytes_and_the_xxhash_digest_and_names_what_failed(tmp_path, mapped):
+    import xxhash
+    copier = nativecopy.load()
+    data = np.random.default_rng(2).integers(0, 256, staging.CHUNK * 2 + 123, dtype=np.uint8).tobytes()
+    for content in (data, b"", b"x"):
+        src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+        src.write_bytes(content)
+        dst.write_bytes(b"old, longer content to be truncated" * 10)
+        assert copier.copy(src, dst, mapped, staging.CHUNK) == (xxhash.xxh3_128(content).hexdigest(), len(content))
+        assert dst.read_bytes() == content
+    with pytest.raises(BenchError, match=r"copying .*missing.bin to .*: cannot open the source: No such file"):
+        copier.copy(tmp_path / "missing.bin", tmp_path / "out.bin", mapped, staging.CHUNK)
+    with pytest.raises(BenchError, match=r"copying .*src.bin to .*no-dir/out.bin: cannot create the copy: No such"):
+        copier.copy(tmp_path / "src.bin", tmp_path / "no-dir" / "out.bin", mapped, staging.CHUNK)
 
 
 def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):

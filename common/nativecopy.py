@@ -1,0 +1,81 @@
+"""The native file copier of plain staging: copy a file and hash it (XXH3-128) outside the interpreter.
+
+`common/native/stagecopy.c` is compiled by `python -m common.nativecopy --build` (scripts/setup.sh does
+this; it needs gcc and the xxhash header, Debian's libxxhash-dev) into `common/native/_stagecopy.so`.
+`load()` returns a `NativeCopier`, or None when the library has not been built, in which case staging
+copies in Python (slower: every thread takes turns at the interpreter) and says so in its report.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+from common.errors import BenchError
+
+NATIVE_DIR = Path(__file__).resolve().parent / "native"
+SOURCE = NATIVE_DIR / "stagecopy.c"
+LIBRARY = NATIVE_DIR / "_stagecopy.so"
+COMPILE = ["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"]
+ERR_BYTES = 512
+
+
+class NativeCopier:
+    """`stage_copy` of the built library; calls release the GIL (ctypes.CDLL)."""
+
+    def __init__(self, library: Path):
+        self._lib = ctypes.CDLL(str(library))
+        self._lib.stage_copy.restype = ctypes.c_int
+        self._lib.stage_copy.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t,
+                                         ctypes.c_char_p, ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_char_p,
+                                         ctypes.c_size_t]
+
+    def copy(self, src: Path, dst: Path, mapped: bool, chunk: int) -> tuple[str, int]:
+        """Copy `src` to `dst` (created or truncated); returns the source bytes' XXH3-128 hex digest (as
+        the `xxhash` package prints it) and their count. Raises BenchError naming the file and the step."""
+        digest, size = ctypes.create_string_buffer(16), ctypes.c_ulonglong(0)
+        err = ctypes.create_string_buffer(ERR_BYTES)
+        code = self._lib.stage_copy(bytes(src), bytes(dst), int(mapped), chunk, digest, ctypes.byref(size), err,
+                                    ERR_BYTES)
+        if code:
+            raise BenchError(f"copying {src} to {dst}: {err.value.decode(errors='replace')} (errno {code})")
+        return digest.raw.hex(), size.value
+
+
+@functools.cache
+def load() -> NativeCopier | None:
+    """The copier, or None when `common/native/_stagecopy.so` is missing or older than its source."""
+    if not LIBRARY.is_file() or LIBRARY.stat().st_mtime < SOURCE.stat().st_mtime:
+        return None
+    return NativeCopier(LIBRARY)
+
+
+def build() -> Path:
+    """Compile the library (to a temporary name, renamed when complete)."""
+    tmp = LIBRARY.with_name(LIBRARY.name + ".tmp")
+    proc = subprocess.run([*COMPILE, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+    if proc.returncode:
+        tmp.unlink(missing_ok=True)
+        hint = " (is Debian's libxxhash-dev installed?)" if "xxhash.h" in proc.stderr else ""
+        raise BenchError(f"compiling {SOURCE} failed{hint}:\n{proc.stderr.strip()}")
+    tmp.replace(LIBRARY)
+    load.cache_clear()
+    return LIBRARY
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", action="store_true", help="compile common/native/_stagecopy.so")
+    args = parser.parse_args(argv)
+    if args.build:
+        print(f"built {build()}")
+    copier = load()
+    print(f"native copier: {'available' if copier else 'not built'} ({LIBRARY})")
+    return 0 if copier else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
