@@ -55,7 +55,7 @@ def test_hybrid_training_equals_data_parallel_training(runs):
         assert mine["steps"] == theirs["steps"] == 8  # 64 samples / (2 replicas x batch 4)
         assert mine["val_samples_seen"] == theirs["val_samples_seen"] == 32  # the whole validation split
         for key in ("loss", "val_loss", "mae", "mae_Omega_m", "mae_H_0", "lr"):
-            np.testing.assert_allclose(mine[key], theirs[key], rtol=2e-4, err_msg=key)
+            np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-4, err_msg=key)
     # Training did something: the loss moved between the epochs.
     assert abs(hybrid["history"][1]["loss"] - hybrid["history"][0]["loss"]) > 1e-3
 
@@ -96,8 +96,9 @@ def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(dataset, tmp_p
     out = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", dataset, out)
     proc = horovodrun(3, [TRAIN, cfg, "parallel.spatial=[2,1]"], timeout=180)
-    assert proc.returncode != 0, show(proc)
-    text = " ".join((proc.stdout + proc.stderr).split())
-    assert "parallel.spatial [2, 1]: 3 ranks are not divisible by 2 partitions" in text, show(proc)
-    assert text.count("exit with status code 2") == 3 or "exit code: 2" in text, show(proc)
-    assert not out.exists()
+    assert proc.returncode == 2, show(proc)  # the ranks' exit code, passed on by horovodrun
+    # Every rank says why, with the numbers (horovodrun prefixes and may break the lines).
+    text = " ".join(line.split(">:", 1)[-1] for line in proc.stderr.splitlines())
+    assert " ".join(text.split()).count("parallel.spatial [2, 1]: 3 ranks are not divisible by 2 partitions") == 3, \
+        show(proc)
+    assert not out.exists()  # before any work: not even config.yaml
