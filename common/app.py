@@ -5,6 +5,9 @@ metric and the functions that build its parts); `run_application(app, argv)` the
 config and the dotted overrides, starts the distributed runtime, saves the resolved config,
 writes the MLPerf log around the timed part, writes summary.json and io_report.json and returns
 the exit code: 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite loss.
+An application with more than one way to spread the work over ranks (CosmoFlow's hybrid data x
+spatial path) checks its layout in `Application.check` before any work, and says through `Built`
+how many data-parallel replicas the ranks form, which steps they run and what the summary adds.
 
 The timed part follows the MLPerf HPC rules: init builds the model and optimizer without touching
 the dataset; the run starts, stages the data when data.stage_dir is set (staging_start ..
@@ -24,7 +27,7 @@ from common.cli import guarded
 from common.config import load_config, save_config
 from common.dist import DistEnv, describe, init_distributed
 from common.iostats import IOCounters, io_report, write_io_report
-from common.loop import Datasets, FitOptions, FitResult, Metric, fit
+from common.loop import Datasets, FitOptions, FitResult, Metric, StepsFactory, data_parallel_steps, fit
 from common.manifest import Manifest
 from common.mllog import MLPerfLog, dataset_keys, scale_keys
 from common.staging import StageResult, check_unstaged_source, stage_for_run
@@ -39,6 +42,14 @@ class Built:
     optimizer: Any
     schedule: Callable[[Datasets], Callable[[float], float]]  # the data -> learning rate by fractional epoch
     extra: dict = dataclasses.field(default_factory=dict)  # app-specific (loss, schedule object, ...)
+    steps: StepsFactory = data_parallel_steps  # how a rank trains and evaluates a batch (common/loop.py)
+    data_parallel_size: int = 0  # replicas that each read their own batches; 0: every rank is one
+    # After training, on every rank (collectives allowed): fields rank 0 adds to summary.json.
+    summary: Callable[[], dict] | None = None
+
+    def replicas(self, dist: DistEnv) -> int:
+        """The data-parallel replicas: the global batch is the local batch times this."""
+        return self.data_parallel_size or dist.size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +64,12 @@ class Application:
     rank_files: Callable[[Any, Manifest, int, int], list[str]]
     mlperf_keys: Callable[[Any, DistEnv, Built], dict]  # hyperparameter events, logged before init_stop
     loss_and_metric: Callable[[Any, Built], tuple[Callable, Metric]]
-    # (cfg.data, local batch, dist, TF read failure) -> an error naming the bad file and record
-    read_error: Callable[[Any, int, DistEnv, Exception], Exception]
+    # (cfg, cfg.data as read, dist, TF read failure) -> an error naming the bad file and record
+    read_error: Callable[[Any, Any, DistEnv, Exception], Exception]
     description: str = ""
+    # (cfg, dist) -> None, before anything is built or written: raises BenchError for a layout of the
+    # ranks that the config cannot run on.
+    check: Callable[[Any, DistEnv], None] | None = None
 
 
 @dataclasses.dataclass
@@ -67,6 +81,7 @@ class TimedRun:
     data: Datasets
     staging: StageResult | None
     io: IOCounters
+    built: Built
 
 
 def parse_args(app: Application, argv=None) -> argparse.Namespace:
@@ -86,6 +101,8 @@ def run_application(app: Application, argv=None) -> int:
 def _train(app: Application, config_path: str, overrides: list[str]) -> int:
     cfg = load_config(config_path, overrides, app.schema)
     dist = init_distributed(cfg.dist)
+    if app.check:
+        app.check(cfg, dist)
     out = Path(cfg.run.output_dir)
     if dist.is_root:
         save_config(cfg, out)
@@ -96,9 +113,10 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
     finally:
         mlperf.close()
     report = io_report(run.io, run.staging, run.result.history, dist)  # collective: every rank takes part
+    extra = run.built.summary() if run.built.summary else {}  # collective too
     if dist.is_root:
         summary = run_summary(app.benchmark, cfg, dist, run.data, run.result, run.time_to_train,
-                              metric_name=app.metric_name) | {"io": report}
+                              metric_name=app.metric_name, replicas=run.built.replicas(dist)) | extra | {"io": report}
         write_io_report(report, out)
         write_summary(summary, out)
         log(f"{run.result.status}: {run.result.reason}; time to train {run.time_to_train:.1f} s; summary in "
@@ -119,7 +137,7 @@ def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> 
     mlperf.submission(app.benchmark, cfg.mlperf, cache_cleared=False)
     log(f"{app.benchmark}: {describe(dist)}; writing to {cfg.run.output_dir}")
     built = app.build(cfg, dist)
-    mlperf.events(scale_events(cfg, dist) | app.mlperf_keys(cfg, dist, built))
+    mlperf.events(scale_events(cfg, dist, built.replicas(dist)) | app.mlperf_keys(cfg, dist, built))
     mlperf.end("init_stop")
     run_start = time.time()
     mlperf.start("run_start")
@@ -131,7 +149,7 @@ def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> 
     mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
     result = _fit(app, cfg, data_cfg, dist, built, data, mlperf, log)
     mlperf.end("run_stop", status=result.status)
-    return TimedRun(result, time.time() - run_start, data, staging, io.stop(data, result.history))
+    return TimedRun(result, time.time() - run_start, data, staging, io.stop(data, result.history), built)
 
 
 def _stage(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> StageResult:
@@ -155,13 +173,13 @@ def _fit(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, data: Dat
                          eval_every=cfg.train.eval_every, eval_every_steps=cfg.train.eval_every_steps)
     try:
         return fit(built.model, built.optimizer, loss, metric, built.schedule(data), data, dist, options,
-                   mlperf, log)
+                   mlperf, log, make_steps=built.steps)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
         mlperf.end("run_stop", status="aborted")
-        raise app.read_error(data_cfg, cfg.train.local_batch_size, dist, err) from None
+        raise app.read_error(cfg, data_cfg, dist, err) from None
 
 
-def scale_events(cfg, dist: DistEnv) -> dict:
+def scale_events(cfg, dist: DistEnv, replicas: int) -> dict:
     """The scale keys every benchmark logs in init (the dataset sizes follow once the data is read)."""
     return scale_keys(nodes=dist.num_nodes, accelerators_per_node=dist.local_size if dist.gpu else 0,
-                      global_batch_size=cfg.train.local_batch_size * dist.size)
+                      global_batch_size=cfg.train.local_batch_size * replicas)

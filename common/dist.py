@@ -66,6 +66,13 @@ class DistEnv:
         import horovod.tensorflow as hvd
         return hvd.allreduce(value, op=hvd.Sum, name=name)
 
+    def sum_grouped(self, values: Sequence[Any]) -> list:
+        """Sum each tensor over ranks in one grouped (fused) allreduce (identities on one process)."""
+        if not self.horovod or self.size == 1:
+            return list(values)
+        import horovod.tensorflow as hvd
+        return hvd.grouped_allreduce(list(values), op=hvd.Sum)
+
     def average_variables(self, variables: Sequence[Any]) -> None:
         """Replace each variable (e.g. batch-norm running statistics) by its mean over ranks."""
         if not self.horovod or self.size == 1 or not variables:

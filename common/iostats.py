@@ -65,8 +65,9 @@ def planned_reads(data: Datasets, history: list[dict]) -> dict:
     """Records, bytes and file opens of this rank's training and evaluations, from the read plan."""
     steps = sum(h.get("steps", 0) for h in history)
     evaluations = sum(1 for h in history if "val_samples_seen" in h)
-    train_records = steps * data.local_batch_size
-    val_records = evaluations * data.val_steps * data.local_batch_size
+    batch = data.local_batch_size if data.reads else 0  # a rank that reads nothing (Datasets.without_input)
+    train_records = steps * batch
+    val_records = evaluations * data.val_steps * batch
     passes = steps / data.train_steps if data.train_steps else 0.0
     return {"train_records": train_records, "eval_records": val_records,
             "bytes": int((train_records + val_records) * data.record_bytes),

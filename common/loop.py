@@ -5,11 +5,15 @@ grouped allreduce, after rank 0's initial model and optimizer state are broadcas
 each evaluation the metric, averaged over all ranks, is compared to the quality target;
 the run stops when it is reached, when the loss stops being finite, or when the epoch
 budget is spent. Rank 0 prints a progress line per epoch (and every `progress_seconds`
-inside long epochs). Application specifics (loss, metric, schedule) come in as arguments.
+inside long epochs). Application specifics (loss, metric, schedule) come in as arguments, and so
+may the steps themselves (`Steps`): the default trains the Keras model data-parallel; the CosmoFlow
+hybrid path (cosmoflow/mesh/hybrid.py) brings steps that run a Mesh-TF graph instead, and ranks that
+read no data (`Datasets.reads` False) take part in every step's collectives with (None, None) batches.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from typing import Any, Callable, Protocol
@@ -52,6 +56,7 @@ class Datasets:
     train_files: int = 0
     val_files: int = 0
     loader: str = ""  # the input pipeline that reads them: tfdata or dali
+    reads: bool = True  # False: this rank reads nothing, its batches are (None, None) (see without_input)
 
     @classmethod
     def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0,
@@ -62,6 +67,12 @@ class Datasets:
                    val_steps=val_shard.samples // local_batch, train_samples=train_shard.global_samples,
                    val_samples=val_shard.global_samples, local_batch_size=local_batch, record_bytes=record_bytes,
                    train_files=len(train_shard.files), val_files=len(val_shard.files), loader=loader)
+
+    def without_input(self) -> "Datasets":
+        """The same step counts for a rank that reads no data: endless (None, None) batches, no files."""
+        nothing = itertools.repeat((None, None))
+        return dataclasses.replace(self, train=nothing, val=nothing, record_bytes=0.0, train_files=0,
+                                   val_files=0, loader="", reads=False)
 
 
 @dataclasses.dataclass
@@ -75,6 +86,29 @@ class FitResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class Steps:
+    """How one rank trains on and evaluates one batch; `fit()` calls them on its schedule.
+
+    Every rank calls `train` the same number of times and `evaluate` for every validation batch, so
+    collectives inside them line up; a rank that reads no data is given (None, None) batches.
+    """
+
+    train: Callable[[Any, Any], Any]  # (x, y) -> the step's loss, averaged over the data-parallel replicas
+    evaluate: Callable[[Any, Any], Any]  # (x, y) -> this rank's float32 sums [count, loss sum, metric sums ...]
+    close: Callable[[], None] = lambda: None  # after the last step (e.g. closes sessions)
+
+
+# (model, optimizer, loss_fn, metric, dist) -> Steps: built after the initial state is broadcast.
+StepsFactory = Callable[[Any, Any, Callable, Metric, DistEnv], Steps]
+
+
+def data_parallel_steps(model: Any, optimizer: Any, loss_fn: Callable, metric: Metric, dist: DistEnv) -> Steps:
+    """The Keras model in `tf.function` steps, gradients averaged over all ranks in one grouped allreduce."""
+    return Steps(train=_make_train_step(model, optimizer, loss_fn, dist),
+                 evaluate=_make_eval_step(model, loss_fn, metric))
+
+
+@dataclasses.dataclass(frozen=True)
 class FitOptions:
     max_epochs: int
     target: float
@@ -85,14 +119,22 @@ class FitOptions:
 
 def fit(model: Any, optimizer: Any, loss_fn: Callable, metric: Metric, schedule: Callable[[float], float],
         data: Datasets, dist: DistEnv, options: FitOptions, mlperf: MLPerfLog,
-        log: Callable[[str], None] = print) -> FitResult:
+        log: Callable[[str], None] = print, make_steps: StepsFactory = data_parallel_steps) -> FitResult:
     """Train until the target, a non-finite loss or `options.max_epochs`."""
     optimizer.build(model.trainable_variables)
     dist.broadcast_variables(model.variables + optimizer.variables)
-    train_step = _make_train_step(model, optimizer, loss_fn, dist)
-    run = _Evaluator(_make_eval_step(model, loss_fn, metric), iter(data.val), model, metric, data, dist,
-                     options, mlperf, log if dist.is_root else (lambda _msg: None))
-    train_iter = iter(data.train)
+    steps = make_steps(model, optimizer, loss_fn, metric, dist)
+    try:
+        return _fit_epochs(steps, model, optimizer, metric, schedule, data, dist, options, mlperf, log)
+    finally:
+        steps.close()
+
+
+def _fit_epochs(steps: Steps, model, optimizer, metric: Metric, schedule, data: Datasets, dist: DistEnv,
+                options: FitOptions, mlperf: MLPerfLog, log) -> FitResult:
+    run = _Evaluator(steps.evaluate, iter(data.val), model, metric, data, dist, options, mlperf,
+                     log if dist.is_root else (lambda _msg: None))
+    train_step, train_iter = steps.train, iter(data.train)
     for epoch in range(1, options.max_epochs + 1):
         mlperf.start("epoch_start", epoch_num=epoch)
         stats = _train_epoch(train_step, train_iter, optimizer, schedule, data, epoch, run.log, options,
@@ -192,12 +234,19 @@ def _make_eval_step(model, loss_fn, metric: Metric):
 
     @tf.function
     def eval_step(x, y):
-        pred = model(x, training=False)
-        batch = tf.cast(tf.shape(y)[0], tf.float32)
-        loss_sum = tf.reshape(loss_fn(y, pred) * batch, [1])
-        return tf.concat([tf.reshape(batch, [1]), loss_sum, metric.batch_sums(y, pred)], axis=0)
+        return batch_sums(loss_fn, metric, y, model(x, training=False))
 
     return eval_step
+
+
+def batch_sums(loss_fn: Callable, metric: Metric, y_true: Any, y_pred: Any) -> Any:
+    """[count, loss sum, metric sums ...] of one batch, float32; an empty batch (0, ...) gives zeros."""
+    import tensorflow as tf
+    batch = tf.cast(tf.shape(y_true)[0], tf.float32)
+    # multiply_no_nan: the mean loss of an empty batch is NaN, its sum is 0.
+    loss_sum = tf.reshape(tf.math.multiply_no_nan(tf.cast(loss_fn(y_true, y_pred), tf.float32), batch), [1])
+    return tf.concat([tf.reshape(batch, [1]), loss_sum, tf.cast(metric.batch_sums(y_true, y_pred), tf.float32)],
+                     axis=0)
 
 
 def _train_epoch(train_step, train_iter, optimizer, schedule, data: Datasets, epoch: int,

@@ -60,6 +60,33 @@ class CosmoModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """How each sample is split across ranks (docs/mesh.md).
+
+    spatial = [pd, ph]: every pd * ph consecutive ranks form one group that holds each sample's cube in
+    pd depth x ph height blocks (Mesh-TensorFlow, cosmoflow/mesh/); the groups are data-parallel.
+    [1, 1] is the ordinary data-parallel path. The checks that need the model's sizes and the rank count
+    run in cosmoflow.mesh.groups.check_hybrid before any work.
+    """
+
+    spatial: tuple[int, ...] = (1, 1)
+
+    def __post_init__(self):
+        _check(len(self.spatial) == 2 and all(p >= 1 for p in self.spatial), "parallel.spatial",
+               list(self.spatial), "[pd, ph]: depth and height partitions, each >= 1")
+
+    @property
+    def partitions(self) -> int:
+        """Ranks per group: pd * ph."""
+        return self.spatial[0] * self.spatial[1]
+
+    @property
+    def hybrid(self) -> bool:
+        """True when samples are split across ranks (the Mesh-TF path)."""
+        return self.partitions > 1
+
+
+@dataclasses.dataclass(frozen=True)
 class CosmoConfig:
     run: RunConfig = RunConfig()
     dist: DistConfig = DistConfig()
@@ -69,3 +96,4 @@ class CosmoConfig:
     schedule: ScheduleConfig = ScheduleConfig()
     train: TrainConfig = TrainConfig()
     mlperf: MlperfConfig = MlperfConfig()
+    parallel: ParallelConfig = ParallelConfig()

@@ -41,11 +41,17 @@ class Shard:
 
 
 def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batch: int,
-                   dist: DistEnv, seed: int) -> Datasets:
-    """Datasets for training and validation on this rank, checked against the manifest."""
+                   dist: DistEnv, seed: int, read: bool = True) -> Datasets:
+    """Datasets for training and validation on this rank, checked against the manifest.
+
+    read=False: only the step counts of the shard, no input pipelines and no file opened but the
+    manifest (`Datasets.without_input`, for a rank that lends its devices to a spatial group).
+    """
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
+    if not read:
+        return Datasets.from_shards(None, None, shards[TRAIN], shards[VALIDATION], local_batch).without_input()
     check_shard_files(manifest, shards, verify_checksums=cfg.verify_checksums)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
     make = _dali_dataset if loader == "dali" else _tfdata_dataset

@@ -3,6 +3,8 @@
 Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
 mlperf.log (MLPerf HPC events, rank 0) and summary.json. Exit codes: 0 target reached,
 1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss.
+With parallel.spatial=[pd,ph] (pd * ph > 1) groups of pd * ph ranks split every sample's cube
+between them through Mesh-TensorFlow and the groups train data-parallel (cosmoflow/mesh/, docs/mesh.md).
 """
 from __future__ import annotations
 
@@ -16,32 +18,65 @@ from cosmoflow.data import build_datasets, files_read, read_error
 from common.mllog import sgd_keys
 from common.schedule import LRSchedule
 from cosmoflow.config import CosmoConfig
+from cosmoflow.mesh.groups import GroupLayout, check_hybrid, data_view, group_layout
+
+
+def check(cfg: CosmoConfig, dist: DistEnv) -> None:
+    """Before any work: the hybrid path's partitioning must fit the cube and the ranks."""
+    if cfg.parallel.hybrid:
+        check_hybrid(cfg, dist.size)
 
 
 def build_everything(cfg: CosmoConfig, dist: DistEnv) -> Built:
     """Model, optimizer and learning-rate schedule for this rank (in init: no data is read)."""
+    if not cfg.parallel.hybrid:
+        return build_keras(cfg, seed=cfg.run.seed + dist.rank, replicas=dist.size)
+    from cosmoflow.mesh.hybrid import hybrid_built
+    layout = _layout(cfg, dist)
+    return hybrid_built(cfg, dist, layout, build_keras(cfg, seed=cfg.run.seed + layout.group, replicas=layout.groups))
+
+
+def build_keras(cfg: CosmoConfig, seed: int, replicas: int) -> Built:
+    """The Keras model, SGD and the schedule for a global batch of `replicas` local batches."""
     import keras
     from cosmoflow.model import build_model
-    keras.utils.set_random_seed(cfg.run.seed + dist.rank)
+    keras.utils.set_random_seed(seed)
     model = build_model(**dataclasses.asdict(cfg.model))
     schedule = LRSchedule.from_config(cfg.optimizer, cfg.schedule,
-                                      global_batch=cfg.train.local_batch_size * dist.size)
+                                      global_batch=cfg.train.local_batch_size * replicas)
     optimizer = keras.optimizers.SGD(learning_rate=schedule(0.0), momentum=cfg.optimizer.momentum,
                                      weight_decay=cfg.optimizer.weight_decay or None)
     return Built(model, optimizer, schedule=lambda _data: schedule, extra={"schedule": schedule})
 
 
 def build_data(data_cfg, cfg: CosmoConfig, dist: DistEnv) -> Datasets:
-    return build_datasets(data_cfg, cfg.model.input_shape, cfg.train.local_batch_size, dist, cfg.run.seed)
+    """This rank's input; on the hybrid path one reader per group, the group's shard (the others get counts)."""
+    reader_dist, reads = data_layout(cfg, dist)
+    return build_datasets(data_cfg, cfg.model.input_shape, cfg.train.local_batch_size, reader_dist, cfg.run.seed,
+                          read=reads)
+
+
+def data_layout(cfg: CosmoConfig, dist: DistEnv) -> tuple[DistEnv, bool]:
+    """The rank layout the input is sharded by, and whether this rank reads."""
+    if not cfg.parallel.hybrid:
+        return dist, True
+    layout = _layout(cfg, dist)
+    return data_view(dist, layout), layout.is_leader
 
 
 def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
-    return files_read(manifest, rank, ranks, cfg.train.local_batch_size)
+    if not cfg.parallel.hybrid:
+        return files_read(manifest, rank, ranks, cfg.train.local_batch_size)
+    layout = group_layout(rank, ranks, cfg.parallel.spatial)
+    return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size) if layout.is_leader else []
 
 
 def mlperf_keys(cfg: CosmoConfig, dist: DistEnv, built: Built) -> dict:
-    return (sgd_keys(cfg.optimizer, cfg.schedule, built.extra["schedule"].warmup_factor)
-            | {"dropout": cfg.model.dropout})
+    keys = sgd_keys(cfg.optimizer, cfg.schedule, built.extra["schedule"].warmup_factor) | {"dropout": cfg.model.dropout}
+    if not cfg.parallel.hybrid:
+        return keys
+    from cosmoflow.mesh.hybrid import mlperf_keys as partitioning_keys
+    return keys | partitioning_keys(built.extra["layout"])
 
 
 def loss_and_metric(cfg: CosmoConfig, built: Built):
@@ -49,9 +84,17 @@ def loss_and_metric(cfg: CosmoConfig, built: Built):
     return mse_loss, MeanAbsoluteError()
 
 
+def read_failure(cfg: CosmoConfig, data_cfg, dist: DistEnv, err: Exception) -> Exception:
+    return read_error(data_cfg, cfg.train.local_batch_size, data_layout(cfg, dist)[0], err)
+
+
+def _layout(cfg: CosmoConfig, dist: DistEnv) -> GroupLayout:
+    return group_layout(dist.rank, dist.size, cfg.parallel.spatial)
+
+
 APP = Application(benchmark="cosmoflow", schema=CosmoConfig, metric_name="mae", build=build_everything,
                   build_data=build_data, rank_files=rank_files, mlperf_keys=mlperf_keys, loss_and_metric=loss_and_metric,
-                  read_error=read_error, description=__doc__)
+                  read_error=read_failure, description=__doc__, check=check)
 
 
 def main(argv=None) -> int:

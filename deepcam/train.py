@@ -48,6 +48,10 @@ def mlperf_keys(cfg: DeepCamConfig, dist: DistEnv, built: Built) -> dict:
             | mlperf_optimizer_keys(cfg.optimizer, cfg.schedule))
 
 
+def read_failure(cfg: DeepCamConfig, data_cfg, dist: DistEnv, err: Exception) -> Exception:
+    return read_error(data_cfg, cfg.train.local_batch_size, dist, err)
+
+
 def loss_and_metric(cfg: DeepCamConfig, built: Built):
     from deepcam.metrics import MeanIoU
     return built.extra["loss"], MeanIoU(cfg.model.num_classes)
@@ -55,7 +59,7 @@ def loss_and_metric(cfg: DeepCamConfig, built: Built):
 
 APP = Application(benchmark="deepcam", schema=DeepCamConfig, metric_name="iou", build=build_everything,
                   build_data=build_data, rank_files=rank_files, mlperf_keys=mlperf_keys, loss_and_metric=loss_and_metric,
-                  read_error=read_error, description=__doc__)
+                  read_error=read_failure, description=__doc__)
 
 
 def main(argv=None) -> int:

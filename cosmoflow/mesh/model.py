@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from common.errors import BenchError
 from cosmoflow.config import CosmoModelConfig
+from cosmoflow.mesh.groups import whole_groups
 from cosmoflow.mesh.shim import import_mtf
 
 mtf = import_mtf()
@@ -66,17 +67,30 @@ def plan_layout(input_shape: Sequence[int], spatial: Sequence[int], devices: Seq
             raise BenchError(f"spatial partitions {[pd, ph]}: the cube's {name} {size} (input_shape "
                              f"{list(input_shape)}) is not divisible by {parts} partitions")
     parts, count = pd * ph, len(devices)
-    if parts > count:
-        raise BenchError(f"spatial partitions {[pd, ph]}: {parts} partitions need at least {parts} devices, "
-                         f"got {count}: {list(devices)}")
-    if count % parts:
-        raise BenchError(f"spatial partitions {[pd, ph]}: {count} devices are not divisible by {parts} "
-                         f"partitions (the rest split the batch)")
-    batch_splits = count // parts
+    batch_splits = whole_groups((pd, ph), count, "devices", f"spatial partitions {[pd, ph]}")
     if batch_size % batch_splits:
         raise BenchError(f"batch size {batch_size} is not divisible by {batch_splits} data-parallel splits "
                          f"({count} devices / {parts} spatial partitions)")
     return MeshLayout((pd, ph), batch_splits, tuple(devices))
+
+
+def check_partitioning(model: CosmoModelConfig, spatial: Sequence[int]) -> MeshLayout:
+    """The checks `build_mesh_model` makes of the model and `spatial`, for one group of pd * ph devices.
+
+    Arithmetic only (no graph, no device): run it before any work to refuse a partitioning that does not
+    fit the cube.
+    """
+    # One stand-in device per partition (bad `spatial` values are plan_layout's to report).
+    parts = int(np.prod([max(1, int(p)) for p in spatial]))
+    layout = plan_layout(model.input_shape, spatial, [f"partition {i}" for i in range(parts)], batch_size=1)
+    check_kernel(model)
+    return layout
+
+
+def check_kernel(model: CosmoModelConfig) -> None:
+    if model.kernel_size % 2 == 0:
+        raise BenchError(f"model.kernel_size {model.kernel_size}: the mesh model needs an odd kernel size "
+                         f"(conv3d_with_blocks pads both sides equally, like Keras 'same' only for odd kernels)")
 
 
 def pooling_splits(input_shape: Sequence[int], spatial: Sequence[int], blocks: int,
@@ -125,9 +139,15 @@ class MeshCosmoFlow:
 
     def initialize(self, session: Any, weights: Any) -> None:
         """Set every weight from a Keras CosmoFlow model (or its `get_weights()` list) and copy it to the devices."""
-        values = keras_weights(weights)
-        self._check_weights(values)
+        values = self._checked(weights)
         session.run(self.init_op)
+        self._load(session, values)
+
+    def load(self, session: Any, weights: Any) -> None:
+        """Set every weight of an initialised model (as `initialize` does) and copy it to the devices."""
+        self._load(session, self._checked(weights))
+
+    def _load(self, session: Any, values: list[np.ndarray]) -> None:
         session.run(self.load_ops, feed_dict=dict(zip(self.weight_feeds, values)))
         session.run(self.copy_to_slices)
 
@@ -136,6 +156,15 @@ class MeshCosmoFlow:
         feed = {self.images: images, self.targets: targets}
         outputs, loss, *grads = session.run([self.outputs, self.loss, *self.gradients], feed_dict=feed)
         return StepResult(outputs, float(loss), grads)
+
+    def predict(self, session: Any, images: np.ndarray) -> np.ndarray:
+        """The outputs (B, target_size) for one batch: the forward pass only."""
+        return session.run(self.outputs, feed_dict={self.images: images})
+
+    def _checked(self, weights: Any) -> list[np.ndarray]:
+        values = keras_weights(weights)
+        self._check_weights(values)
+        return values
 
     def _check_weights(self, values: list[np.ndarray]) -> None:
         if len(values) != len(self.weight_shapes):
@@ -158,7 +187,7 @@ def keras_weights(weights: Any) -> list[np.ndarray]:
 
 
 def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: Sequence[int] = (1, 1),
-                     batch_size: int = 1, training: bool = False) -> MeshCosmoFlow:
+                     batch_size: int = 1, training: bool = False, seed: int | None = None) -> MeshCosmoFlow:
     """Build and lower CosmoFlow over `devices` with the cube split into `spatial` = (pd, ph) blocks.
 
     Args:
@@ -168,13 +197,14 @@ def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: S
         batch_size: the global batch of one step (static in Mesh-TF).
         training: apply dropout (random masks); False makes dropout the identity, as Keras'
             inference mode does, which is what equivalence checks need.
+        seed: the graph-level random seed (dropout); None leaves it unset.
     """
     layout = plan_layout(model.input_shape, spatial, devices, batch_size)
-    if model.kernel_size % 2 == 0:
-        raise BenchError(f"model.kernel_size {model.kernel_size}: the mesh model needs an odd kernel size "
-                         f"(conv3d_with_blocks pads both sides equally, like Keras 'same' only for odd kernels)")
+    check_kernel(model)
     graph = tf.Graph()
     with graph.as_default():
+        if seed is not None:
+            tf.compat.v1.set_random_seed(seed)  # the graph's seed: dropout masks
         images = tf.compat.v1.placeholder(tf.float32, [batch_size, *model.input_shape], name="images")
         targets = tf.compat.v1.placeholder(tf.float32, [batch_size, model.target_size], name="targets")
         mesh_graph = mtf.Graph()

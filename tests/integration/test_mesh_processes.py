@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, checkout_first_on_path
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def launch(rank: int, addresses: list[str], out: Path, logs: Path) -> subprocess
     args = [sys.executable, "-m", "cosmoflow.mesh.check", "--rank", str(rank), "--addresses", *addresses,
             "--spatial", "2x1", "2x2", "--pooling", "max", "avg", "--input-shape", "24", "16", "16", "4",
             "--conv-filters", "4", "4", "8", "8", "--batch", "4", "--out", str(out)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path()}
     log = open(logs / f"rank{rank}.log", "w")
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -63,3 +63,51 @@ def test_evaluates_every_epoch_by_default(tmp_path):
 def test_eval_every_epochs_and_always_the_last(tmp_path, eval_every, expected):
     result, events, _ = _fit(tmp_path, FitOptions(max_epochs=3, target=0.0, eval_every=eval_every))
     assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_error"] == expected
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # 0 / 0: this rank saw no samples
+def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
+    """A steps factory replaces the Keras steps; a rank without input gets (None, None) batches on the same
+    schedule, and its empty evaluation sums add nothing."""
+    import keras
+    import tensorflow as tf
+    from common.iostats import planned_reads
+    from common.loop import Steps, batch_sums
+    metric, calls = MeanAbsoluteError(), {"train": [], "evaluate": [], "closed": 0}
+    empty = np.zeros((0, 4), np.float32)
+
+    def make_steps(model, optimizer, loss_fn, metric_, dist):
+        def train(x, y):
+            calls["train"].append((x, y))
+            return tf.constant(0.5)
+
+        def evaluate(x, y):
+            calls["evaluate"].append((x, y))
+            return batch_sums(loss_fn, metric_, empty, empty)
+
+        def close():
+            calls["closed"] += 1
+        return Steps(train, evaluate, close)
+
+    data = _data().without_input()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    mlperf = MLPerfLog(tmp_path / "mlperf.log")
+    result = fit(model, keras.optimizers.SGD(0.1), mse_loss, metric, lambda epoch: 0.05, data, DistEnv(),
+                 FitOptions(max_epochs=2, target=0.0), mlperf, log=lambda _line: None, make_steps=make_steps)
+    mlperf.close()
+    assert len(calls["train"]) == 2 * 4 and set(calls["train"]) == {(None, None)}
+    assert len(calls["evaluate"]) == 2 * 4 and calls["closed"] == 1
+    assert [h["loss"] for h in result.history] == [0.5, 0.5]
+    assert result.history[-1]["val_samples_seen"] == 0  # the empty batches' sums are zeros, not NaN
+    assert planned_reads(data, result.history) == {"train_records": 0, "eval_records": 0, "bytes": 0,
+                                                   "files_opened": 0}
+
+
+def test_batch_sums_of_an_empty_batch_are_zeros():
+    from common.loop import batch_sums
+    empty = np.zeros((0, 4), np.float32)
+    np.testing.assert_array_equal(batch_sums(mse_loss, MeanAbsoluteError(), empty, empty).numpy(), np.zeros(7))
+    y, pred = np.ones((2, 4), np.float32), np.full((2, 4), 1.5, np.float32)
+    # [samples, loss x samples, values, |error| per parameter]
+    np.testing.assert_allclose(batch_sums(mse_loss, MeanAbsoluteError(), y, pred).numpy(),
+                               [2, 0.5, 8, 1, 1, 1, 1])

@@ -1,0 +1,101 @@
+"""Rank groups of the hybrid (data x spatial) path: which ranks share a sample, and the checks before any work.
+
+With parallel.spatial = [pd, ph], P = pd * ph consecutive ranks form one group (group g holds ranks
+g*P .. g*P + P-1): the group's mesh splits each sample's cube into P blocks, one per rank. The groups are
+the data-parallel replicas: group g reads shard g of len(groups) of the data, through its first rank
+(the leader), which drives the group's Mesh-TF graph; the other ranks lend their devices.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from common.errors import BenchError
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupLayout:
+    """Where one rank sits among `size` ranks grouped by `spatial` = (pd, ph) partitions."""
+
+    rank: int
+    size: int
+    spatial: tuple[int, int]
+
+    @property
+    def group_size(self) -> int:
+        """Ranks per group, P = pd * ph."""
+        return self.spatial[0] * self.spatial[1]
+
+    @property
+    def groups(self) -> int:
+        """Data-parallel replicas: size / P."""
+        return self.size // self.group_size
+
+    @property
+    def group(self) -> int:
+        return self.rank // self.group_size
+
+    @property
+    def task(self) -> int:
+        """This rank's index inside its group (its TensorFlow task and mesh block)."""
+        return self.rank % self.group_size
+
+    @property
+    def leader(self) -> int:
+        """The group's first rank: reads the group's data and drives its mesh."""
+        return self.group * self.group_size
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == self.leader
+
+    @property
+    def ranks(self) -> range:
+        """The ranks of this rank's group, in task order."""
+        return range(self.leader, self.leader + self.group_size)
+
+    @property
+    def name(self) -> str:
+        """The partitioning as logged: "DxH", e.g. "2x1"."""
+        return f"{self.spatial[0]}x{self.spatial[1]}"
+
+
+def group_layout(rank: int, size: int, spatial: Sequence[int]) -> GroupLayout:
+    """The layout of `rank`; raises BenchError naming the numbers when `size` ranks cannot form whole groups."""
+    pd, ph = (int(p) for p in spatial)
+    whole_groups((pd, ph), size, "ranks", f"parallel.spatial [{pd}, {ph}]")
+    if not 0 <= rank < size:
+        raise BenchError(f"rank {rank}: expected 0 <= rank < {size}")
+    return GroupLayout(rank, size, (pd, ph))
+
+
+def whole_groups(spatial: tuple[int, int], count: int, units: str, where: str) -> int:
+    """How many groups of pd * ph partitions `count` devices or ranks form; BenchError unless a whole number >= 1.
+
+    Args:
+        units: what is counted, for the message ("devices", "ranks").
+        where: what the message is about, e.g. "parallel.spatial [2, 1]".
+    """
+    parts = spatial[0] * spatial[1]
+    if parts > count:
+        raise BenchError(f"{where}: {parts} partitions need at least {parts} {units}, got {count}")
+    if count % parts:
+        raise BenchError(f"{where}: {count} {units} are not divisible by {parts} partitions (each group of "
+                         f"{parts} holds one sample's blocks)")
+    return count // parts
+
+
+def check_hybrid(cfg: Any, size: int) -> None:
+    """Every check of a hybrid run that needs no data: the cube's split (the mesh planner's own checks),
+    whole groups of ranks, and the data options the path supports. Raises BenchError."""
+    from cosmoflow.mesh.model import check_partitioning  # imports TensorFlow and Mesh-TF
+    check_partitioning(cfg.model, cfg.parallel.spatial)
+    group_layout(0, size, cfg.parallel.spatial)
+    if cfg.data.stage_dir and cfg.data.stage_mode == "node_share":
+        raise BenchError(f"data.stage_mode node_share with parallel.spatial {list(cfg.parallel.spatial)}: the "
+                         f"hybrid path reads through one rank per group; use data.stage_mode node or rank")
+
+
+def data_view(dist: Any, layout: GroupLayout) -> Any:
+    """`dist` as the data pipeline sees it: one reader per group, so rank = group and size = groups."""
+    return dataclasses.replace(dist, rank=layout.group, size=layout.groups)

@@ -1,0 +1,167 @@
+"""Training CosmoFlow with the hybrid (data x spatial) Mesh-TF path: parallel.spatial = [pd, ph], pd * ph > 1.
+
+P = pd * ph consecutive ranks form a group (cosmoflow/mesh/groups.py). Each group starts its own
+TensorFlow cluster, one `tf.distribute.Server` per rank, from "host:port" addresses exchanged over
+Horovod. The group's leader reads the group's shard of the data and runs the Mesh-TF CosmoFlow over
+the group's P devices (one block of every cube per rank) in a `tf.compat.v1.Session`; the other ranks'
+servers do their blocks' work. Every rank keeps the Keras model and optimizer: after each step the
+leaders' gradients (zeros from the other ranks) are summed over all ranks in one Horovod allreduce and
+divided by the number of groups, and every rank applies the same SGD update, so the weights stay
+identical everywhere; the leader copies them into its mesh before the next step. Evaluation runs the
+mesh's forward pass on the leaders' validation shards; the metric is summed over ranks as usual.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import socket
+from typing import Any, Callable
+
+import numpy as np
+
+from common.app import Built
+from common.dist import DistEnv
+from common.loop import Metric, Steps, batch_sums
+from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
+from cosmoflow.mesh.groups import GroupLayout
+
+
+def hybrid_built(cfg: Any, dist: DistEnv, layout: GroupLayout, base: Built) -> Built:
+    """`base` (the Keras model, optimizer and schedule every rank keeps) trained through the group's mesh.
+
+    Collective: every rank calls it (the cluster addresses are exchanged over Horovod).
+    """
+    cluster = start_group_cluster(dist, layout)
+    mesh = GroupMesh.build(cfg, layout, cluster, dist.threads) if layout.is_leader else None
+    if dist.is_root:
+        print(f"hybrid data x spatial: {layout.groups} data-parallel groups of {layout.group_size} ranks, each "
+              f"sample split {layout.name} (depth x height); rank r is task r % {layout.group_size} of group "
+              f"r // {layout.group_size}, whose first rank reads and drives the mesh", flush=True)
+    return dataclasses.replace(
+        base, steps=functools.partial(hybrid_steps, layout=layout, mesh=mesh), data_parallel_size=layout.groups,
+        summary=lambda: hybrid_summary(base.model, layout, dist), extra=base.extra | {"layout": layout})
+
+
+def mlperf_keys(layout: GroupLayout) -> dict:
+    """The partitioning, logged beside the usual hyperparameters."""
+    return {"spatial_partitions": layout.name, "data_parallel_groups": layout.groups}
+
+
+# ---------------------------------------------------------------------------- the group's cluster and mesh
+def start_group_cluster(dist: DistEnv, layout: GroupLayout) -> MeshCluster:
+    """This rank's TensorFlow server in its group's cluster (collective: addresses go through Horovod)."""
+    # horovodrun tells each rank the host name it launched it on; other launchers: this host's name.
+    host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    addresses = exchange_addresses(dist, host, free_port())
+    return start_server(layout.task, addresses[layout.leader:layout.leader + layout.group_size], dist.threads)
+
+
+def free_port() -> int:
+    """A port the OS has just handed out (released again for the TensorFlow server to bind)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class GroupMesh:
+    """The leader's Mesh-TF CosmoFlow on its group's devices: graphs, sessions and which weights they hold."""
+
+    train: Any  # MeshCosmoFlow with dropout
+    evaluate: Any  # MeshCosmoFlow without dropout (the training one when there is no dropout)
+    sessions: dict  # id(mesh) -> tf.compat.v1.Session on the group's cluster
+    loaded: dict  # id(mesh) -> the weights version it holds
+
+    @classmethod
+    def build(cls, cfg: Any, layout: GroupLayout, cluster: MeshCluster, threads: int) -> "GroupMesh":
+        import tensorflow as tf
+        from cosmoflow.mesh.model import build_mesh_model
+        make = functools.partial(build_mesh_model, cfg.model, cluster.devices, layout.spatial,
+                                 cfg.train.local_batch_size, seed=cfg.run.seed + layout.group)
+        train = make(training=True)
+        evaluate = make(training=False) if cfg.model.dropout > 0 else train
+        sessions = {}
+        for mesh in {id(train): train, id(evaluate): evaluate}.values():
+            sessions[id(mesh)] = tf.compat.v1.Session(cluster.target, graph=mesh.graph, config=session_config(threads))
+            sessions[id(mesh)].run(mesh.init_op)
+        return cls(train, evaluate, sessions, {key: -1 for key in sessions})
+
+    def session(self, mesh: Any, model: Any, version: int) -> Any:
+        """`mesh`'s session, after copying the Keras model's weights into it if they changed since."""
+        session = self.sessions[id(mesh)]
+        if self.loaded[id(mesh)] != version:
+            mesh.load(session, model)
+            self.loaded[id(mesh)] = version
+        return session
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+
+# ---------------------------------------------------------------------------- steps
+def hybrid_steps(model: Any, optimizer: Any, loss_fn: Callable, metric: Metric, dist: DistEnv, *,
+                 layout: GroupLayout, mesh: GroupMesh | None) -> Steps:
+    """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks)."""
+    runner = _HybridSteps(model, optimizer, loss_fn, metric, dist, layout, mesh)
+    return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close)
+
+
+class _HybridSteps:
+    def __init__(self, model, optimizer, loss_fn, metric: Metric, dist: DistEnv, layout: GroupLayout,
+                 mesh: GroupMesh | None):
+        import tensorflow as tf
+        self.model, self.loss_fn, self.metric, self.dist, self.layout, self.mesh = (
+            model, loss_fn, metric, dist, layout, mesh)
+        self.version = 0  # bumped by every update: the mesh reloads the weights when it is behind
+        variables = model.trainable_variables
+        self.apply = tf.function(lambda grads: optimizer.apply_gradients(zip(grads, variables)))
+        # What a rank that reads no data contributes: no gradient, and an empty batch to evaluate.
+        self.no_gradients = [np.zeros(v.shape, np.float32) for v in variables]
+        self.no_targets = np.zeros((0, model.output_shape[-1]), np.float32)
+
+    def train(self, x, y) -> float:
+        """One step: the group's gradients through the mesh, their mean over the groups, the same update everywhere."""
+        import tensorflow as tf
+        if self.mesh is not None:
+            session = self.mesh.session(self.mesh.train, self.model, self.version)
+            result = self.mesh.train.step(session, np.asarray(x), np.asarray(y))
+            grads, loss = result.gradients, result.loss
+        else:
+            grads, loss = self.no_gradients, 0.0
+        # Summed over every rank = summed over the groups (the other ranks add zeros).
+        *sums, loss_sum = self.dist.sum_grouped([tf.constant(g) for g in grads] + [tf.constant(loss, tf.float32)])
+        groups = float(self.layout.groups)
+        self.apply([g / groups for g in sums])
+        self.version += 1
+        return float(loss_sum) / groups
+
+    def evaluate(self, x, y):
+        """This rank's [count, loss sum, metric sums ...] of one validation batch (zeros off the leaders)."""
+        if self.mesh is None:
+            return batch_sums(self.loss_fn, self.metric, self.no_targets, self.no_targets)
+        session = self.mesh.session(self.mesh.evaluate, self.model, self.version)
+        return batch_sums(self.loss_fn, self.metric, np.asarray(y), self.mesh.evaluate.predict(session, np.asarray(x)))
+
+    def close(self) -> None:
+        if self.mesh is not None:
+            self.mesh.close()
+
+
+# ---------------------------------------------------------------------------- after training
+def hybrid_summary(model: Any, layout: GroupLayout, dist: DistEnv) -> dict:
+    """The partitioning and every rank's weights digest for summary.json (collective)."""
+    digests = dist.gather_object(weights_digest(model))
+    return {"parallel": {"spatial": list(layout.spatial), "spatial_partitions": layout.name,
+                         "data_parallel_groups": layout.groups, "ranks_per_group": layout.group_size,
+                         "weights_sha256_per_rank": digests, "weights_identical": len(set(digests)) == 1}}
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 of the model's weights (float32 bytes in weight order): equal digests, equal weights."""
+    digest = hashlib.sha256()
+    for w in model.get_weights():
+        digest.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
+    return digest.hexdigest()
