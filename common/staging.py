@@ -327,14 +327,14 @@ def plain_copier(source: Source) -> str:
 
 
 def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, method: str, copier: str) -> int:
-    files = source.files
+    files, native = source.files, nativecopy.load() if copier == "native" else None
 
     def copy(path: str) -> int:
         src = source.root / path
         if not src.is_file():
             raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
-        if copier == "native":
-            _copy_native(src, dest, files[path], method == "mmap", bar)
+        if native:
+            _copy_native(native, src, dest, files[path], method == "mmap", bar)
             return files[path].bytes
         with open(src, "rb", buffering=0) as f:
             _write_verified(_mapped_chunks(f) if method == "mmap" else _read_chunks(f), dest, files[path], f"{src}",
@@ -344,11 +344,12 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
     return sum(_run_threads(copy, todo, threads))
 
 
-def _copy_native(src: Path, dest: Path, member: Member, mapped: bool, bar) -> None:
+def _copy_native(native: nativecopy.NativeCopier, src: Path, dest: Path, member: Member, mapped: bool,
+                 bar) -> None:
     """Copy and hash `src` in native code (no interpreter lock held), then check it and rename."""
     final, tmp = _temp_path(dest, member)
     try:
-        digest, size = nativecopy.load().copy(src, tmp, mapped, CHUNK)
+        digest, size = native.copy(src, tmp, mapped, CHUNK)
         bar.update(size)
         _check_copy(size, digest, member, f"{src}")
         os.replace(tmp, final)

@@ -38,8 +38,8 @@ def throughput(history: list[dict]) -> dict:
 
 
 def run_summary(benchmark: str, cfg: Any, dist: DistEnv, data: Datasets, result: FitResult,
-                time_to_train: float, metric_name: str, replicas: int | None = None) -> dict:
-    """The run's summary.json; `replicas`: data-parallel replicas (None: every rank is one)."""
+                time_to_train: float, metric_name: str, replicas: int) -> dict:
+    """The run's summary.json; `replicas`: the data-parallel replicas (`Built.replicas`)."""
     return {
         "benchmark": benchmark,
         "status": result.status,
@@ -55,7 +55,7 @@ def run_summary(benchmark: str, cfg: Any, dist: DistEnv, data: Datasets, result:
         "threads_per_rank": dist.threads,
         "gpu": dist.gpu,
         "horovod": dist.settings,
-        "global_batch_size": data.local_batch_size * (replicas or dist.size),
+        "global_batch_size": data.local_batch_size * replicas,
         "train_samples": data.train_samples,
         "eval_samples": data.val_samples,
         "loader": data.loader or cfg.data.loader,  # the one data.loader (auto, tfdata, dali) resolved to
