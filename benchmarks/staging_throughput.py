@@ -297,6 +297,7 @@ def run_stagers(source: Path, mode: str, dataset: str, dest: Path, warm_bytes: i
             "bytes_read": sum(r["bytes_read"] for r in results), "cpu_seconds": sum(r["cpu_seconds"] for r in results),
             "threads_per_process": threads,
             "checksum": "+".join(sorted({r.get("checksum") or "sha256" for r in results})),
+            "copier": "+".join(sorted({r["copier"] for r in results})),
             "processes": [{k: r[k] for k in ("scope", "files", "archives", "bytes_written", "bytes_read", "seconds",
                                              "worker_seconds", "cpu_seconds")} for r in results]}
 
@@ -489,7 +490,8 @@ def summarise(runs: list[dict]) -> dict:
             "read_gb_per_second": read / seconds / 1e9,
             "write_gb_per_second_all": [r["bytes_written"] / r["seconds"] / 1e9 for r in runs],
             "cpu_seconds_per_gb": statistics.median(r["cpu_seconds"] for r in runs) / (written / 1e9),
-            "checksum": runs[0].get("checksum", "none")}  # what staging verified; the baselines verify nothing
+            "checksum": runs[0].get("checksum", "none"),  # what staging verified; the baselines verify nothing
+            "copier": runs[0].get("copier", "")}  # staging's: native or python
 
 
 def compare(cases: list[dict]) -> list[dict]:
@@ -516,13 +518,13 @@ def table_rows(result: dict) -> list[str]:
 
 
 def _comparison_rows(result: dict) -> list[str]:
-    rows = ["| dataset | dest | source | mode | verified with | staging GB/s written (read) | CPU s/GB | "
+    rows = ["| dataset | dest | source | mode | verified with (copier) | staging GB/s written (read) | CPU s/GB | "
             f"best baseline GB/s | ratio | >= {GOAL} |", "|---|---|---|---|---|---|---|---|---|---|"]
     staging = {(c["dataset"], c["dest"], c["source"], c["mode"]): c for c in result["cases"]}
     for c in result["comparisons"]:
         s = staging[c["dataset"], c["dest"], c["source"], c["mode"]]
         rows.append(f"| {c['dataset']} | {c['dest']} | {_source_label(c['source'])} | {c['mode']} | "
-                    f"{s['checksum']} | {c['staging_gb_per_second']:.2f} ({s['read_gb_per_second']:.2f}) | "
+                    f"{s['checksum']} ({s.get('copier') or '?'}) | {c['staging_gb_per_second']:.2f} ({s['read_gb_per_second']:.2f}) | "
                     f"{s['cpu_seconds_per_gb']:.2f} | {c['best_baseline_gb_per_second']:.2f} ({c['best_baseline']}) | "
                     f"{c['ratio']:.2f} | {'met' if c['goal_met'] else 'not met'} |")
     return rows

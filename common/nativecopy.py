@@ -1,9 +1,11 @@
-"""The native file copier of plain staging: copy a file and hash it (XXH3-128) outside the interpreter.
+"""The native copier of staging: copy a file, or a byte range of one, and hash it (XXH3-128) outside
+the interpreter. Plain staging copies whole files with it; unpacking an uncompressed archive copies each
+member's byte range.
 
 `common/native/stagecopy.c` is compiled by `python -m common.nativecopy --build` (scripts/setup.sh does
 this; it needs gcc and the xxhash header, Debian's libxxhash-dev) into `common/native/_stagecopy.so`.
 `load()` returns a `NativeCopier`, or None when the library has not been built, in which case staging
-copies in Python (slower: every thread takes turns at the interpreter) and says so in its report.
+copies (and unpacks) in Python (slower: every thread takes turns at the interpreter) and says so in its report.
 """
 from __future__ import annotations
 
@@ -29,17 +31,19 @@ class NativeCopier:
     def __init__(self, library: Path):
         self._lib = ctypes.CDLL(str(library))
         self._lib.stage_copy.restype = ctypes.c_int
-        self._lib.stage_copy.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t,
-                                         ctypes.c_char_p, ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_char_p,
-                                         ctypes.c_size_t]
+        self._lib.stage_copy.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_char_p,
+                                         ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p,
+                                         ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_char_p, ctypes.c_size_t]
 
-    def copy(self, src: Path, dst: Path, mapped: bool, chunk: int) -> tuple[str, int]:
-        """Copy `src` to `dst` (created or truncated); returns the source bytes' XXH3-128 hex digest (as
-        the `xxhash` package prints it) and their count. Raises BenchError naming the file and the step."""
+    def copy(self, src: Path, dst: Path, mapped: bool, chunk: int, offset: int = 0,
+             length: int = -1) -> tuple[str, int]:
+        """Copy `length` bytes of `src` from `offset` (-1: to its end) to `dst` (created or truncated);
+        returns the copied bytes' XXH3-128 hex digest (as the `xxhash` package prints it) and their count.
+        Raises BenchError naming the file and the step, or the sizes when `src` is too short."""
         digest, size = ctypes.create_string_buffer(16), ctypes.c_ulonglong(0)
         err = ctypes.create_string_buffer(ERR_BYTES)
-        code = self._lib.stage_copy(bytes(src), bytes(dst), int(mapped), chunk, digest, ctypes.byref(size), err,
-                                    ERR_BYTES)
+        code = self._lib.stage_copy(bytes(src), offset, length, bytes(dst), int(mapped), chunk, digest,
+                                    ctypes.byref(size), err, ERR_BYTES)
         if code:
             raise BenchError(f"copying {src} to {dst}: {err.value.decode(errors='replace')} (errno {code})")
         return digest.raw.hex(), size.value

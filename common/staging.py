@@ -10,12 +10,14 @@ and compressed tar archives made by `python -m data_prep pack`). Three modes say
   common/sharding.py); the node's ranks divide it between them afresh every epoch.
 
 Files are copied (or unpacked, streaming, one archive per thread) under temporary names beside
-their final ones, their checksum is checked while they are written (xxh3-128 from pack.json or
-manifest.json; sha256 for files of a manifest written before converters recorded xxh3-128), and
-only then are they renamed. The dataset's manifest.json is written last and a `.staged.json` record
-after it, so a killed staging never leaves a directory a later run takes for complete. A rerun
-starts afresh (every byte counted in the staging time) or, with `reuse`, keeps the files that were
-finished and stages the rest. Free space is checked before the first byte is copied.
+their final ones, by native code when it is built (common/nativecopy.py: plain files and the members
+of uncompressed archives; compressed archives are decompressed through Python's bindings). Their
+checksum is checked while they are written (xxh3-128 from pack.json or manifest.json; sha256 for
+files of a manifest written before converters recorded xxh3-128), and only then are they renamed.
+The dataset's manifest.json is written last and a `.staged.json` record after it, so a killed
+staging never leaves a directory a later run takes for complete. A rerun starts afresh (every byte
+counted in the staging time) or, with `reuse`, keeps the files that were finished and stages the
+rest. Free space is checked before the first byte is copied.
 """
 from __future__ import annotations
 
@@ -252,11 +254,12 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     bar = _progress_bar(sum(files[p].bytes for p in todo), progress, the_plan.scope)
     try:
         result.source_fs, result.dest_fs = filesystem_type(source.root), filesystem_type(dest)
+        result.copier = copier_for(source)
+        result.reads = plain_method(result.source_fs) if result.copier == "native" or not source.pack else "stream"
         if source.pack:
-            result.reads = "stream"
-            result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar)
+            result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar, result.reads,
+                                                         result.copier)
         else:
-            result.reads, result.copier = plain_method(result.source_fs), plain_copier(source)
             result.bytes_read = _copy_plain(source, todo, dest, threads, bar, result.reads, result.copier)
     finally:
         bar.close()
@@ -318,10 +321,12 @@ def plain_method(source_fs: str) -> str:
     return "mmap" if source_fs in MMAP_FILESYSTEMS else "read"
 
 
-def plain_copier(source: Source) -> str:
-    """Who copies a plain source's files: "native" (common/nativecopy.py, outside the interpreter) when
-    the library is built and the manifest lists xxh3-128 digests, else "python"."""
-    if nativecopy.load() is None or any(checksum_of(source.files[p])[0] != "xxh3_128" for p in source.files):
+def copier_for(source: Source) -> str:
+    """Who copies and hashes: "native" (common/nativecopy.py, outside the interpreter) for a plain source or
+    an uncompressed pack when the library is built and every file has an xxh3-128 digest; else "python"
+    (which also decompresses: zstd and gzip streams are read through Python's bindings)."""
+    if nativecopy.load() is None or source.compression != "none" or \
+            any(checksum_of(source.files[p])[0] != "xxh3_128" for p in source.files):
         return "python"
     return "native"
 
@@ -334,7 +339,7 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
         if not src.is_file():
             raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
         if native:
-            _copy_native(native, src, dest, files[path], method == "mmap", bar)
+            _copy_native(native, src, dest, files[path], method == "mmap", bar, f"{src}")
             return files[path].bytes
         with open(src, "rb", buffering=0) as f:
             _write_verified(_mapped_chunks(f) if method == "mmap" else _read_chunks(f), dest, files[path], f"{src}",
@@ -345,13 +350,14 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
 
 
 def _copy_native(native: nativecopy.NativeCopier, src: Path, dest: Path, member: Member, mapped: bool,
-                 bar) -> None:
-    """Copy and hash `src` in native code (no interpreter lock held), then check it and rename."""
+                 bar, where: str, offset: int = 0, length: int = -1) -> None:
+    """Copy and hash `src` (or `length` bytes of it from `offset`) in native code (no interpreter lock
+    held), then check it and rename."""
     final, tmp = _temp_path(dest, member)
     try:
-        digest, size = native.copy(src, tmp, mapped, CHUNK)
+        digest, size = native.copy(src, tmp, mapped, CHUNK, offset, length)
         bar.update(size)
-        _check_copy(size, digest, member, f"{src}")
+        _check_copy(size, digest, member, where)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
@@ -467,9 +473,14 @@ def _buffer() -> memoryview:
 
 
 # ---------------------------------------------------------------------------- archives
-def _unpack(source: Source, todo: list[str], dest: Path, threads: int, bar) -> tuple[int, int]:
-    """Unpack the archives holding `todo`, one per thread; returns (archives read, their bytes)."""
-    wanted = set(todo)
+def _unpack(source: Source, todo: list[str], dest: Path, threads: int, bar, reads: str,
+            copier: str) -> tuple[int, int]:
+    """Unpack the archives holding `todo`, one per thread; returns (archives read, their bytes).
+
+    With the native copier (uncompressed packs), Python reads only the tar headers and each member's
+    bytes are copied and hashed from the archive in native code, mapped or read as `reads` says."""
+    wanted, native = set(todo), nativecopy.load() if copier == "native" else None
+    copy = functools.partial(_copy_native, native, mapped=reads == "mmap") if native else None
     archives = [a for a in source.pack.archives if any(m.path in wanted for m in a.members)]
 
     def unpack(archive) -> int:
@@ -480,13 +491,15 @@ def _unpack(source: Source, todo: list[str], dest: Path, threads: int, bar) -> t
         if size != archive.bytes:
             raise BenchError(f"{path}: {size} bytes, {PACK_NAME} says {archive.bytes}; the archive is truncated "
                              f"or was changed, repack the dataset")
-        _unpack_archive(path, archive, source.compression, wanted, dest, bar)
+        _unpack_archive(path, archive, source.compression, wanted, dest, bar, copy)
         return size
 
     return len(archives), sum(_run_threads(unpack, archives, threads))
 
 
-def _unpack_archive(path: Path, archive, compression: str, wanted: set[str], dest: Path, bar) -> None:
+def _unpack_archive(path: Path, archive, compression: str, wanted: set[str], dest: Path, bar, copy=None) -> None:
+    """Unpack the `wanted` members of one archive, streaming; `copy` (uncompressed archives only) copies a
+    member's byte range of the archive instead of Python reading it."""
     members = {m.path: m for m in archive.members}
     found, current = set(), None
     try:
@@ -495,7 +508,10 @@ def _unpack_archive(path: Path, archive, compression: str, wanted: set[str], des
                 current = name
                 if name not in members:
                     raise BenchError(f"{path}: holds {name!r}, which {PACK_NAME} does not list for this archive")
-                if name in wanted:
+                if name in wanted and copy:
+                    copy(path, dest, members[name], bar=bar, where=f"{path}", offset=stream.tell(), length=size)
+                    stream.seek(size, os.SEEK_CUR)
+                elif name in wanted:
                     _write_verified(_read_chunks(_Bounded(stream, size)), dest, members[name], f"{path}", bar)
                 else:
                     _skip(stream, size)

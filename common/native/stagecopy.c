@@ -1,9 +1,11 @@
-/* Copy one file and hash it with XXH3-128 on the way, outside the Python interpreter.
+/* Copy a file, or a byte range of one, and hash it with XXH3-128 on the way, outside the interpreter.
  *
  * common/nativecopy.py builds this into _stagecopy.so and calls stage_copy() through ctypes, which
- * releases the GIL for the whole call, so staging threads copy files truly in parallel. The source is
- * read from a read-only memory map (use_mmap, for node-local file systems) or in `chunk`-byte reads
- * (parallel file systems), and every piece is hashed and written to `dst` (created or truncated).
+ * releases the GIL for the whole call, so staging threads copy files truly in parallel. Plain staging
+ * copies whole files (offset 0, length -1: to the end); unpacking an uncompressed tar copies each member's
+ * range of the archive (its data starts at `offset` and is `length` bytes long). The source is read from a
+ * read-only memory map (use_mmap, for node-local file systems) or in `chunk`-byte preads (parallel file
+ * systems), and every piece is hashed and written to `dst` (created or truncated).
  * Returns 0, or an errno value with a message in `err` naming the step that failed. */
 #define _GNU_SOURCE
 #define XXH_INLINE_ALL
@@ -26,46 +28,77 @@ static int write_all(int fd, const unsigned char *p, size_t n) {
     return 0;
 }
 
-int stage_copy(const char *src, const char *dst, int use_mmap, size_t chunk,
-               unsigned char *digest, unsigned long long *size, char *err, size_t errlen) {
+/* Hash and write [offset, offset + length) of a memory map of `in`; -1 with errno set on failure. */
+static int copy_mapped(int in, int out, unsigned long long offset, unsigned long long length, size_t chunk,
+                       XXH3_state_t *state, unsigned long long *size, const char **step) {
+    if (length == 0) return 0;
+    unsigned long long start = offset - offset % (unsigned long long)sysconf(_SC_PAGESIZE);
+    size_t span = (size_t)(offset + length - start);
+    *step = "map the source";
+    unsigned char *map = mmap(NULL, span, PROT_READ, MAP_SHARED, in, (off_t)start);
+    if (map == MAP_FAILED) return -1;
+    madvise(map, span, MADV_SEQUENTIAL);
+    const unsigned char *data = map + (offset - start);
+    int rc = 0;
+    *step = "write the copy";
+    for (unsigned long long off = 0; off < length && rc == 0; off += chunk) {
+        size_t n = length - off < chunk ? (size_t)(length - off) : chunk;
+        XXH3_128bits_update(state, data + off, n);
+        if ((rc = write_all(out, data + off, n)) == 0) *size += n;
+    }
+    int saved = errno;
+    munmap(map, span);
+    errno = saved;
+    return rc;
+}
+
+/* The same with preads of `chunk` bytes. */
+static int copy_read(int in, int out, unsigned long long offset, unsigned long long length, size_t chunk,
+                     XXH3_state_t *state, unsigned long long *size, const char **step) {
+    *step = "allocate a buffer";
+    unsigned char *buf = malloc(chunk);
+    if (!buf) return -1;
+    int rc = 0;
+    while (*size < length) {
+        size_t want = length - *size < chunk ? (size_t)(length - *size) : chunk;
+        *step = "read the source";
+        ssize_t got = pread(in, buf, want, (off_t)(offset + *size));
+        if (got < 0) { if (errno == EINTR) continue; rc = -1; break; }
+        if (got == 0) { errno = EIO; *step = "read the source (it ended early)"; rc = -1; break; }
+        XXH3_128bits_update(state, buf, (size_t)got);
+        *step = "write the copy";
+        if ((rc = write_all(out, buf, (size_t)got)) < 0) break;
+        *size += (unsigned long long)got;
+    }
+    int saved = errno;
+    free(buf);
+    errno = saved;
+    return rc;
+}
+
+int stage_copy(const char *src, unsigned long long offset, long long length, const char *dst, int use_mmap,
+               size_t chunk, unsigned char *digest, unsigned long long *size, char *err, size_t errlen) {
     int in = -1, out = -1, rc = 0;
-    unsigned char *buf = NULL, *map = NULL;
     struct stat st;
     XXH3_state_t state;
     const char *step = "open the source";
     *size = 0;
+    errno = 0;
     XXH3_128bits_reset(&state);
     if ((in = open(src, O_RDONLY | O_CLOEXEC)) < 0) goto fail;
     step = "stat the source";
     if (fstat(in, &st) < 0) goto fail;
+    unsigned long long total = (unsigned long long)st.st_size;
+    unsigned long long want = length < 0 ? (offset < total ? total - offset : 0) : (unsigned long long)length;
+    if (offset + want > total) {
+        snprintf(err, errlen, "the source has %llu bytes, too few for %llu bytes from offset %llu; it is truncated",
+                 total, want, offset);
+        rc = EIO;
+        goto done;
+    }
     step = "create the copy";
     if ((out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) goto fail;
-    if (use_mmap && st.st_size > 0) {
-        step = "map the source";
-        map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, in, 0);
-        if (map == MAP_FAILED) { map = NULL; goto fail; }
-        madvise(map, (size_t)st.st_size, MADV_SEQUENTIAL);
-        for (size_t off = 0; off < (size_t)st.st_size; off += chunk) {
-            size_t n = (size_t)st.st_size - off < chunk ? (size_t)st.st_size - off : chunk;
-            XXH3_128bits_update(&state, map + off, n);
-            step = "write the copy";
-            if (write_all(out, map + off, n) < 0) goto fail;
-            *size += n;
-        }
-    } else {
-        step = "allocate a buffer";
-        if (!(buf = malloc(chunk))) goto fail;
-        for (;;) {
-            step = "read the source";
-            ssize_t got = read(in, buf, chunk);
-            if (got < 0) { if (errno == EINTR) continue; goto fail; }
-            if (got == 0) break;
-            XXH3_128bits_update(&state, buf, (size_t)got);
-            step = "write the copy";
-            if (write_all(out, buf, (size_t)got) < 0) goto fail;
-            *size += (unsigned long long)got;
-        }
-    }
+    if ((use_mmap ? copy_mapped : copy_read)(in, out, offset, want, chunk, &state, size, &step) < 0) goto fail;
     step = "close the copy";
     if (close(out) < 0) { out = -1; goto fail; }
     out = -1;
@@ -77,8 +110,6 @@ fail:
     rc = errno ? errno : EIO;
     snprintf(err, errlen, "cannot %s: %s", step, strerror(rc));
 done:
-    if (map) munmap(map, (size_t)st.st_size);
-    free(buf);
     if (in >= 0) close(in);
     if (out >= 0) close(out);
     return rc;

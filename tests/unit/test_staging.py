@@ -90,6 +90,10 @@ def test_packed_and_plain_staging_give_the_dataset_byte_for_byte(dataset, tmp_pa
         record = json.loads((out / staging.STAGED_NAME).read_text())
         assert record["result"]["files"] == 2 * sum(FILES.values()) + 1 and result.files_reused == 0
         assert result.checksum == ("xxh3_128" if src == packed else "sha256")
+        # Native copies need xxh3 digests (packs record them, this old-style manifest does not) and no
+        # decompression.
+        assert result.copier == ("native" if src == packed and compression == "none" else "python")
+        assert result.reads == ("stream" if src == packed and compression != "none" else "mmap")
         assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
     pack_info = load_pack(packed)
     assert pack_info.compression == compression and len(pack_info.archives) == 9  # 4 + 4 + aux
@@ -210,12 +214,14 @@ def test_plain_staging_verifies_xxh3_when_the_manifest_records_it(tmp_path):
         stage(open_source(src), node_plan(source), tmp_path / "bad", threads=1)
 
 
-@pytest.mark.parametrize("compression,message", [
-    ("none", r"checksum mismatch"),
-    ("zstd", r"corrupt (or truncated archive|zstd)|checksum mismatch"),
-    ("gzip", r"corrupt or truncated archive|checksum mismatch"),
+@pytest.mark.parametrize("compression,copier,message", [
+    ("none", "native", r"checksum mismatch"),
+    ("none", "python", r"checksum mismatch"),
+    ("zstd", "python", r"corrupt (or truncated archive|zstd)|checksum mismatch"),
+    ("gzip", "python", r"corrupt or truncated archive|checksum mismatch"),
 ])
-def test_a_flipped_byte_in_an_archive_is_caught(dataset, tmp_path, compression, message):
+def test_a_flipped_byte_in_an_archive_is_caught(dataset, tmp_path, monkeypatch, compression, copier, message):
+    monkeypatch.setattr(staging, "copier_for", lambda source: copier)
     packed = pack(dataset, tmp_path / "packed", compression, 2)
     archive = next(packed.glob("train-00001-of-00002*"))
     data = bytearray(archive.read_bytes())
@@ -349,7 +355,7 @@ def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_
     write_manifest(dataclasses.replace(manifest, splits=splits), src)
     (src / "train/stray.bin").write_bytes(b"x")  # not in the manifest: never staged, must not disturb
     monkeypatch.setattr(staging, "plain_method", lambda source_fs: method)
-    monkeypatch.setattr(staging, "plain_copier", lambda source: copier)
+    monkeypatch.setattr(staging, "copier_for", lambda source: copier)
     source = open_source(src)
     result = stage(source, node_plan(source), tmp_path / "local", threads=2)
     assert result.reads == method and result.copier == copier
@@ -374,10 +380,43 @@ def test_plain_method_follows_the_source_file_system(source_fs, method):
 
 def test_the_native_copier_is_built_and_used_when_the_manifest_lists_xxh3(tmp_path, monkeypatch):
     assert nativecopy.load() is not None, "run `python -m common.nativecopy --build` (scripts/setup.sh does)"
-    assert staging.plain_copier(open_source(make_dataset(tmp_path / "new", xxh3=True))) == "native"
-    assert staging.plain_copier(open_source(make_dataset(tmp_path / "old", xxh3=False))) == "python"  # sha256 only
+    new = make_dataset(tmp_path / "new", xxh3=True)
+    assert staging.copier_for(open_source(new)) == "native"
+    assert staging.copier_for(open_source(make_dataset(tmp_path / "old", xxh3=False))) == "python"  # sha256 only
+    assert staging.copier_for(open_source(pack(new, tmp_path / "none", "none", 2))) == "native"
+    assert staging.copier_for(open_source(pack(new, tmp_path / "zstd", "zstd", 2))) == "python"  # decompresses
     monkeypatch.setattr(nativecopy, "load", lambda: None)
-    assert staging.plain_copier(open_source(tmp_path / "new")) == "python"
+    assert staging.copier_for(open_source(tmp_path / "new")) == "python"
+    assert staging.copier_for(open_source(tmp_path / "none")) == "python"
+
+
+def test_an_uncompressed_pack_unpacked_natively_equals_the_python_unpack(dataset, tmp_path, monkeypatch):
+    source = open_source(pack(dataset, tmp_path / "packed", "none", 3))
+    native = stage(source, node_plan(source), tmp_path / "native", threads=2)
+    monkeypatch.setattr(staging, "copier_for", lambda source: "python")
+    python = stage(source, node_plan(source), tmp_path / "python", threads=2)
+    assert (native.copier, python.copier) == ("native", "python")
+    assert native.bytes_read == python.bytes_read == sum(a.bytes for a in source.pack.archives)
+    assert_same_files(Path(native.dir), dataset, source.files)
+    assert_same_files(Path(python.dir), dataset, source.files)
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_native_copy_of_a_byte_range_and_of_too_short_a_source(tmp_path, mapped):
+    import xxhash
+    copier = nativecopy.load()
+    data = np.random.default_rng(3).integers(0, 256, staging.CHUNK + 9000, dtype=np.uint8).tobytes()
+    src, dst = tmp_path / "archive.tar", tmp_path / "member"
+    src.write_bytes(data)
+    # Offsets on and off page boundaries, ranges inside one chunk and across chunks, empty ranges.
+    for offset, length in [(512, 1000), (5000, staging.CHUNK), (len(data) - 7, 7), (4096, 0), (0, len(data))]:
+        piece = data[offset:offset + length]
+        assert copier.copy(src, dst, mapped, staging.CHUNK, offset, length) == \
+            (xxhash.xxh3_128(piece).hexdigest(), length)
+        assert dst.read_bytes() == piece
+    with pytest.raises(BenchError, match=rf"copying .*archive.tar to .*: the source has {len(data)} bytes, too few "
+                                         rf"for 100 bytes from offset {len(data) - 50}; it is truncated"):
+        copier.copy(src, dst, mapped, staging.CHUNK, len(data) - 50, 100)
 
 
 @pytest.mark.parametrize("mapped", [True, False])
