@@ -76,3 +76,35 @@ def test_a_rank_without_data_adds_nothing_and_applies_the_sum():
     assert helper.train(None, None) == 0.0 and weights_digest(model) == before
     np.testing.assert_array_equal(helper.evaluate(None, None).numpy(), np.zeros(2 + 1 + CFG.target_size))
     helper.close()
+
+
+def test_with_dropout_training_masks_and_evaluation_sees_the_updated_weights_without_masks():
+    import tensorflow as tf
+    from cosmoflow.mesh.cluster import session_config
+    from cosmoflow.mesh.hybrid import GroupMesh, hybrid_steps
+    from cosmoflow.mesh.model import build_mesh_model
+    cfg = dataclasses.replace(CFG, dropout=0.5)
+    meshes = [build_mesh_model(cfg, ["/cpu:0", "/cpu:0"], (2, 1), BATCH, training=t, seed=7) for t in (True, False)]
+    sessions = {id(m): tf.compat.v1.Session(graph=m.graph, config=session_config(1)) for m in meshes}
+    for m in meshes:
+        sessions[id(m)].run(m.init_op)
+    group = GroupMesh(meshes[0], meshes[1], sessions, {key: -1 for key in sessions})
+    import keras
+    from cosmoflow.model import build_model
+    keras.utils.set_random_seed(0)
+    model = build_model(**dataclasses.asdict(cfg))
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    steps = hybrid_steps(model, optimizer, mse_loss, MeanAbsoluteError(), DistEnv(), layout=GroupLayout(0, 2, (2, 1)),
+                         mesh=group)
+    (x, y), = _batches(1)
+    masked = [steps.train(x, y) for _ in range(2)]
+    assert all(np.isfinite(masked))
+    # Evaluation: no masks (Keras inference mode) and the weights of both updates.
+    np.testing.assert_allclose(steps.evaluate(x, y).numpy()[1], float(mse_loss(y, model(x, training=False))) * BATCH,
+                               rtol=1e-4)
+    assert group.loaded == {id(meshes[0]): 1, id(meshes[1]): 2}
+    # Training applies dropout: the same batch through the training graph gives other outputs.
+    outputs = meshes[0].step(group.session(meshes[0], model, 2), x, y).outputs
+    inference = np.asarray(model(x, training=False))
+    assert np.isfinite(outputs).all() and np.abs(outputs - inference).max() > 1e-4 * np.abs(inference).max()
+    steps.close()

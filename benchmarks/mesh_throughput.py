@@ -1,0 +1,230 @@
+"""Hybrid (data x spatial, Mesh-TF) CosmoFlow against pure data parallelism: step time, samples/s,
+per-rank peak memory and the bytes that cross between ranks, at the same rank counts.
+
+    python benchmarks/mesh_throughput.py [--sizes mini full] [--cases 2:1x1 2:2x1 4:1x1 4:2x1 4:4x1 4:2x2]
+
+A case `N:PDxPH` runs `horovodrun -np N` with `parallel.spatial=[PD,PH]` (1x1: the data-parallel
+path). Each worker builds exactly what `cosmoflow/train.py` builds from the config (the app's own
+`build_everything` and the steps it trains with: `data_parallel_steps` or the hybrid mesh steps) and
+times real training steps (forward, backward, gradient allreduce, SGD update; on the hybrid path also
+the weight copy into the mesh) on in-memory batches of log1p(Poisson) counts; input I/O is not part
+of these figures. Sizes: `mini` is cosmo_mini.yaml (32^3 x 4, half width, local batch 4), `full` is
+cosmo.yaml (128^3 x 4, the reference network, local batch 1 to bound memory and time).
+
+Recorded per case: the median step time on rank 0 (a group leader), samples/s over all groups, each
+rank's peak resident memory (getrusage) and its resident memory once the model and mesh were built,
+the loopback bytes sent during the timed steps per step (all ranks together: every byte between ranks
+on one machine crosses `lo`: Horovod's allreduce over Gloo and Mesh-TF's gRPC transfers), and, for the
+hybrid cases, the halo bytes per sample that conv3d_with_blocks must exchange (arithmetic, forward
+pass; the backward pass sends as many). Writes benchmarks/results/mesh_throughput.json and the table
+between the markers in docs/performance.md.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Run as a script, so benchmarks/ is on sys.path.
+from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
+                     run_header, run_worker, sgemm_gflops, timed, write_json_atomic, write_worker_result)
+
+RESULTS = RESULTS_DIR / "mesh_throughput.json"
+BEGIN, END = "<!-- mesh-throughput:begin -->", "<!-- mesh-throughput:end -->"
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    config: str
+    local_batch: int
+    steps: int
+    warmup: int
+
+
+SIZES = {"mini": Size("cosmoflow/configs/cosmo_mini.yaml", 4, 10, 2),
+         "full": Size("cosmoflow/configs/cosmo.yaml", 1, 3, 1)}
+DEFAULT_CASES = ("2:1x1", "2:2x1", "4:1x1", "4:2x1", "4:4x1", "4:2x2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    ranks: int
+    spatial: tuple[int, int]
+
+    @classmethod
+    def parse(cls, text: str) -> "Case":
+        try:
+            ranks, parts = text.split(":")
+            pd, ph = parts.split("x")
+            case = cls(int(ranks), (int(pd), int(ph)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"case {text!r}: expected RANKS:PDxPH, e.g. 4:2x1") from None
+        if case.ranks % (case.spatial[0] * case.spatial[1]):
+            raise argparse.ArgumentTypeError(f"case {text!r}: {case.ranks} ranks are not divisible by "
+                                             f"{case.spatial[0] * case.spatial[1]} spatial partitions")
+        return case
+
+    @property
+    def label(self) -> str:
+        return f"{self.ranks}:{self.spatial[0]}x{self.spatial[1]}"
+
+    @property
+    def groups(self) -> int:
+        return self.ranks // (self.spatial[0] * self.spatial[1])
+
+
+# ----------------------------------------------------------------------------- measurements (pure)
+def halo_bytes_per_sample(input_shape, filters, spatial, pool_size: int, kernel: int) -> int:
+    """Bytes (float32) the forward pass's halo exchanges move for one sample.
+
+    Each conv layer whose input is split pd ways in depth sends, across each of the pd - 1 internal
+    boundaries and in both directions, kernel // 2 planes of (height x width x channels); likewise for
+    height. Splits follow the mesh model's rule (cosmoflow.mesh.model.pooling_splits): a split is merged
+    before a pooling whose windows would straddle blocks and stays merged.
+    """
+    depth, height, width, channels = input_shape
+    pd, ph = spatial
+    split_d, split_h, total = pd > 1, ph > 1, 0
+    for f in filters:
+        halo = kernel // 2
+        if split_d:
+            total += 2 * (pd - 1) * halo * height * width * channels
+        if split_h:
+            total += 2 * (ph - 1) * halo * depth * width * channels
+        split_d = split_d and (depth // pd) % pool_size == 0
+        split_h = split_h and (height // ph) % pool_size == 0
+        depth, height, width, channels = depth // pool_size, height // pool_size, width // pool_size, f
+    return 4 * total
+
+
+def loopback_bytes() -> int:
+    """Bytes sent on the loopback interface so far (/proc/net/dev), machine-wide."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == "lo":
+            return int(counters.split()[8])  # transmit bytes
+    raise RuntimeError("/proc/net/dev has no 'lo' interface")
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MB)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize() / 1e6
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (MB; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+
+
+# ----------------------------------------------------------------------------- worker
+def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: str) -> None:
+    """Build the app's model and steps for this case, time `steps` training steps, gather every rank's memory."""
+    spec = SIZES[size]
+    from common.config import load_config
+    from common.dist import init_distributed
+    from cosmoflow import train as app
+    from cosmoflow.config import CosmoConfig
+    cfg = load_config(REPO / spec.config, [f"parallel.spatial=[{spatial[0]},{spatial[1]}]",
+                                           f"train.local_batch_size={spec.local_batch}"], schema=CosmoConfig)
+    dist = init_distributed(cfg.dist)
+    app.check(cfg, dist)
+    built = app.build_everything(cfg, dist)
+    loss, metric = app.loss_and_metric(cfg, built)
+    train = built.steps(built.model, built.optimizer, loss, metric, dist).train
+    x, y = _batch(cfg, dist.rank) if app.data_layout(cfg, dist)[1] else (None, None)
+    built_rss = rss_mb()
+    for _ in range(warmup):
+        train(x, y)
+    dist.barrier()
+    sent = loopback_bytes()
+    seconds = [timed(lambda: train(x, y)) for _ in range(steps)]
+    dist.barrier()
+    sent = loopback_bytes() - sent
+    memory = dist.gather_object({"rank": dist.rank, "built_rss_mb": built_rss, "peak_rss_mb": peak_rss_mb()})
+    model = cfg.model
+    write_worker_result(out, seconds, dist, memory=memory, loopback_bytes_per_step=sent / steps,
+                        groups=built.data_parallel_size or dist.size, local_batch=cfg.train.local_batch_size,
+                        input_shape=list(model.input_shape), conv_filters=list(model.conv_filters),
+                        halo_bytes_per_sample=halo_bytes_per_sample(model.input_shape, model.conv_filters, spatial,
+                                                                    model.pool_size, model.kernel_size),
+                        weight_bytes=4 * sum(int(np.prod(w.shape)) for w in built.model.trainable_weights))
+
+
+def _batch(cfg, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(rank)
+    shape = (cfg.train.local_batch_size, *cfg.model.input_shape)
+    x = np.log1p(rng.poisson(20, shape)).astype(np.float32)
+    return x, rng.uniform(-1, 1, (cfg.train.local_batch_size, cfg.model.target_size)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- driver
+def measure(size: str, case: Case, steps: int, warmup: int) -> dict:
+    args = ["--size", size, "--spatial", f"{case.spatial[0]}x{case.spatial[1]}", "--steps", str(steps),
+            "--warmup", str(warmup)]
+    res = run_worker(__file__, args, case.ranks, RESULTS_DIR / f".worker-mesh-{size}-{case.label.replace(':', '-')}.json",
+                     f"{size}, {case.label} ({case.groups} group(s)): {warmup} warm-up + {steps} timed steps")
+    median = float(np.median(res["step_seconds"]))
+    peaks = [m["peak_rss_mb"] for m in res["memory"]]
+    return {"size": size, "case": case.label, "ranks": case.ranks, "spatial": list(case.spatial),
+            "groups": res["groups"], "local_batch": res["local_batch"], "threads_per_rank": res["threads_per_rank"],
+            "input_shape": res["input_shape"], "conv_filters": res["conv_filters"],
+            "median_step_seconds": median, "step_seconds": res["step_seconds"],
+            "samples_per_second": res["local_batch"] * res["groups"] / median,
+            "peak_rss_mb_max": max(peaks), "peak_rss_mb_per_rank": peaks,
+            "built_rss_mb_per_rank": [m["built_rss_mb"] for m in res["memory"]],
+            "loopback_mb_per_step": res["loopback_bytes_per_step"] / 1e6,
+            "halo_mb_per_sample_forward": res["halo_bytes_per_sample"] / 1e6,
+            "weight_mb": res["weight_bytes"] / 1e6}
+
+
+def table_rows(result: dict) -> list[str]:
+    rows = ["| sample | ranks | spatial | groups x local batch | median step (s) | samples/s | "
+            "peak RSS per rank (MB) | loopback MB/step | halo MB/sample (fwd) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        shape = "x".join(str(s) for s in r["input_shape"][:3])
+        spatial = "data parallel" if r["spatial"] == [1, 1] else f"{r['spatial'][0]}x{r['spatial'][1]}"
+        peaks = ", ".join(f"{p:.0f}" for p in r["peak_rss_mb_per_rank"])
+        rows.append(f"| {shape} (filters {r['conv_filters'][0]}..{r['conv_filters'][-1]}) | {r['ranks']} | {spatial} | "
+                    f"{r['groups']} x {r['local_batch']} | {r['median_step_seconds']:.3f} | "
+                    f"{r['samples_per_second']:.2f} | {peaks} | {r['loopback_mb_per_step']:.1f} | "
+                    f"{r['halo_mb_per_sample_forward']:.1f} |")
+    return rows + [measured_note(result)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    p.add_argument("--cases", nargs="+", type=Case.parse, default=[Case.parse(c) for c in DEFAULT_CASES])
+    p.add_argument("--steps", type=int, help="timed steps per case (default: 10 mini, 3 full)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default: 2 mini, 1 full)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--size", help=argparse.SUPPRESS)
+    p.add_argument("--spatial", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        pd, ph = (int(v) for v in args.spatial.split("x"))
+        return worker(args.size, (pd, ph), args.steps, args.warmup, args.out)
+    check_marked_section(DOC, BEGIN, END)
+    print("sgemm ...", flush=True)
+    gflops, started, runs = sgemm_gflops(), time.perf_counter(), []
+    for size in args.sizes:
+        spec = SIZES[size]
+        for case in args.cases:
+            runs.append(measure(size, case, args.steps or spec.steps, args.warmup or spec.warmup))
+            r = runs[-1]
+            print(f"    {r['samples_per_second']:.2f} samples/s, step {r['median_step_seconds']:.3f} s, peak RSS "
+                  f"{r['peak_rss_mb_max']:.0f} MB, loopback {r['loopback_mb_per_step']:.1f} MB/step", flush=True)
+    result = {**run_header(gflops), "total_seconds": time.perf_counter() - started, "runs": runs}
+    write_json_atomic(RESULTS, result)
+    replace_marked_section(DOC, BEGIN, END, "\n".join(table_rows(result)))
+    print(f"wrote {RESULTS} and the table in {DOC}")
+
+
+if __name__ == "__main__":
+    main()

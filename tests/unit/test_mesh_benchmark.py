@@ -1,0 +1,38 @@
+"""The mesh benchmark's arithmetic and case parsing (the measurements themselves are benchmarks/mesh_throughput.py's)."""
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import mesh_throughput as mt  # noqa: E402  (a script beside harness.py, not a package)
+
+
+def test_halo_bytes_count_both_directions_of_every_internal_boundary_while_split():
+    # depth split in 2: layer 0 sends 1 plane of 8x8x2 each way; the 4-deep blocks pool, so layer 1
+    # (4x4x4x3) is still split and sends 1 plane of 4x4x3 each way.
+    assert mt.halo_bytes_per_sample((8, 8, 8, 2), (3, 5), (2, 1), pool_size=2, kernel=3) == 4 * (2 * 64 * 2 + 2 * 16 * 3)
+    # depth and height split: each split dimension's planes span the other, whole, dimensions.
+    assert mt.halo_bytes_per_sample((4, 4, 4, 1), (1, 1), (2, 2), pool_size=2, kernel=3) == 4 * ((32 + 32) + (8 + 8))
+    # 3-deep blocks cannot pool by 2: the split is merged after layer 0 and layer 1 exchanges nothing.
+    assert mt.halo_bytes_per_sample((6, 6, 6, 1), (1, 1), (2, 1), pool_size=2, kernel=3) == 4 * 2 * 36
+    # a kernel of 5 sends two planes; 4 partitions have 3 internal boundaries; no split, no halo.
+    assert mt.halo_bytes_per_sample((8, 8, 8, 1), (1,), (4, 1), pool_size=2, kernel=5) == 4 * 2 * 3 * 2 * 64
+    assert mt.halo_bytes_per_sample((8, 8, 8, 1), (1,), (1, 1), pool_size=2, kernel=3) == 0
+
+
+def test_cases_parse_and_refuse_ranks_the_partitions_do_not_divide():
+    case = mt.Case.parse("4:2x1")
+    assert (case.ranks, case.spatial, case.groups, case.label) == (4, (2, 1), 2, "4:2x1")
+    assert mt.Case.parse("2:1x1").groups == 2
+    with pytest.raises(argparse.ArgumentTypeError, match=r"case '3:2x1': 3 ranks are not divisible by 2"):
+        mt.Case.parse("3:2x1")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected RANKS:PDxPH"):
+        mt.Case.parse("4-2x1")
+
+
+def test_loopback_and_memory_readings_are_live():
+    before = mt.loopback_bytes()
+    assert before >= 0 and mt.loopback_bytes() >= before
+    assert 0 < mt.rss_mb() <= mt.peak_rss_mb() * 1.01
