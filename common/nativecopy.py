@@ -32,17 +32,17 @@ class NativeCopier:
         self._lib = ctypes.CDLL(str(library))
         self._lib.stage_copy.restype = ctypes.c_int
         self._lib.stage_copy.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_char_p,
-                                         ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p,
+                                         ctypes.c_size_t, ctypes.c_char_p,
                                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_char_p, ctypes.c_size_t]
 
-    def copy(self, src: Path, dst: Path, mapped: bool, chunk: int, offset: int = 0,
+    def copy(self, src: Path, dst: Path, chunk: int, offset: int = 0,
              length: int = -1) -> tuple[str, int]:
         """Copy `length` bytes of `src` from `offset` (-1: to its end) to `dst` (created or truncated);
         returns the copied bytes' XXH3-128 hex digest (as the `xxhash` package prints it) and their count.
         Raises BenchError naming the file and the step, or the sizes when `src` is too short."""
         digest, size = ctypes.create_string_buffer(16), ctypes.c_ulonglong(0)
         err = ctypes.create_string_buffer(ERR_BYTES)
-        code = self._lib.stage_copy(bytes(src), offset, length, bytes(dst), int(mapped), chunk, digest,
+        code = self._lib.stage_copy(bytes(src), offset, length, bytes(dst), chunk, digest,
                                     ctypes.byref(size), err, ERR_BYTES)
         if code:
             raise BenchError(f"copying {src} to {dst}: {err.value.decode(errors='replace')} (errno {code})")

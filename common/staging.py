@@ -47,8 +47,10 @@ STAGED_NAME = ".staged.json"
 TEMP_MARK = ".stage-tmp-"
 CHUNK = 4 << 20  # bytes per read and write
 SPACE_MARGIN = 64 << 20  # free bytes left over at the destination after staging
-# Node-local file systems whose files plain staging maps into memory and hashes and writes from there,
-# with no copy into a buffer ("mmap"; 0.44 against 0.55 CPU s/GB, docs/performance.md). From any other
+# Node-local file systems whose files the Python copier (used when the native one is not built) maps into
+# memory and hashes and writes from there, with no copy into a buffer ("mmap"; 0.44 against 0.55 CPU
+# s/GB, docs/performance.md); the native copier always reads (preads into its buffer cost it less than
+# mapping: 0.66-0.71 against 0.74-0.76 CPU s/GB to tmpfs, 0.77-0.84 against 1.37 to ext4). From any other
 # (Lustre, GPFS, NFS, BeeGFS, ...), where page-fault reads can be slower than large reads, it reads in
 # CHUNK pieces ("read"). An in-kernel copy (os.sendfile) with the copy hashed afterwards was measured and
 # is not used: no faster to tmpfs, and slower or no faster to ext4 in the staging benchmark.
@@ -220,7 +222,7 @@ class StageResult:
     checksum: str = ""  # what every file was verified with: xxh3_128 (packed) or sha256 (plain)
     source_fs: str = ""  # file system type of the source directory ("" when unknown)
     dest_fs: str = ""  # file system type of the staged directory ("" when unknown)
-    reads: str = ""  # how the source was read: mmap or read (plain, see plain_method), stream (packed)
+    reads: str = ""  # how the source was read: read (native), mmap or read (Python, plain), stream (packed)
     copier: str = "python"  # who copied and hashed: native (common/nativecopy.py) or python
 
     def figures(self) -> dict:
@@ -255,7 +257,7 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     try:
         result.source_fs, result.dest_fs = filesystem_type(source.root), filesystem_type(dest)
         result.copier = copier_for(source)
-        result.reads = plain_method(result.source_fs) if result.copier == "native" or not source.pack else "stream"
+        result.reads = read_method(result.copier, source, result.source_fs)
         if source.pack:
             result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar, result.reads,
                                                          result.copier)
@@ -317,8 +319,16 @@ def _cores() -> int:
 
 # ---------------------------------------------------------------------------- plain copies
 def plain_method(source_fs: str) -> str:
-    """How plain staging reads a source on this file system type (see MMAP_FILESYSTEMS)."""
+    """How the Python copier reads a plain source on this file system type (see MMAP_FILESYSTEMS)."""
     return "mmap" if source_fs in MMAP_FILESYSTEMS else "read"
+
+
+def read_method(copier: str, source: Source, source_fs: str) -> str:
+    """How the source's bytes are read: "read" by the native copier (preads, cheaper than mapping for it),
+    by the Python copier as `plain_method` says for plain files, "stream" through a decompressor."""
+    if copier == "native":
+        return "read"
+    return "stream" if source.pack else plain_method(source_fs)
 
 
 def copier_for(source: Source) -> str:
@@ -339,7 +349,7 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
         if not src.is_file():
             raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
         if native:
-            _copy_native(native, src, dest, files[path], method == "mmap", bar, f"{src}")
+            _copy_native(native, src, dest, files[path], bar, f"{src}")
             return files[path].bytes
         with open(src, "rb", buffering=0) as f:
             _write_verified(_mapped_chunks(f) if method == "mmap" else _read_chunks(f), dest, files[path], f"{src}",
@@ -349,13 +359,13 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
     return sum(_run_threads(copy, todo, threads))
 
 
-def _copy_native(native: nativecopy.NativeCopier, src: Path, dest: Path, member: Member, mapped: bool,
-                 bar, where: str, offset: int = 0, length: int = -1) -> None:
+def _copy_native(native: nativecopy.NativeCopier, src: Path, dest: Path, member: Member, bar, where: str,
+                 offset: int = 0, length: int = -1) -> None:
     """Copy and hash `src` (or `length` bytes of it from `offset`) in native code (no interpreter lock
     held), then check it and rename."""
     final, tmp = _temp_path(dest, member)
     try:
-        digest, size = native.copy(src, tmp, mapped, CHUNK, offset, length)
+        digest, size = native.copy(src, tmp, CHUNK, offset, length)
         bar.update(size)
         _check_copy(size, digest, member, where)
         os.replace(tmp, final)
@@ -478,9 +488,9 @@ def _unpack(source: Source, todo: list[str], dest: Path, threads: int, bar, read
     """Unpack the archives holding `todo`, one per thread; returns (archives read, their bytes).
 
     With the native copier (uncompressed packs), Python reads only the tar headers and each member's
-    bytes are copied and hashed from the archive in native code, mapped or read as `reads` says."""
+    bytes are copied and hashed from the archive in native code."""
     wanted, native = set(todo), nativecopy.load() if copier == "native" else None
-    copy = functools.partial(_copy_native, native, mapped=reads == "mmap") if native else None
+    copy = functools.partial(_copy_native, native) if native else None
     archives = [a for a in source.pack.archives if any(m.path in wanted for m in a.members)]
 
     def unpack(archive) -> int:

@@ -3,9 +3,9 @@
  * common/nativecopy.py builds this into _stagecopy.so and calls stage_copy() through ctypes, which
  * releases the GIL for the whole call, so staging threads copy files truly in parallel. Plain staging
  * copies whole files (offset 0, length -1: to the end); unpacking an uncompressed tar copies each member's
- * range of the archive (its data starts at `offset` and is `length` bytes long). The source is read from a
- * read-only memory map (use_mmap, for node-local file systems) or in `chunk`-byte preads (parallel file
- * systems), and every piece is hashed and written to `dst` (created or truncated).
+ * range of the archive (its data starts at `offset` and is `length` bytes long). The source is read in
+ * `chunk`-byte preads (measured cheaper here than mapping it, for ext4 and tmpfs destinations alike: see
+ * docs/performance.md), and every piece is hashed and written to `dst` (created or truncated).
  * Returns 0, or an errno value with a message in `err` naming the step that failed. */
 #define _GNU_SOURCE
 #define XXH_INLINE_ALL
@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,31 +27,7 @@ static int write_all(int fd, const unsigned char *p, size_t n) {
     return 0;
 }
 
-/* Hash and write [offset, offset + length) of a memory map of `in`; -1 with errno set on failure. */
-static int copy_mapped(int in, int out, unsigned long long offset, unsigned long long length, size_t chunk,
-                       XXH3_state_t *state, unsigned long long *size, const char **step) {
-    if (length == 0) return 0;
-    unsigned long long start = offset - offset % (unsigned long long)sysconf(_SC_PAGESIZE);
-    size_t span = (size_t)(offset + length - start);
-    *step = "map the source";
-    unsigned char *map = mmap(NULL, span, PROT_READ, MAP_SHARED, in, (off_t)start);
-    if (map == MAP_FAILED) return -1;
-    madvise(map, span, MADV_SEQUENTIAL);
-    const unsigned char *data = map + (offset - start);
-    int rc = 0;
-    *step = "write the copy";
-    for (unsigned long long off = 0; off < length && rc == 0; off += chunk) {
-        size_t n = length - off < chunk ? (size_t)(length - off) : chunk;
-        XXH3_128bits_update(state, data + off, n);
-        if ((rc = write_all(out, data + off, n)) == 0) *size += n;
-    }
-    int saved = errno;
-    munmap(map, span);
-    errno = saved;
-    return rc;
-}
-
-/* The same with preads of `chunk` bytes. */
+/* Hash and write [offset, offset + length) of `in`, read in preads of `chunk` bytes; -1 with errno set on failure. */
 static int copy_read(int in, int out, unsigned long long offset, unsigned long long length, size_t chunk,
                      XXH3_state_t *state, unsigned long long *size, const char **step) {
     *step = "allocate a buffer";
@@ -76,8 +51,7 @@ static int copy_read(int in, int out, unsigned long long offset, unsigned long l
     return rc;
 }
 
-int stage_copy(const char *src, unsigned long long offset, long long length, const char *dst, int use_mmap,
-               size_t chunk, unsigned char *digest, unsigned long long *size, char *err, size_t errlen) {
+int stage_copy(const char *src, unsigned long long offset, long long length, const char *dst, size_t chunk, unsigned char *digest, unsigned long long *size, char *err, size_t errlen) {
     int in = -1, out = -1, rc = 0;
     struct stat st;
     XXH3_state_t state;
@@ -98,7 +72,7 @@ int stage_copy(const char *src, unsigned long long offset, long long length, con
     }
     step = "create the copy";
     if ((out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) goto fail;
-    if ((use_mmap ? copy_mapped : copy_read)(in, out, offset, want, chunk, &state, size, &step) < 0) goto fail;
+    if (copy_read(in, out, offset, want, chunk, &state, size, &step) < 0) goto fail;
     step = "close the copy";
     if (close(out) < 0) { out = -1; goto fail; }
     out = -1;

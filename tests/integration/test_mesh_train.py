@@ -1,4 +1,5 @@
-"""CosmoFlow's hybrid path under real `horovodrun -np 4` with parallel.spatial=[2,1]: 2 groups of 2 ranks.
+"""CosmoFlow's hybrid path under real `horovodrun -np 4` with parallel.spatial=[2,1]: 2 groups of 2 ranks;
+and one group of all ranks split [2,2] (4 ranks) or [1,2] (2 ranks, staging its data first) against one rank.
 
 The hybrid run and a data-parallel reference with one rank per group (`horovodrun -np 2`) train the same
 steps on the same data from the same initial weights (rank 0's, seeded as group 0), so their losses and
@@ -90,6 +91,48 @@ def test_only_the_group_leaders_read(runs):
         assert planned[leader]["bytes"] > 0 and planned[leader]["files_opened"] > 0
     for helper in (1, 3):
         assert planned[helper] == {"train_records": 0, "eval_records": 0, "bytes": 0, "files_opened": 0}
+
+
+@pytest.fixture(scope="module")
+def one_group_runs(dataset, tmp_path_factory):
+    """One group holding every rank: [2,2] on 4 ranks, and [1,2] on 2 ranks with its data staged first
+    (data.stage_mode=node: the leader stages, the other rank waits), against one data-parallel rank."""
+    root = tmp_path_factory.mktemp("one-group")
+    staged = {"stage_dir": str(root / "local"), "stage_mode": "node"}
+    outs = {}
+    for name, ranks, spatial, data in (("2x2", 4, "[2,2]", {}), ("1x2", 2, "[1,2]", staged),
+                                       ("reference", 1, "[1,1]", {})):
+        outs[name] = root / name
+        cfg = write_config(root / f"{name}.yaml", dataset, outs[name], train=SECTIONS["train"],
+                           data={**SECTIONS["data"], **data})
+        proc = horovodrun(ranks, [TRAIN, cfg, f"parallel.spatial={spatial}"], timeout=300)
+        assert proc.returncode == 1, show(proc)
+    return outs
+
+
+@pytest.mark.parametrize("name,spatial,ranks", [("2x2", [2, 2], 4), ("1x2", [1, 2], 2)])
+def test_one_group_split_in_height_or_both_trains_as_one_rank(one_group_runs, name, spatial, ranks):
+    summary, reference = _summary(one_group_runs[name]), _summary(one_group_runs["reference"])
+    assert summary["epochs"] == reference["epochs"] == 2
+    for mine, theirs in zip(summary["history"], reference["history"]):
+        assert mine["steps"] == theirs["steps"] == 16  # 64 samples / (1 replica x batch 4)
+        for key in ("loss", "val_loss", "mae", "lr"):
+            np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-4, err_msg=f"{name} {key}")
+    parallel = summary["parallel"]
+    assert parallel["spatial"] == spatial and parallel["data_parallel_groups"] == 1
+    assert len(parallel["weights_sha256_per_rank"]) == ranks and parallel["weights_identical"]
+    assert check_log(one_group_runs[name] / "mlperf.log").structural_problems == ()
+
+
+def test_staging_on_the_hybrid_path_is_reported_and_the_leader_reads_the_staged_copy(one_group_runs):
+    out = one_group_runs["1x2"]
+    report = json.loads((out / "io_report.json").read_text())
+    staging = report["staging"]
+    assert staging["mode"] == "node" and staging["staging_ranks"] == 1 and staging["files"] > 0
+    keys = [e["key"] for e in _events(out)]
+    assert keys.index("staging_start") < keys.index("staging_stop") < keys.index("epoch_start")
+    planned = {r["rank"]: r["planned"] for r in report["ranks"]}
+    assert planned[0]["train_records"] == 128 and planned[1]["train_records"] == 0  # 2 epochs x 16 steps x 4
 
 
 def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(dataset, tmp_path):
