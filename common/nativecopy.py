@@ -32,21 +32,26 @@ class NativeCopier:
         self._lib = ctypes.CDLL(str(library))
         self._lib.stage_copy.restype = ctypes.c_int
         self._lib.stage_copy.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_char_p,
-                                         ctypes.c_size_t, ctypes.c_char_p,
+                                         ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
                                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_char_p, ctypes.c_size_t]
 
-    def copy(self, src: Path, dst: Path, chunk: int, offset: int = 0,
-             length: int = -1) -> tuple[str, int]:
-        """Copy `length` bytes of `src` from `offset` (-1: to its end) to `dst` (created or truncated);
+    def copy(self, src: Path, dst: Path, buffer: bytearray | memoryview, offset: int = 0, length: int = -1) -> tuple[str, int]:
+        """Copy `length` bytes of `src` from `offset` (-1: to its end) to `dst` (created or truncated), reading
+        through `buffer` (reused between calls; one per thread);
         returns the copied bytes' XXH3-128 hex digest (as the `xxhash` package prints it) and their count.
         Raises BenchError naming the file and the step, or the sizes when `src` is too short."""
         digest, size = ctypes.create_string_buffer(16), ctypes.c_ulonglong(0)
         err = ctypes.create_string_buffer(ERR_BYTES)
-        code = self._lib.stage_copy(bytes(src), offset, length, bytes(dst), chunk, digest,
+        code = self._lib.stage_copy(bytes(src), offset, length, bytes(dst), _address(buffer), len(buffer), digest,
                                     ctypes.byref(size), err, ERR_BYTES)
         if code:
             raise BenchError(f"copying {src} to {dst}: {err.value.decode(errors='replace')} (errno {code})")
         return digest.raw.hex(), size.value
+
+
+def _address(buffer: bytearray | memoryview) -> int:
+    """The address of a writable buffer's first byte."""
+    return ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
 
 
 @functools.cache

@@ -365,7 +365,7 @@ def _copy_native(native: nativecopy.NativeCopier, src: Path, dest: Path, member:
     held), then check it and rename."""
     final, tmp = _temp_path(dest, member)
     try:
-        digest, size = native.copy(src, tmp, CHUNK, offset, length)
+        digest, size = native.copy(src, tmp, _buffer(), offset, length)
         bar.update(size)
         _check_copy(size, digest, member, where)
         os.replace(tmp, final)

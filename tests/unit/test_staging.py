@@ -407,15 +407,16 @@ def test_native_copy_of_a_byte_range_and_of_too_short_a_source(tmp_path):
     data = np.random.default_rng(3).integers(0, 256, staging.CHUNK + 9000, dtype=np.uint8).tobytes()
     src, dst = tmp_path / "archive.tar", tmp_path / "member"
     src.write_bytes(data)
+    buffer = memoryview(bytearray(4096))  # as staging's per-thread buffer, here far smaller than the ranges
     # Ranges inside one chunk and across chunks, at the end, empty, the whole file.
     for offset, length in [(512, 1000), (5000, staging.CHUNK), (len(data) - 7, 7), (4096, 0), (0, len(data))]:
         piece = data[offset:offset + length]
-        assert copier.copy(src, dst, staging.CHUNK, offset, length) == \
+        assert copier.copy(src, dst, buffer, offset, length) == \
             (xxhash.xxh3_128(piece).hexdigest(), length)
         assert dst.read_bytes() == piece
     with pytest.raises(BenchError, match=rf"copying .*archive.tar to .*: the source has {len(data)} bytes, too few "
                                          rf"for 100 bytes from offset {len(data) - 50}; it is truncated"):
-        copier.copy(src, dst, staging.CHUNK, len(data) - 50, 100)
+        copier.copy(src, dst, buffer, len(data) - 50, 100)
 
 
 def test_native_copy_gives_the_bytes_and_the_xxhash_digest_and_names_what_failed(tmp_path):
@@ -426,12 +427,12 @@ def test_native_copy_gives_the_bytes_and_the_xxhash_digest_and_names_what_failed
         src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
         src.write_bytes(content)
         dst.write_bytes(b"old, longer content to be truncated" * 10)
-        assert copier.copy(src, dst, staging.CHUNK) == (xxhash.xxh3_128(content).hexdigest(), len(content))
+        assert copier.copy(src, dst, bytearray(staging.CHUNK)) == (xxhash.xxh3_128(content).hexdigest(), len(content))
         assert dst.read_bytes() == content
     with pytest.raises(BenchError, match=r"copying .*missing.bin to .*: cannot open the source: No such file"):
-        copier.copy(tmp_path / "missing.bin", tmp_path / "out.bin", staging.CHUNK)
+        copier.copy(tmp_path / "missing.bin", tmp_path / "out.bin", bytearray(100))
     with pytest.raises(BenchError, match=r"copying .*src.bin to .*no-dir/out.bin: cannot create the copy: No such"):
-        copier.copy(tmp_path / "src.bin", tmp_path / "no-dir" / "out.bin", staging.CHUNK)
+        copier.copy(tmp_path / "src.bin", tmp_path / "no-dir" / "out.bin", bytearray(100))
 
 
 def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):
