@@ -13,9 +13,9 @@ cosmo.yaml (128^3 x 4, the reference network, local batch 1 to bound memory and 
 
 Recorded per case: the median step time on rank 0 (a group leader), samples/s over all groups, each
 rank's peak resident memory (getrusage) and its resident memory once the model and mesh were built,
-the loopback bytes sent during the timed steps per step (all ranks together: every byte between ranks
-on one machine crosses `lo`: Horovod's allreduce over Gloo and Mesh-TF's gRPC transfers), and, for the
-hybrid cases, the halo bytes per sample that conv3d_with_blocks must exchange (arithmetic, forward
+the bytes sent on the loopback interface during the timed steps, per step (machine-wide: Mesh-TF's gRPC
+transfers between the group's TensorFlow servers; Horovod's allreduce between ranks of one node was
+measured not to cross it, 0.0 MB/step on the data-parallel path), and, for the hybrid cases, the halo bytes per sample that conv3d_with_blocks must exchange (arithmetic, forward
 pass; the backward pass sends as many). Writes benchmarks/results/mesh_throughput.json and the table
 between the markers in docs/performance.md.
 """
