@@ -24,11 +24,12 @@ def guarded(run: Callable[[], int], prefix: str = "") -> int:
         return EXIT_BAD_INPUT
 
 
-def write_json_atomic(obj: dict, path: str | os.PathLike) -> Path:
-    """Write JSON to a temporary name beside `path`, then rename it into place."""
+def write_json_atomic(obj: dict, path: str | os.PathLike, indent: int | None = 2) -> Path:
+    """Write JSON to a temporary name beside `path`, then rename it into place (`indent` None: compact, and
+    written by the C encoder, several times faster for large objects)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=float) + "\n")
+    tmp.write_text(json.dumps(obj, indent=indent, default=float) + "\n")
     os.replace(tmp, path)
     return path

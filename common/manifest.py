@@ -17,7 +17,8 @@ import dataclasses
 import hashlib
 import json
 import os
-from pathlib import Path, PurePosixPath
+import re
+from pathlib import Path
 from typing import Any
 
 from common.cli import write_json_atomic
@@ -108,7 +109,9 @@ class Manifest:
 
 def _entry_dict(entry: FileEntry | AuxFile) -> dict:
     """An entry's JSON form; the optional xxh3 keys only when set."""
-    return {k: v for k, v in dataclasses.asdict(entry).items() if v is not None or "xxh3" not in k}
+    # Its fields are plain values, so no deep copy (dataclasses.asdict): thousands of entries per manifest.
+    return {f.name: v for f in dataclasses.fields(entry)
+            if (v := getattr(entry, f.name)) is not None or "xxh3" not in f.name}
 
 
 # ---------------------------------------------------------------------------- writing
@@ -260,17 +263,19 @@ def _parse_file(obj: Any, where: Path, label: str) -> FileEntry:
     return entry
 
 
+_XXH3_HEX = re.compile(r"[0-9a-f]{32}")
+
+
 def _xxh3(obj: dict, key: str, where: Path, label: str) -> str | None:
     """An optional xxh3-128 hex digest (32 hex digits)."""
     value = obj.get(key)
-    if value is not None and not (isinstance(value, str) and len(value) == 32
-                                  and all(c in "0123456789abcdef" for c in value)):
+    if value is not None and not (isinstance(value, str) and _XXH3_HEX.fullmatch(value)):
         raise BenchError(f"{where}: {label} {key} {value!r}, expected 32 lower-case hex digits or no such key")
     return value
 
 
 def _check_relative(rel: str, where: Path, label: str) -> None:
-    if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+    if rel.startswith("/") or ".." in rel.split("/"):  # as PurePosixPath would say, faster
         raise BenchError(f"{where}: {label} path {rel!r} must be relative to the dataset directory")
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,32 @@ SOURCE = NATIVE_DIR / "stagecopy.c"
 LIBRARY = NATIVE_DIR / "_stagecopy.so"
 COMPILE = ["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"]
 ERR_BYTES = 512
+SIZE_MISMATCH, DIGEST_MISMATCH = -1, -2  # stage_copy_batch's codes for a copy that is not what was expected
+
+
+Digest = ctypes.c_ubyte * 16
+
+
+class BatchJob(ctypes.Structure):
+    """One file of `copy_batch`: copy `length` bytes of `src` from `offset` (-1: to its end) to `tmp`, expect
+    `size` bytes with XXH3-128 `digest` (canonical bytes), rename to `final`. The layout of `struct
+    stage_job` in stagecopy.c; `got_size` and `got_digest` are filled in by the copy."""
+
+    _fields_ = [("src", ctypes.c_char_p), ("offset", ctypes.c_ulonglong), ("length", ctypes.c_longlong),
+                ("tmp", ctypes.c_char_p), ("final", ctypes.c_char_p), ("size", ctypes.c_ulonglong),
+                ("digest", Digest), ("got_size", ctypes.c_ulonglong), ("got_digest", Digest)]
+
+
+@dataclasses.dataclass
+class BatchFailure:
+    """Which job of a batch failed and how: `code` is an errno value (with `message`), SIZE_MISMATCH or
+    DIGEST_MISMATCH (with what the copy had: `size` bytes, hex `digest`)."""
+
+    index: int
+    code: int
+    message: str
+    size: int
+    digest: str
 
 
 class NativeCopier:
@@ -34,6 +62,10 @@ class NativeCopier:
         self._lib.stage_copy.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_char_p,
                                          ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
                                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_char_p, ctypes.c_size_t]
+        self._lib.stage_copy_batch.restype = ctypes.c_int
+        self._lib.stage_copy_batch.argtypes = [ctypes.POINTER(BatchJob), ctypes.c_size_t, ctypes.c_void_p,
+                                               ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
+                                               ctypes.c_size_t]
 
     def copy(self, src: Path, dst: Path, buffer: bytearray | memoryview, offset: int = 0, length: int = -1) -> tuple[str, int]:
         """Copy `length` bytes of `src` from `offset` (-1: to its end) to `dst` (created or truncated), reading
@@ -47,6 +79,31 @@ class NativeCopier:
         if code:
             raise BenchError(f"copying {src} to {dst}: {err.value.decode(errors='replace')} (errno {code})")
         return digest.raw.hex(), size.value
+
+
+    def copy_batch(self, jobs: "ctypes.Array[BatchJob]", buffer: bytearray | memoryview) -> BatchFailure | None:
+        """Copy every job in order (one call, no interpreter work per file), each checked and renamed to its
+        final name; stops at the first failure, leaving no temporary copy of it, and returns what failed,
+        or None when every job is done."""
+        failed, err = ctypes.c_size_t(0), ctypes.create_string_buffer(ERR_BYTES)
+        code = self._lib.stage_copy_batch(jobs, len(jobs), _address(buffer), len(buffer), ctypes.byref(failed), err,
+                                          ERR_BYTES)
+        if not code:
+            return None
+        job = jobs[failed.value]
+        return BatchFailure(index=failed.value, code=code, message=err.value.decode(errors="replace"),
+                            size=job.got_size, digest=bytes(job.got_digest).hex())
+
+
+def batch(rows: list[tuple[str, int, int, str, str, int, str]]) -> "ctypes.Array[BatchJob]":
+    """The jobs of `copy_batch` from (source, offset, length, temporary path, final path, expected bytes,
+    expected XXH3-128 hex digest) rows."""
+    jobs = (BatchJob * len(rows))()
+    for job, (src, offset, length, tmp, final, size, digest) in zip(jobs, rows):
+        job.src, job.offset, job.length = os.fsencode(src), offset, length
+        job.tmp, job.final, job.size = os.fsencode(tmp), os.fsencode(final), size
+        job.digest = Digest.from_buffer_copy(bytes.fromhex(digest))
+    return jobs
 
 
 def _address(buffer: bytearray | memoryview) -> int:

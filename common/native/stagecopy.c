@@ -1,7 +1,9 @@
 /* Copy a file, or a byte range of one, and hash it with XXH3-128 on the way, outside the interpreter.
  *
- * common/nativecopy.py builds this into _stagecopy.so and calls stage_copy() through ctypes, which
- * releases the GIL for the whole call, so staging threads copy files truly in parallel. Plain staging
+ * common/nativecopy.py builds this into _stagecopy.so and calls it through ctypes, which releases the
+ * GIL for the whole call, so staging threads copy files truly in parallel. Staging calls
+ * stage_copy_batch(): many files per call, each checked against its expected size and digest and renamed
+ * from its temporary name to its final one here, so the interpreter does no work per file. Plain staging
  * copies whole files (offset 0, length -1: to the end); unpacking an uncompressed tar copies each member's
  * range of the archive (its data starts at `offset` and is `length` bytes long). The source is read in
  * preads into the caller's `buf` of `chunk` bytes (each staging thread keeps one: a fresh allocation per
@@ -83,4 +85,47 @@ done:
     if (in >= 0) close(in);
     if (out >= 0) close(out);
     return rc;
+}
+
+/* One file of a batch; the layout of nativecopy.BatchJob. The expected digest is XXH3-128 in canonical
+ * (big-endian) form, as the manifest's hex digest reads. */
+struct stage_job {
+    const char *src;
+    unsigned long long offset;
+    long long length;
+    const char *tmp;
+    const char *final;
+    unsigned long long size;
+    unsigned char digest[16];
+    unsigned long long got_size;   /* out: bytes copied */
+    unsigned char got_digest[16];  /* out: their digest */
+};
+
+#define STAGE_SIZE_MISMATCH (-1)
+#define STAGE_DIGEST_MISMATCH (-2)
+
+/* Copy jobs[0..n) in order: each to its `tmp`, checked against its size and digest, then renamed to its
+ * `final`. Stops at the first failure, with its index in *failed, the temporary copy removed and the
+ * return value: an errno value (message in `err`), STAGE_SIZE_MISMATCH or STAGE_DIGEST_MISMATCH (the
+ * job's got_size and got_digest say what was found). Returns 0 with *failed = n when all are done. */
+int stage_copy_batch(struct stage_job *jobs, size_t n, unsigned char *buf, size_t chunk, size_t *failed,
+                     char *err, size_t errlen) {
+    for (size_t i = 0; i < n; i++) {
+        struct stage_job *job = &jobs[i];
+        int rc = stage_copy(job->src, job->offset, job->length, job->tmp, buf, chunk, job->got_digest,
+                            &job->got_size, err, errlen);
+        if (!rc && job->got_size != job->size) rc = STAGE_SIZE_MISMATCH;
+        if (!rc && memcmp(job->got_digest, job->digest, 16) != 0) rc = STAGE_DIGEST_MISMATCH;
+        if (!rc && rename(job->tmp, job->final) < 0) {
+            rc = errno;
+            snprintf(err, errlen, "cannot rename the copy to %s: %s", job->final, strerror(rc));
+        }
+        if (rc) {
+            unlink(job->tmp);
+            *failed = i;
+            return rc;
+        }
+    }
+    *failed = n;
+    return 0;
 }

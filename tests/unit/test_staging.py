@@ -1,5 +1,6 @@
 """common.staging and data_prep pack: identical copies, plans per mode, checksums, resumption, errors."""
 import dataclasses
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -449,3 +450,50 @@ def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):
 def test_filesystem_type_is_that_of_the_longest_mount_point():
     assert staging.filesystem_type("/proc/self") == "proc"
     assert staging.filesystem_type("/") != ""
+
+
+def test_a_native_batch_renames_what_it_checked_and_stops_at_the_first_bad_copy(tmp_path):
+    import xxhash
+    copier = nativecopy.load()
+    contents = [b"first file", b"second file", b"third file"]
+    for i, data in enumerate(contents):
+        (tmp_path / f"src{i}").write_bytes(data)
+
+    def rows(sizes, digests, sources=("src0", "src1", "src2")):
+        return [(str(tmp_path / s), 0, -1, str(tmp_path / f".out{i}.tmp"), str(tmp_path / f"out{i}"), size, digest)
+                for i, (s, size, digest) in enumerate(zip(sources, sizes, digests))]
+
+    good = [xxhash.xxh3_128(d).hexdigest() for d in contents]
+    sizes = [len(d) for d in contents]
+    assert copier.copy_batch(nativecopy.batch(rows(sizes, good)), bytearray(4)) is None  # buffer far smaller
+    assert [(tmp_path / f"out{i}").read_bytes() for i in range(3)] == contents
+    for out in tmp_path.glob("out*"):
+        out.unlink()
+    wrong_size = copier.copy_batch(nativecopy.batch(rows([sizes[0], 99, sizes[2]], good)), bytearray(64))
+    assert (wrong_size.index, wrong_size.code, wrong_size.size, wrong_size.digest) == \
+        (1, nativecopy.SIZE_MISMATCH, sizes[1], good[1])
+    wrong_digest = copier.copy_batch(nativecopy.batch(rows(sizes, [good[0], good[0], good[2]])), bytearray(64))
+    assert (wrong_digest.index, wrong_digest.code, wrong_digest.digest) == (1, nativecopy.DIGEST_MISMATCH, good[1])
+    missing = copier.copy_batch(nativecopy.batch(rows(sizes, good, ("src0", "src1", "nothing"))), bytearray(64))
+    assert (missing.index, missing.code) == (2, errno.ENOENT) and "cannot open the source" in missing.message
+    # The good copies before a failure are in place; the failed one is neither renamed nor left as temporary.
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("src")) == ["out0", "out1"]
+
+
+def test_batches_keep_the_order_and_their_limits(monkeypatch):
+    monkeypatch.setattr(staging, "BATCH_FILES", 3)
+    monkeypatch.setattr(staging, "BATCH_BYTES", 100)
+    sizes = [10, 10, 10, 10, 90, 200, 5]
+    files = {f"f{i}": staging.Member(path=f"f{i}", bytes=b, sha256="") for i, b in enumerate(sizes)}
+    assert staging._batches(list(files), files) == [["f0", "f1", "f2"], ["f3", "f4"], ["f5"], ["f6"]]
+    assert staging._batches([], files) == []
+
+
+def test_a_plain_file_missing_from_a_native_batch_is_named(tmp_path):
+    src = make_dataset(tmp_path / "src", xxh3=True)
+    (src / "train/part_005.tfrecord").unlink()
+    source = open_source(src)
+    assert staging.copier_for(source) == "native"
+    with pytest.raises(BenchError, match=r"train/part_005.tfrecord: listed in the manifest but missing"):
+        stage(source, node_plan(source), tmp_path / "local", threads=2)
+    assert not list((tmp_path / "local").rglob(f"*{staging.TEMP_MARK}*"))
