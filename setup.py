@@ -30,6 +30,7 @@ setup(
         "nvidia-dali-tf-plugin-cuda120==2.4.0",
         "mlperf-logging==4.1.68",
         "pandas==2.2.3",
+        "matplotlib==3.11.2",
         "h5py==3.12.1",
         "scipy==1.17.1",
         "pyyaml==6.0.2",

@@ -72,7 +72,9 @@ def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
 
 
 def mlperf_keys(cfg: CosmoConfig, dist: DistEnv, built: Built) -> dict:
-    keys = sgd_keys(cfg.optimizer, cfg.schedule, built.extra["schedule"].warmup_factor) | {"dropout": cfg.model.dropout}
+    # The seed too: MLPerf's seed checker wants every run of a submission to log its own.
+    keys = {"seed": cfg.run.seed} | sgd_keys(cfg.optimizer, cfg.schedule, built.extra["schedule"].warmup_factor) \
+        | {"dropout": cfg.model.dropout}
     if not cfg.parallel.hybrid:
         return keys
     from cosmoflow.mesh.hybrid import mlperf_keys as partitioning_keys

@@ -1,0 +1,103 @@
+"""The paper's analyses of a set of runs, as tables (pandas), from `logs.load_runs`.
+
+- `breakdown`: time to solution split into staging, training, evaluation and other, per configuration.
+- `convergence`: epochs to converge against global batch size (converged runs; failures counted).
+- `scaling`: training sample throughput against compute units.
+- `compute_time`: their join: epochs(B) x train samples / throughput(units) for every measured pairing
+  of a batch size with the units that run it at the campaign's local batch size.
+- `budget`: compute budget in unit-hours (units x time to train).
+- `staging_ratios`: staging time over the mean epoch time (the paper's Table 5).
+- `variability`: run-to-run spread of time to train and of throughput.
+
+A configuration is (benchmark, units, global batch size); `runs` may mix campaigns and benchmarks.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+CONFIG = ["benchmark", "units", "global_batch_size"]
+PARTS = ["staging", "training", "evaluation", "other"]
+
+
+def breakdown(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean seconds of each part of time to solution per configuration, and the parts' shares."""
+    table = runs.groupby(CONFIG)[PARTS + ["time_to_train"]].mean()
+    for part in PARTS:
+        table[f"{part}_share"] = table[part] / table["time_to_train"]
+    table["runs"] = runs.groupby(CONFIG).size()
+    return table.reset_index()
+
+
+def convergence(runs: pd.DataFrame) -> pd.DataFrame:
+    """Epochs to converge per (benchmark, global batch size): mean, std, min, max over converged runs."""
+    grouped = runs.groupby(["benchmark", "global_batch_size"])
+    table = grouped["epochs_to_converge"].agg(["mean", "std", "min", "max", "count"])
+    table.columns = ["epochs_mean", "epochs_std", "epochs_min", "epochs_max", "converged"]
+    table["runs"] = grouped.size()
+    table["failed"] = table["runs"] - table["converged"]
+    return table.reset_index()
+
+
+def scaling(runs: pd.DataFrame) -> pd.DataFrame:
+    """Training samples/s per (benchmark, units): mean, std, runs; and per unit."""
+    grouped = runs.groupby(["benchmark", "units"])
+    table = grouped["samples_per_second"].agg(["mean", "std", "count"])
+    table.columns = ["samples_per_second", "samples_per_second_std", "runs"]
+    table = table.reset_index()
+    table["per_unit"] = table["samples_per_second"] / table["units"]
+    return table
+
+
+def compute_time(runs: pd.DataFrame) -> pd.DataFrame:
+    """Compute time of a configuration predicted from the two measurements: epochs to converge at its batch
+    size times the training samples over the throughput at its units (plus evaluation per epoch), for every
+    measured batch size B and measured units U with B = U x local batch (the runs' local batch size);
+    with the measured time to train where that configuration was run."""
+    conv, scal = convergence(runs), scaling(runs)
+    rows = []
+    for bench, group in runs.groupby("benchmark"):
+        local = group["local_batch_size"].dropna().mode()
+        samples = group["train_samples"].median()
+        eval_per_epoch = (group["evaluation"] / group["epochs"].clip(lower=1)).mean()
+        for _, c in conv[(conv["benchmark"] == bench) & (conv["converged"] > 0)].iterrows():
+            for _, s in scal[scal["benchmark"] == bench].iterrows():
+                if local.empty or c["global_batch_size"] != s["units"] * local.iloc[0]:
+                    continue
+                predicted = c["epochs_mean"] * (samples / s["samples_per_second"] + eval_per_epoch)
+                measured = group[(group["units"] == s["units"]) & (group["global_batch_size"] == c["global_batch_size"])
+                                 & group["converged"]]
+                rows.append({"benchmark": bench, "units": s["units"], "global_batch_size": c["global_batch_size"],
+                             "epochs": c["epochs_mean"], "samples_per_second": s["samples_per_second"],
+                             "compute_seconds": predicted,
+                             "measured_training_and_eval_seconds": (measured["training"] + measured["evaluation"]).mean()
+                             if len(measured) else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def budget(runs: pd.DataFrame) -> pd.DataFrame:
+    """Unit-hours per configuration (mean over runs, and all runs together)."""
+    table = runs.groupby(CONFIG)["unit_hours"].agg(["mean", "sum", "count"])
+    table.columns = ["unit_hours_per_run", "unit_hours_total", "runs"]
+    return table.reset_index()
+
+
+def staging_ratios(runs: pd.DataFrame) -> pd.DataFrame:
+    """Staging seconds, mean epoch seconds and their ratio per configuration (runs that staged)."""
+    staged = runs[runs["staging"] > 0]
+    table = staged.groupby(CONFIG)[["staging", "epoch_seconds_mean", "staging_ratio"]].mean()
+    return table.reset_index()
+
+
+def variability(runs: pd.DataFrame) -> pd.DataFrame:
+    """Spread of time to train (converged runs) and throughput per configuration: mean, std, coefficient of
+    variation, min, max."""
+    rows = []
+    for key, group in runs.groupby(CONFIG):
+        ttt = group.loc[group["converged"], "time_to_train"]
+        rate = group["samples_per_second"]
+        rows.append({**dict(zip(CONFIG, key)), "runs": len(group), "converged": len(ttt),
+                     "time_to_train_mean": ttt.mean(), "time_to_train_std": ttt.std(),
+                     "time_to_train_cv": ttt.std() / ttt.mean() if len(ttt) > 1 else float("nan"),
+                     "time_to_train_min": ttt.min(), "time_to_train_max": ttt.max(),
+                     "samples_per_second_cv": rate.std() / rate.mean() if len(rate) > 1 else float("nan")})
+    return pd.DataFrame(rows)

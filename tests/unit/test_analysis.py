@@ -1,0 +1,148 @@
+"""The analysis tools: tidy tables from logs, the paper's analyses, prediction with a known answer, report."""
+import json
+import math
+import struct
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.analysis import analyses, logs, predict, report
+from common.analysis.__main__ import main as analysis_main
+from common.errors import BenchError
+from tests.unit.test_scoring import T0, write_log
+
+
+def make_run(root, name, minutes, seed=1, success=True, ranks=2):
+    run = root / "runs" / name
+    write_log(run / "mlperf.log", T0, minutes, seed, success)
+    (run / "summary.json").write_text(json.dumps({"ranks": ranks}))
+    return run
+
+
+def test_a_run_splits_into_staging_training_evaluation_and_other(tmp_path):
+    run = make_run(tmp_path / "camp", "run_000", minutes=10)
+    row, epochs = logs.parse_run(run)
+    assert row["benchmark"] == "deepcam" and row["campaign"] == "camp" and row["status"] == "success"
+    assert row["time_to_train"] == pytest.approx(600, abs=0.01)
+    assert row["staging"] + row["training"] + row["evaluation"] + row["other"] == pytest.approx(600, abs=0.01)
+    assert row["training"] > row["evaluation"] > 0 and row["staging"] > 0
+    # The fixture run reached IoU 0.8269 in epoch 7, evaluating twice per epoch (once per half epoch).
+    assert row["epochs"] == 7 and row["epochs_to_converge"] == 7 and row["final_metric"] == pytest.approx(0.8269, 1e-3)
+    assert row["units"] == 2 and row["global_batch_size"] == 8 and row["local_batch_size"] == 4
+    assert row["samples_per_second"] == pytest.approx(row["train_samples"] * 7 / row["training"])
+    assert row["staging_ratio"] == pytest.approx(row["staging"] / (row["training"] / 7))
+    assert row["unit_hours"] == pytest.approx(2 * 600 / 3600)
+    assert [e["epoch"] for e in epochs] == list(range(1, 8))
+    assert sum(e["epoch_seconds"] for e in epochs) == pytest.approx(row["training"])
+    failed, _ = logs.parse_run(make_run(tmp_path / "camp", "run_001", minutes=10, success=False))
+    assert failed["status"] == "aborted" and not failed["converged"] and math.isnan(failed["epochs_to_converge"])
+
+
+def test_runs_are_found_below_campaigns_but_not_in_aborted_or_submission(tmp_path):
+    make_run(tmp_path / "camp", "run_000", 10)
+    make_run(tmp_path / "camp", "run_001", 11)
+    write_log(tmp_path / "camp/runs/aborted/run_001-x/mlperf.log", T0, 3, 1)
+    write_log(tmp_path / "camp/submission/results/s/strong/deepcam/mlperf.log", T0, 3, 1)
+    assert [p.name for p in logs.find_runs([tmp_path / "camp"])] == ["run_000", "run_001"]
+    with pytest.raises(BenchError, match=r"empty: holds no mlperf.log"):
+        (tmp_path / "empty").mkdir()
+        logs.find_runs([tmp_path / "empty"])
+
+
+def test_bad_logs_are_named(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a/mlperf.log").write_text("hello\n")
+    with pytest.raises(BenchError, match=r"a/mlperf.log: no :::MLLOG events"):
+        logs.parse_run(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b/mlperf.log").write_text(':::MLLOG {"key": "run_start", "time_ms": 1}\n:::MLLOG {broken\n')
+    with pytest.raises(BenchError, match=r"b/mlperf.log, line 2: not a JSON MLPerf event"):
+        logs.parse_run(tmp_path / "b")
+
+
+def constructed_runs() -> pd.DataFrame:
+    """Runs with throughput 100 U^0.9 samples/s and epochs to converge 4 + B/8, local batch 4, no staging
+    or evaluation, 8,000 training samples: time to train = epochs x 8000 / throughput."""
+    rows = []
+    for units in (1, 2, 4):
+        for seed in range(3):
+            batch = 4 * units
+            epochs, rate = 4 + batch / 8, 100 * units ** 0.9
+            rows.append({"benchmark": "cosmoflow", "units": units, "global_batch_size": batch, "local_batch_size": 4,
+                         "converged": True, "epochs_to_converge": epochs, "epochs": epochs, "samples_per_second": rate,
+                         "train_samples": 8000, "staging": 0.0, "evaluation": 0.0, "training": epochs * 8000 / rate,
+                         "time_to_train": epochs * 8000 / rate, "seed": seed})
+    return pd.DataFrame(rows)
+
+
+def test_prediction_recovers_the_constructed_laws():
+    runs = constructed_runs()
+    far = predict.predict(runs, "cosmoflow", units=16, global_batch_size=64)
+    epochs, rate = 4 + 64 / 8, 100 * 16 ** 0.9
+    assert far.samples_per_second == pytest.approx(rate, rel=1e-9)
+    assert far.epochs == pytest.approx(epochs, rel=1e-9)  # extended linearly beyond the measured batches
+    assert far.time_to_solution == pytest.approx(epochs * 8000 / rate, rel=1e-9)
+    assert math.isnan(far.measured) and "U^0.900" in far.throughput_model
+    inside = predict.predict(runs, "cosmoflow", units=2, global_batch_size=8)
+    assert inside.measured == pytest.approx(5 * 8000 / (100 * 2 ** 0.9))
+    assert abs(inside.relative_error) < 1e-9
+
+
+def test_prediction_reports_its_error_against_a_measured_configuration():
+    runs = constructed_runs()
+    runs.loc[runs["units"] == 4, "time_to_train"] *= 1.25  # measured 25% slower than the laws say
+    p = predict.predict(runs, "cosmoflow", units=4, global_batch_size=16)
+    assert p.relative_error == pytest.approx(1 / 1.25 - 1, rel=1e-6)
+    with pytest.raises(BenchError, match=r"no runs of deepcam to predict from"):
+        predict.predict(runs, "deepcam", 2, 8)
+
+
+def test_analyses_of_the_constructed_runs():
+    runs = constructed_runs()
+    conv = analyses.convergence(runs)
+    assert conv["epochs_mean"].tolist() == [4.5, 5.0, 6.0] and conv["failed"].tolist() == [0, 0, 0]
+    scal = analyses.scaling(runs)
+    assert scal["per_unit"].tolist() == pytest.approx([100 * u ** -0.1 for u in (1, 2, 4)])
+    join = analyses.compute_time(runs)
+    assert join["compute_seconds"].tolist() == pytest.approx(join["measured_training_and_eval_seconds"].tolist())
+    var = analyses.variability(runs)
+    assert var["time_to_train_cv"].fillna(0).tolist() == pytest.approx([0, 0, 0], abs=1e-12)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_writes_html_with_embedded_figures_markdown_and_csv(tmp_path, capsys):
+    for i, minutes in enumerate([10, 11, 12]):
+        make_run(tmp_path / "camp", f"run_{i:03d}", minutes, seed=i)
+    make_run(tmp_path / "camp", "run_003", 12, seed=3, success=False)
+    out = tmp_path / "report"
+    assert analysis_main(["report", str(tmp_path / "camp"), "--out", str(out), "--predict", "deepcam:4:16"]) == 0
+    html = (out / "report.html").read_text()
+    figures = sorted(p.name for p in (out / "figures").iterdir())
+    assert figures == ["breakdown.png", "compute_time_deepcam.png", "convergence_deepcam.png", "throughput_deepcam.png",
+                       "variability.png"]
+    assert html.count("data:image/png;base64,") == len(figures)
+    for name in figures:
+        width, height = png_size((out / "figures" / name).read_bytes())
+        assert 300 < width < 1500 and 150 < height < 1500, (name, width, height)
+    md = (out / "summary.md").read_text()
+    assert "## Epochs to converge against batch size" in md and "![breakdown.png](figures/breakdown.png)" in md
+    assert "## Predicted time to solution" in md and "linear scaling from the one measured scale" in md
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(runs) == 4 and runs["converged"].sum() == 3
+    assert "4 runs, 28 epochs read" in capsys.readouterr().out
+    assert not list(tmp_path.glob(".report.tmp"))
+
+
+def test_the_runs_command_and_a_bad_target(tmp_path, capsys):
+    make_run(tmp_path / "camp", "run_000", 10)
+    assert analysis_main(["runs", str(tmp_path / "camp"), "--csv", str(tmp_path / "runs.csv")]) == 0
+    assert pd.read_csv(tmp_path / "runs.csv")["time_to_train"].iloc[0] == pytest.approx(600, abs=0.01)
+    with pytest.raises(SystemExit):
+        analysis_main(["predict", str(tmp_path / "camp"), "--predict", "deepcam:x:8"])
+    assert "expected BENCHMARK:UNITS:GLOBAL_BATCH" in capsys.readouterr().err
+    assert np.isfinite(pd.read_csv(tmp_path / "runs.csv")["samples_per_second"].iloc[0])

@@ -1,0 +1,72 @@
+"""The campaign's spec, its commands and resuming rules (the runs themselves: tests/integration/test_campaign.py)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import campaign
+from common.campaign import CampaignSpec, open_campaign, run_command, spec_from_args
+from common.errors import BenchError
+
+
+def spec(**fields) -> CampaignSpec:
+    return CampaignSpec(**{"benchmark": "cosmoflow", "config": "cosmoflow/configs/cosmo_mini.yaml", **fields})
+
+
+def test_run_commands_carry_the_launcher_the_seed_and_the_run_directory(tmp_path):
+    s = spec(ranks=4, seed=7, overrides=("train.local_batch_size=2",), stage_dir="/dev/shm/st",
+             launcher="srun -n {np} --label")
+    command = run_command(s, tmp_path / "camp", 3)
+    assert command[:4] == ["srun", "-n", "4", "--label"]
+    assert command[4:7] == [sys.executable, str(campaign.REPO / "cosmoflow/train.py"), "cosmoflow/configs/cosmo_mini.yaml"]
+    assert command[7:] == ["train.local_batch_size=2", "data.stage_dir=/dev/shm/st/camp-run_003", "run.seed=10",
+                           f"run.output_dir={tmp_path / 'camp/runs/run_003'}"]
+    default = run_command(spec(), tmp_path / "camp", 0)
+    assert default[:5] == [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2"]
+    with pytest.raises(BenchError, match=r"unknown placeholder 'nodes'; it may use \{np\}, \{run\} and \{python\}"):
+        run_command(spec(launcher="srun -N {nodes}"), tmp_path, 0)
+
+
+def test_the_rules_count_is_the_default():
+    assert spec().count == 10 and spec(benchmark="deepcam").count == 5 and spec(runs=3).count == 3
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"benchmark": "resnet"}, r"benchmark 'resnet': expected one of \['cosmoflow', 'deepcam'\]"),
+    ({"ranks": 0}, r"ranks 0: expected runs >= 0 .* and ranks >= 1"),
+    ({"system": "a/b"}, r"system name 'a/b': expected a non-empty file name"),
+    ({"overrides": ("run.seed=3",)}, r"override 'run.seed=3': the campaign sets run.seed and run.output_dir itself"),
+    ({"mode": "throughput", "overrides": ("data.stage_dir=/tmp/x",)},
+     r"data.stage_dir with concurrent instances: they would stage into one directory; give --stage-dir"),
+])
+def test_inconsistent_specs_are_refused(fields, message):
+    with pytest.raises(BenchError, match=message):
+        spec(**fields)
+
+
+def test_runs_and_instances_together_are_refused():
+    args = campaign.parse_args(["run", "cosmoflow", "c.yaml", "--out", "x", "--runs", "3", "--instances", "2"])
+    with pytest.raises(BenchError, match=r"--runs 3 and --instances 2: give one"):
+        spec_from_args(args)
+    throughput = spec_from_args(campaign.parse_args(["run", "deepcam", "c.yaml", "a.b=1", "--out", "x",
+                                                      "--instances", "4"]))
+    assert throughput.mode == "throughput" and throughput.count == 4 and throughput.overrides == ("a.b=1",)
+
+
+def test_a_campaign_resumes_only_with_its_own_arguments_but_may_grow(tmp_path, capsys):
+    out = tmp_path / "camp"
+    open_campaign(out, spec(runs=2))
+    open_campaign(out, spec(runs=2))  # the same: fine
+    with pytest.raises(BenchError, match=r"campaign.json: this campaign was started with other arguments \(overrides: "
+                                         r"\[\] there, \['train.local_batch_size=8'\] now\)"):
+        open_campaign(out, spec(runs=2, overrides=("train.local_batch_size=8",)))
+    with pytest.raises(BenchError, match=r"runs: 2 there, 1 now"):
+        open_campaign(out, spec(runs=1))
+    open_campaign(out, spec(runs=3))
+    assert "extended from 2 to 3 runs" in capsys.readouterr().out
+    saved = json.loads((out / "campaign.json").read_text())
+    assert saved["spec"]["runs"] == 3 and saved["code"]["commit"]
+    assert campaign.load_spec(out) == spec(runs=3)
+    with pytest.raises(BenchError, match=r"nothing: no campaign.json; not a campaign directory"):
+        campaign.load_spec(tmp_path / "nothing")
