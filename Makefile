@@ -8,12 +8,14 @@ STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
 
-.PHONY: setup demo test test-fast bench clean-demo help
+.PHONY: setup demo test test-fast bench study clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
 	@echo "make test    set up, run the test suite"
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
+	@echo "make study   CosmoFlow mini campaigns at global batch 4, 8 and 16 (SEEDS=3 runs each, about"
+	@echo "             11 min per run here), then the analysis report in docs/study (docs/campaigns.md)"
 	@echo "make bench   CosmoFlow and DeepCAM training throughput, input-pipeline (loader) throughput and"
 	@echo "             staging throughput against cp -r / tar -x (writes benchmarks/results/*.json and"
 	@echo "             the tables in docs/performance.md)"
@@ -40,6 +42,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/deepcam_throughput.py
 	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/staging_throughput.py
+
+study: $(STAMP)
+	PY=$(PY) scripts/study.sh
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -19,24 +19,13 @@ failed=0
 say() { printf '\n==> %s\n' "$*"; }
 seconds_since() { echo $(( $(date +%s) - $1 )); }
 
-# CosmoFlow mini: 64^3 universes (mini prior) cut into 32^3 samples, 8 per universe.
-COSMO_UNIVERSES=${COSMO_UNIVERSES:-1088}
-COSMO_VAL_UNIVERSES=${COSMO_VAL_UNIVERSES:-64}
+# shellcheck source=scripts/mini_data.sh
+source scripts/mini_data.sh
 
 demo_cosmoflow() {
     local data="$DEMO_DIR/data/cosmo_mini" run="$DEMO_DIR/runs/cosmoflow-$STAMP" t0
     t0=$(date +%s)
-    if [ ! -f "$data/tfrecords/manifest.json" ]; then
-        say "CosmoFlow: generating $COSMO_UNIVERSES synthetic universes (64^3 x 4) in $data/raw"
-        "$PY" -m data_prep cosmo-synth --out "$data/raw" --universes "$COSMO_UNIVERSES" --size 64 --prior mini \
-            --seed 2026 || return 1
-        say "CosmoFlow: converting to TFRecords of 32^3 x 4 samples in $data/tfrecords"
-        "$PY" -m data_prep cosmo-convert --input "$data/raw" --out "$data/tfrecords" --sample-size 32 \
-            --val-universes "$COSMO_VAL_UNIVERSES" --seed 2026 || return 1
-        echo "data preparation took $(seconds_since "$t0") s"
-    else
-        say "CosmoFlow: using the existing dataset $data/tfrecords (delete it to regenerate)"
-    fi
+    cosmo_mini_data "$data" || return 1
     say "CosmoFlow: training with horovodrun -np $NP to validation MAE < 0.124 (output: $run)"
     local t1; t1=$(date +%s)
     "$HOROVODRUN" -np "$NP" -H "localhost:$NP" "$PY" cosmoflow/train.py cosmoflow/configs/cosmo_mini.yaml \
@@ -50,23 +39,10 @@ demo_cosmoflow() {
     return $rc
 }
 
-# DeepCAM mini: 96 x 144 synthetic climate snapshots with heuristic labels.
-DEEPCAM_TRAIN=${DEEPCAM_TRAIN:-1024}
-DEEPCAM_VAL=${DEEPCAM_VAL:-128}
-
 demo_deepcam() {
     local data="$DEMO_DIR/data/deepcam_mini" run="$DEMO_DIR/runs/deepcam-$STAMP" t0
     t0=$(date +%s)
-    if [ ! -f "$data/tfrecords/manifest.json" ]; then
-        say "DeepCAM: generating $DEEPCAM_TRAIN + $DEEPCAM_VAL synthetic snapshots (96 x 144 x 16) in $data/raw"
-        "$PY" -m data_prep deepcam-synth --out "$data/raw" --train "$DEEPCAM_TRAIN" --validation "$DEEPCAM_VAL" \
-            --height 96 --width 144 --seed 2026 || return 1
-        say "DeepCAM: converting to TFRecords in $data/tfrecords"
-        "$PY" -m data_prep deepcam-convert --input "$data/raw" --out "$data/tfrecords" || return 1
-        echo "data preparation took $(seconds_since "$t0") s"
-    else
-        say "DeepCAM: using the existing dataset $data/tfrecords (delete it to regenerate)"
-    fi
+    deepcam_mini_data "$data" || return 1
     say "DeepCAM: training with horovodrun -np $NP to IoU >= 0.82 (output: $run)"
     local t1; t1=$(date +%s)
     "$HOROVODRUN" -np "$NP" -H "localhost:$NP" "$PY" deepcam/train.py deepcam/configs/deepcam_mini.yaml \

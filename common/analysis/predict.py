@@ -9,8 +9,8 @@ time to solution(U, B) = staging + epochs(B) x (train samples / throughput(U) + 
 - evaluation per epoch at U: that measured at the nearest unit count, scaled by the throughput ratio.
 - staging: the mean over the runs that staged (none: 0).
 
-When the configuration was also measured, the prediction carries the measured mean time to train of its
-converged runs and the relative error.
+When the configuration was also measured, its runs are left out of the fits (the prediction uses the other
+configurations only) and the prediction carries their measured mean time to train and the relative error.
 """
 from __future__ import annotations
 
@@ -68,10 +68,15 @@ def epochs_at(batches: np.ndarray, epochs: np.ndarray, batch: float) -> float:
 
 def predict(runs: pd.DataFrame, benchmark: str, units: int, global_batch_size: int) -> Prediction:
     """The predicted time to solution of `benchmark` on `units` at `global_batch_size`, from `runs`."""
-    mine = runs[runs["benchmark"] == benchmark]
-    if mine.empty:
+    everything = runs[runs["benchmark"] == benchmark]
+    if everything.empty:
         raise BenchError(f"no runs of {benchmark} to predict from (benchmarks measured: "
                          f"{sorted(runs['benchmark'].unique())})")
+    target = (everything["units"] == units) & (everything["global_batch_size"] == global_batch_size)
+    mine, held_out = everything[~target], everything[target & everything["converged"]]
+    if mine.empty:
+        raise BenchError(f"{benchmark}: only {units} units at batch {global_batch_size} was measured; a prediction "
+                         f"needs other configurations to learn from")
     conv = convergence(mine)
     conv = conv[conv["converged"] > 0]
     if conv.empty:
@@ -88,8 +93,7 @@ def predict(runs: pd.DataFrame, benchmark: str, units: int, global_batch_size: i
     staging = float(staged.mean()) if len(staged) else 0.0
     samples = float(mine["train_samples"].median())
     total = staging + epochs * (samples / rate + eval_per_epoch)
-    measured_runs = mine[(mine["units"] == units) & (mine["global_batch_size"] == global_batch_size) & mine["converged"]]
-    measured = float(measured_runs["time_to_train"].mean()) if len(measured_runs) else math.nan
+    measured = float(held_out["time_to_train"].mean()) if len(held_out) else math.nan
     return Prediction(benchmark=benchmark, units=units, global_batch_size=global_batch_size, epochs=epochs,
                       samples_per_second=rate, eval_seconds_per_epoch=eval_per_epoch, staging_seconds=staging,
                       time_to_solution=total, measured=measured,

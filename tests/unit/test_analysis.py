@@ -89,13 +89,16 @@ def test_prediction_recovers_the_constructed_laws():
     assert abs(inside.relative_error) < 1e-9
 
 
-def test_prediction_reports_its_error_against_a_measured_configuration():
+def test_prediction_holds_out_the_measured_configuration_and_reports_its_error():
     runs = constructed_runs()
     runs.loc[runs["units"] == 4, "time_to_train"] *= 1.25  # measured 25% slower than the laws say
     p = predict.predict(runs, "cosmoflow", units=4, global_batch_size=16)
     assert p.relative_error == pytest.approx(1 / 1.25 - 1, rel=1e-6)
     with pytest.raises(BenchError, match=r"no runs of deepcam to predict from"):
         predict.predict(runs, "deepcam", 2, 8)
+    # The configuration predicted is left out of the fits: with nothing else measured there is nothing to learn.
+    with pytest.raises(BenchError, match=r"only 2 units at batch 8 was measured; a prediction needs other"):
+        predict.predict(runs[runs["units"] == 2], "cosmoflow", 2, 8)
 
 
 def test_analyses_of_the_constructed_runs():

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# make study: the campaign study of docs/campaigns.md on this machine. CosmoFlow mini at global batch 4
+# (1 rank), 8 (2 ranks) and 16 (2 ranks, local batch 8), SEEDS runs each (seeds 1000, 1001, ...),
+# interleaved (round r adds run r to every campaign), each run staging to node-local storage, then the
+# analysis report. Resumable: run it again and the campaigns continue where they stopped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+SEEDS=${SEEDS:-3}
+STUDY_DIR=${STUDY_DIR:-studies/cosmo-batch}
+REPORT_DIR=${REPORT_DIR:-docs/study}
+DATA_ROOT=${DATA_ROOT:-demo/data}
+STAGE_DIR=${STAGE_DIR:-/dev/shm/hpc-sciml-study}
+SYSTEM=${SYSTEM:-local-2core}
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+
+say() { printf '\n==> %s\n' "$*"; }
+seconds_since() { echo $(( $(date +%s) - $1 )); }
+# shellcheck source=scripts/mini_data.sh
+source scripts/mini_data.sh
+
+cosmo_mini_data "$DATA_ROOT/cosmo_mini"
+# name:ranks:local batch size
+CONFIGS=("b4:1:4" "b8:2:4" "b16:2:8")
+for round in $(seq 1 "$SEEDS"); do
+    for config in "${CONFIGS[@]}"; do
+        IFS=: read -r name ranks local <<< "$config"
+        say "round $round/$SEEDS: global batch $((ranks * local)) on $ranks rank(s) ($STUDY_DIR/$name)"
+        # Exit 1 means no valid MLPerf score (fewer runs than the rules' 10): expected here.
+        rc=0
+        "$PY" -m common.campaign run cosmoflow cosmoflow/configs/cosmo_mini.yaml --out "$STUDY_DIR/$name" \
+            --runs "$round" --np "$ranks" --system "$SYSTEM" --stage-dir "$STAGE_DIR" \
+            "data.dir=$DATA_ROOT/cosmo_mini/tfrecords" "train.local_batch_size=$local" || rc=$?
+        [ "$rc" -le 1 ] || exit "$rc"
+    done
+done
+say "analysis report in $REPORT_DIR"
+"$PY" -m common.analysis report "$STUDY_DIR"/b4 "$STUDY_DIR"/b8 "$STUDY_DIR"/b16 --out "$REPORT_DIR" \
+    --predict cosmoflow:2:16 --predict cosmoflow:2:8 --predict cosmoflow:4:16
