@@ -339,7 +339,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     score = sub.add_parser("score", help="(re)write the submission layout and the score of a campaign")
     score.add_argument("out", help="the campaign directory")
     score.add_argument("--system-file", help="a system description JSON whose fields replace the detected ones")
-    return parser.parse_args(argv)
+    # Overrides may also follow the options (argparse alone would refuse positionals after them).
+    args, extra = parser.parse_known_args(argv)
+    unknown = [e for e in extra if e.startswith("-") or "=" not in e or args.command != "run"]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
 
 
 def spec_from_args(args: argparse.Namespace) -> CampaignSpec:

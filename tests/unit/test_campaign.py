@@ -52,6 +52,11 @@ def test_runs_and_instances_together_are_refused():
     throughput = spec_from_args(campaign.parse_args(["run", "deepcam", "c.yaml", "a.b=1", "--out", "x",
                                                       "--instances", "4"]))
     assert throughput.mode == "throughput" and throughput.count == 4 and throughput.overrides == ("a.b=1",)
+    after = spec_from_args(campaign.parse_args(["run", "deepcam", "c.yaml", "a.b=1", "--out", "x", "--np", "1",
+                                                "c.d=2", "e.f=3"]))
+    assert after.overrides == ("a.b=1", "c.d=2", "e.f=3") and after.ranks == 1
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["run", "deepcam", "c.yaml", "--out", "x", "--bogus"])
 
 
 def test_a_campaign_resumes_only_with_its_own_arguments_but_may_grow(tmp_path, capsys):
