@@ -4,7 +4,7 @@
 # inside the timed run first), run the official MLPerf compliance checker on the log, and print a
 # summary table of the runs.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 PY=${PY:-.venv/bin/python}
 NP=${NP:-2}
 DEMO_DIR=${DEMO_DIR:-demo}

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/demo.sh and scripts/study.sh: make the mini synthetic datasets once.
 # Expects PY (the interpreter) and the say() and seconds_since() helpers of the caller.
 
