@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -41,6 +42,7 @@ MODES = ("time_to_train", "throughput")
 # Placeholders a launcher template may use: {np} ranks per run, {run} the run's index, {python} this
 # interpreter's directory (where horovodrun is installed).
 DEFAULT_LAUNCHER = "{python}/horovodrun -np {np} -H localhost:{np}"
+PROGRESS_SECONDS = 60  # how often a running training's newest epoch line is shown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +260,7 @@ def _run_one_by_one(spec: CampaignSpec, out: Path) -> list[RunRecord]:
         print(f"run {index + 1}/{spec.count} (seed {spec.seed_of(index)}): started, log "
               f"{run_dir(out, index) / 'train.log'}", flush=True)
         try:
-            code = proc.wait()
+            code = _wait_all([proc], out, [index])[0]
         except BaseException:
             _stop([proc])
             raise
@@ -278,24 +280,48 @@ def _run_together(spec: CampaignSpec, out: Path) -> list[RunRecord]:
     started = [start_run(spec, out, i) for i in range(spec.count)]
     procs = [p for p, _, _ in started]
     try:
-        codes = _wait_all(procs, out)
+        codes = _wait_all(procs, out, list(range(spec.count)))
     except BaseException:
         _stop(procs)
         raise
     return [finish_run(spec, out, i, code, command, t) for i, (code, (_, command, t)) in enumerate(zip(codes, started))]
 
 
-def _wait_all(procs: list[subprocess.Popen], out: Path) -> list[int]:
-    """Wait for every instance, saying when each ends."""
+def _wait_all(procs: list[subprocess.Popen], out: Path, indices: list[int]) -> list[int]:
+    """Wait for the runs `indices`, saying when each ends and, every PROGRESS_SECONDS, where each stands (the
+    last progress line of its train.log)."""
     codes: list[int | None] = [None] * len(procs)
+    shown: dict[int, str] = {}
+    last = time.time()
     while None in codes:
         for i, proc in enumerate(procs):
             if codes[i] is None and proc.poll() is not None:
                 codes[i] = proc.returncode
-                print(f"  instance {i + 1}/{len(procs)} ended (exit {proc.returncode}); "
-                      f"{codes.count(None)} still training", flush=True)
+                if len(procs) > 1:
+                    print(f"  instance {i + 1}/{len(procs)} ended (exit {proc.returncode}); "
+                          f"{codes.count(None)} still training", flush=True)
+        if time.time() - last >= PROGRESS_SECONDS:
+            last = time.time()
+            for i, index in enumerate(indices):
+                line = progress_line(run_dir(out, index) / "train.log")
+                if codes[i] is None and line and line != shown.get(i):
+                    shown[i] = line
+                    print(f"  run_{index:03d}: {line}", flush=True)
         time.sleep(1.0)
     return codes
+
+
+def progress_line(log: Path) -> str:
+    """The newest epoch line a training printed to `log` (launcher prefixes removed), or ""."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [re.sub(r"^(\[\d+,\d+\]<std(out|err)>:)+", "", line).strip()
+             for line in re.split(r"[\r\n]+", tail)]
+    return next((line for line in reversed(lines) if line.startswith("epoch")), "")
 
 
 def describe_run(out: Path, record: RunRecord) -> str:

@@ -75,3 +75,13 @@ def test_a_campaign_resumes_only_with_its_own_arguments_but_may_grow(tmp_path, c
     assert campaign.load_spec(out) == spec(runs=3)
     with pytest.raises(BenchError, match=r"nothing: no campaign.json; not a campaign directory"):
         campaign.load_spec(tmp_path / "nothing")
+
+
+def test_the_progress_line_is_the_newest_epoch_line_without_launcher_prefixes(tmp_path):
+    log = tmp_path / "train.log"
+    assert campaign.progress_line(log) == ""  # not there yet
+    log.write_text("[1,0]<stderr>:WARNING: something\n"
+                   "[1,0]<stdout>:epoch   7/12 step 14336  loss 0.0728  mae 0.2016 (target < 0.124)\n"
+                   "[1,0]<stdout>:  epoch 8 step 777/2048  loss 0.0629  103.53 samples/s\n"
+                   "[1,1]<stderr>:E0000 remapper failed\n")
+    assert campaign.progress_line(log) == "epoch 8 step 777/2048  loss 0.0629  103.53 samples/s"
