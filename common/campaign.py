@@ -3,7 +3,7 @@ M instances training at once (its throughput score), then the submission layout 
 
     python -m common.campaign run cosmoflow cosmoflow/configs/cosmo_mini.yaml --out campaigns/cosmo \\
         [--runs 10] [--instances M] [--np 2] [--seed 1000] [--system NAME] [--stage-dir DIR] \\
-        [--launcher TEMPLATE] [--] [config overrides, e.g. data.dir=... train.local_batch_size=8]
+        [--launcher TEMPLATE] [--python PATH] [config overrides, e.g. data.dir=... train.local_batch_size=8]
     python -m common.campaign score campaigns/cosmo
 
 `run` starts `<benchmark>/train.py` once per run through the launcher (default: this environment's
@@ -59,6 +59,7 @@ class CampaignSpec:
     system: str = "local"
     launcher: str = DEFAULT_LAUNCHER
     stage_dir: str = ""  # each run stages into stage_dir/<campaign>-run_<i>, removed after the run
+    python: str = ""  # the interpreter the launcher starts the trainings with ("": the one running the campaign)
 
     def __post_init__(self):
         if self.benchmark not in BENCHMARKS:
@@ -102,7 +103,10 @@ def open_campaign(out: Path, spec: CampaignSpec) -> None:
     path = out / SPEC_NAME
     if path.is_file():
         stored = json.loads(path.read_text())
-        saved, ours = stored["spec"], dataclasses.asdict(spec)
+        # Keys a campaign.json from an older version lacks have their defaults.
+        defaults = {f.name: _plain(f.default) for f in dataclasses.fields(CampaignSpec)
+                    if f.default is not dataclasses.MISSING}
+        saved, ours = {**defaults, **stored["spec"]}, dataclasses.asdict(spec)
         diff = {k: (saved.get(k), _plain(v)) for k, v in ours.items() if _plain(saved.get(k)) != _plain(v)}
         if set(diff) == {"runs"} and spec.mode == "time_to_train" and spec.count > CampaignSpec(**{
                 **saved, "overrides": tuple(saved["overrides"])}).count:
@@ -124,7 +128,8 @@ def load_spec(out: Path) -> CampaignSpec:
     if not path.is_file():
         raise BenchError(f"{out}: no {SPEC_NAME}; not a campaign directory (start one with `run`)")
     spec = json.loads(path.read_text())["spec"]
-    return CampaignSpec(**{**spec, "overrides": tuple(spec["overrides"])})
+    known = {f.name for f in dataclasses.fields(CampaignSpec)}
+    return CampaignSpec(**{**{k: v for k, v in spec.items() if k in known}, "overrides": tuple(spec["overrides"])})
 
 
 def _plain(value):
@@ -162,7 +167,7 @@ def run_command(spec: CampaignSpec, out: Path, index: int) -> list[str]:
         raise BenchError(f"launcher {spec.launcher!r}: unknown placeholder {err}; it may use {{np}}, {{run}} and "
                          f"{{python}}") from None
     extra = [f"data.stage_dir={stage_path(spec, out, index)}"] if spec.stage_dir else []
-    return [*shlex.split(launcher), sys.executable, str(REPO / spec.benchmark / "train.py"), spec.config,
+    return [*shlex.split(launcher), spec.python or sys.executable, str(REPO / spec.benchmark / "train.py"), spec.config,
             *spec.overrides, *extra, f"run.seed={spec.seed_of(index)}", f"run.output_dir={run_dir(out, index)}"]
 
 
@@ -360,6 +365,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--system", default="local", help="the system's name in the submission layout")
     run.add_argument("--system-file", help="a system description JSON whose fields replace the detected ones")
     run.add_argument("--stage-dir", default="", help="node-local directory; each run stages below it")
+    run.add_argument("--python", default="", help="the trainings' interpreter, e.g. a container's python "
+                                                   "(default: this one)")
     run.add_argument("--launcher", default=DEFAULT_LAUNCHER,
                      help="how a run is launched; {np}, {run} and {python} are filled in (default: %(default)s)")
     score = sub.add_parser("score", help="(re)write the submission layout and the score of a campaign")
@@ -382,7 +389,7 @@ def spec_from_args(args: argparse.Namespace) -> CampaignSpec:
     return CampaignSpec(benchmark=args.benchmark, config=args.config, overrides=tuple(args.overrides),
                         mode="throughput" if args.instances else "time_to_train",
                         runs=args.instances or args.runs, ranks=args.np, seed=args.seed, system=args.system,
-                        launcher=args.launcher, stage_dir=args.stage_dir)
+                        launcher=args.launcher, stage_dir=args.stage_dir, python=args.python)
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -42,6 +42,7 @@ class DistConfig:
     fusion_threshold_mb: float = 64.0  # HOROVOD_FUSION_THRESHOLD
     cycle_time_ms: float = 1.0  # HOROVOD_CYCLE_TIME
     hierarchical_allreduce: bool = False  # HOROVOD_HIERARCHICAL_ALLREDUCE
+    hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER; None: as hierarchical_allreduce
 
     def __post_init__(self):
         _check(self.threads_per_rank >= 0, "dist.threads_per_rank", self.threads_per_rank, ">= 0")
@@ -206,6 +207,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             value = [value]
         (item_tp, *_rest) = typing.get_args(tp)
         return tuple(_coerce(item_tp, v, key) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise BenchError(f"config key {key} = {value!r}: expected a mapping")
+        key_tp, value_tp = typing.get_args(tp)
+        return {_coerce(key_tp, k, f"{key}.{k}"): _coerce(value_tp, v, f"{key}.{k}") for k, v in value.items()}
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
             raise BenchError(f"config key {key} = {value!r}: expected one of {list(typing.get_args(tp))}")

@@ -123,7 +123,8 @@ def horovod_environment(cfg: DistConfig) -> dict[str, str]:
         "HOROVOD_FUSION_THRESHOLD": str(int(cfg.fusion_threshold_mb * 1024 * 1024)),
         "HOROVOD_CYCLE_TIME": f"{cfg.cycle_time_ms:g}",
         "HOROVOD_HIERARCHICAL_ALLREDUCE": "1" if cfg.hierarchical_allreduce else "0",
-        "HOROVOD_HIERARCHICAL_ALLGATHER": "1" if cfg.hierarchical_allreduce else "0",
+        "HOROVOD_HIERARCHICAL_ALLGATHER": "1" if (cfg.hierarchical_allreduce if cfg.hierarchical_allgather is None
+                                                  else cfg.hierarchical_allgather) else "0",
     }
 
 

@@ -24,6 +24,8 @@ def test_run_commands_carry_the_launcher_the_seed_and_the_run_directory(tmp_path
                            f"run.output_dir={tmp_path / 'camp/runs/run_003'}"]
     default = run_command(spec(), tmp_path / "camp", 0)
     assert default[:5] == [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2"]
+    inside = run_command(spec(python="python3", launcher="srun -n {np} shifter --image=x"), tmp_path / "c", 0)
+    assert inside[:6] == ["srun", "-n", "2", "shifter", "--image=x", "python3"]
     with pytest.raises(BenchError, match=r"unknown placeholder 'nodes'; it may use \{np\}, \{run\} and \{python\}"):
         run_command(spec(launcher="srun -N {nodes}"), tmp_path, 0)
 
@@ -85,3 +87,13 @@ def test_the_progress_line_is_the_newest_epoch_line_without_launcher_prefixes(tm
                    "[1,0]<stdout>:  epoch 8 step 777/2048  loss 0.0629  103.53 samples/s\n"
                    "[1,1]<stderr>:E0000 remapper failed\n")
     assert campaign.progress_line(log) == "epoch 8 step 777/2048  loss 0.0629  103.53 samples/s"
+
+
+def test_a_campaign_json_without_newer_keys_resumes_with_their_defaults(tmp_path):
+    out = tmp_path / "camp"
+    open_campaign(out, spec(runs=2))
+    saved = json.loads((out / "campaign.json").read_text())
+    del saved["spec"]["python"]  # written before the key existed
+    (out / "campaign.json").write_text(json.dumps(saved))
+    open_campaign(out, spec(runs=2))
+    assert campaign.load_spec(out) == spec(runs=2)

@@ -27,6 +27,9 @@ def test_horovod_environment_from_config():
                                                   hierarchical_allreduce=True))
     assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
     assert env["HOROVOD_CYCLE_TIME"] == "2.5" and env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert env["HOROVOD_HIERARCHICAL_ALLGATHER"] == "1"  # unset: as the allreduce
+    apart = dist_mod.horovod_environment(DistConfig(hierarchical_allreduce=True, hierarchical_allgather=False))
+    assert (apart["HOROVOD_HIERARCHICAL_ALLREDUCE"], apart["HOROVOD_HIERARCHICAL_ALLGATHER"]) == ("1", "0")
 
 
 def test_launcher_detection(monkeypatch):
