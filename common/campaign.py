@@ -201,10 +201,15 @@ def finish_run(spec: CampaignSpec, out: Path, index: int, code: int, command: li
     status = json.loads(summary.read_text()).get("status", "unknown") if summary.is_file() else "crashed"
     record = RunRecord(index=index, seed=spec.seed_of(index), exit_code=code, wall_seconds=time.time() - started,
                        started=started, command=tuple(command), status=status)
-    if spec.stage_dir:
-        shutil.rmtree(stage_path(spec, out, index), ignore_errors=True)
+    _remove_staged(spec, out, [index])
     write_json_atomic(dataclasses.asdict(record), directory / RUN_RECORD)
     return record
+
+
+def _remove_staged(spec: CampaignSpec, out: Path, indices: list[int]) -> None:
+    """Free the node-local copies of runs that ended or were stopped (--stage-dir)."""
+    for index in indices if spec.stage_dir else []:
+        shutil.rmtree(stage_path(spec, out, index), ignore_errors=True)
 
 
 def load_record(out: Path, index: int) -> RunRecord | None:
@@ -268,6 +273,7 @@ def _run_one_by_one(spec: CampaignSpec, out: Path) -> list[RunRecord]:
             code = _wait_all([proc], out, [index])[0]
         except BaseException:
             _stop([proc])
+            _remove_staged(spec, out, [index])
             raise
         records.append(finish_run(spec, out, index, code, command, started))
         ran += 1
@@ -288,6 +294,7 @@ def _run_together(spec: CampaignSpec, out: Path) -> list[RunRecord]:
         codes = _wait_all(procs, out, list(range(spec.count)))
     except BaseException:
         _stop(procs)
+        _remove_staged(spec, out, list(range(spec.count)))
         raise
     return [finish_run(spec, out, i, code, command, t) for i, (code, (_, command, t)) in enumerate(zip(codes, started))]
 

@@ -48,6 +48,7 @@ def test_a_killed_campaign_resumes_with_the_next_run(dataset, tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
+    assert not list((tmp_path / "stage").iterdir())  # the stopped run's staged copy is removed too
     record0 = (out / "runs/run_000/campaign_run.json").read_text()
     assert not (out / "runs/run_001/campaign_run.json").exists()
     # The killed run's training was stopped with the campaign: no process still writes its directory.
