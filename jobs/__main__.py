@@ -1,0 +1,59 @@
+"""Command line of the job renderer (see jobs/__init__.py)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from common.cli import guarded
+from jobs import __doc__ as DOC
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs", description=DOC,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    render = sub.add_parser("render", help="write the batch script of a benchmark on a site")
+    render.add_argument("--site", required=True, help="an example's name (python -m jobs sites) or a YAML path")
+    render.add_argument("--bench", required=True, choices=["cosmoflow", "deepcam"])
+    render.add_argument("--nodes", type=int, required=True)
+    render.add_argument("--runs", type=int, default=0, help="a campaign of this many runs, one after the other")
+    render.add_argument("--instances", type=int, default=0, help="a throughput campaign of this many at once")
+    render.add_argument("--config", default="", help="the benchmark config, relative to the suite's checkout")
+    render.add_argument("--time", default="", help="time limit hh:mm:ss (default: the site's)")
+    render.add_argument("--out", help="write the script here (default: print it)")
+    render.add_argument("overrides", nargs="*", help="config overrides for every training, section.key=value")
+    sub.add_parser("sites", help="list the example site descriptions")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    def run() -> int:
+        from jobs.render import Job, render
+        from jobs.site import example_sites, load_site
+        if args.command == "sites":
+            for name in example_sites():
+                print(f"{name:12s} {load_site(name).description}")
+            return 0
+        job = Job(bench=args.bench, nodes=args.nodes, config=args.config, overrides=tuple(args.overrides),
+                  runs=args.runs, instances=args.instances, time_limit=args.time)
+        script = render(load_site(args.site), job)
+        if not args.out:
+            sys.stdout.write(script)
+            return 0
+        out = Path(args.out)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        tmp.write_text(script)
+        tmp.chmod(0o755)
+        tmp.replace(out)
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
+
+    return guarded(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

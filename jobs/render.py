@@ -1,0 +1,240 @@
+"""Render a batch script for one benchmark on one site (docs/jobs.md).
+
+The script has the scheduler's directives (jobs/templates/<scheduler>.sh), then one body for every
+scheduler: `set -euo pipefail`, the site's settings as shell variables with early checks (the suite's
+checkout, the config, the dataset, the output directory), the environment (modules, setup lines,
+threads, Horovod tuning), and either one training through the site's launcher or a campaign
+(`python -m common.campaign run ... --launcher "<launcher>"`) when runs or instances are asked for.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+
+from common.errors import BenchError
+from jobs.site import Site
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+BENCH_CONFIGS = {"cosmoflow": "cosmoflow/configs/cosmo.yaml", "deepcam": "deepcam/configs/deepcam.yaml"}
+JOB_ID_VARS = {"slurm": "SLURM_JOB_ID", "lsf": "LSB_JOBID", "pbs": "PBS_JOBID", "pjsub": "PJM_JOBID", "local": ""}
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What to render: benchmark, nodes, config (relative to the suite's checkout), overrides, and
+    runs (a sequential campaign) or instances (a throughput campaign); neither: one training."""
+
+    bench: str
+    nodes: int
+    config: str = ""
+    overrides: tuple[str, ...] = ()
+    runs: int = 0
+    instances: int = 0
+    time_limit: str = ""  # "": the site's
+
+    def __post_init__(self):
+        if self.bench not in BENCH_CONFIGS:
+            raise BenchError(f"benchmark {self.bench!r}: expected one of {sorted(BENCH_CONFIGS)}")
+        if self.nodes < 1:
+            raise BenchError(f"--nodes {self.nodes}: expected >= 1")
+        if self.runs and self.instances:
+            raise BenchError(f"--runs {self.runs} and --instances {self.instances}: give one")
+        for o in self.overrides:
+            if "=" not in o or o.startswith("-"):
+                raise BenchError(f"override {o!r}: expected section.key=value")
+
+
+def fill(template: str, values: dict[str, str], where: str) -> str:
+    """Replace {{ name }} placeholders; an unknown one is an error naming the template."""
+    def one(match: re.Match) -> str:
+        if match.group(1) not in values:
+            raise BenchError(f"{where}: unknown placeholder {{{{ {match.group(1)} }}}}")
+        return values[match.group(1)]
+    return PLACEHOLDER.sub(one, template)
+
+
+def directives(site: Site, job: Job, name: str) -> str:
+    """The scheduler's header (template) with the optional lines the site sets."""
+    values = {"name": name, "nodes": str(job.nodes), "ranks_per_node": str(site.ranks_per_node),
+              "cpus_per_rank": str(site.cpus_per_rank), "time": job.time_limit or site.time_limit,
+              "time_minutes": str(_minutes(job.time_limit or site.time_limit)),
+              "cores_per_node": str(site.ranks_per_node * site.cpus_per_rank)}
+    path = TEMPLATES / f"{site.scheduler}.sh"
+    lines = fill(path.read_text(), values, str(path)).rstrip("\n").split("\n")
+    prefix = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "pjsub": "#PJM", "local": ""}[site.scheduler]
+    options = {"slurm": [("--account", site.account), ("--partition", site.queue), ("--qos", site.qos),
+                         ("--constraint", site.constraint),
+                         ("--gpus-per-node", str(site.accelerators_per_node) if site.accelerators_per_node else "")],
+               "lsf": [("-P", site.account), ("-q", site.queue)],
+               "pbs": [("-A", site.account), ("-q", site.queue)],
+               "pjsub": [("-g", site.account), ("-L", f'"rscgrp={site.queue}"' if site.queue else "")],
+               "local": []}[site.scheduler]
+    sep = "=" if site.scheduler == "slurm" else " "
+    lines += [f"{prefix} {flag}{sep}{value}" for flag, value in options if value]
+    lines += [f"{prefix} {arg}" for arg in site.scheduler_args] if prefix else []
+    return "\n".join(lines) + "\n"
+
+
+def _minutes(time_limit: str) -> int:
+    parts = time_limit.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise BenchError(f"time limit {time_limit!r}: expected hh:mm:ss, hh:mm or minutes")
+    h, m, s = ([0] * (3 - len(parts)) + [int(p) for p in parts]) if len(parts) > 1 else (0, int(parts[0]), 0)
+    return h * 60 + m + (1 if s else 0)
+
+
+def launcher(site: Site, nodes: int) -> list[str]:
+    """The command that starts the ranks (then the container runtime, if any)."""
+    ranks, rpn, cpr = nodes * site.ranks_per_node, site.ranks_per_node, site.cpus_per_rank
+    kind, extra = site.launcher_kind, shlex.split(site.launcher_args)
+    if kind == "srun":
+        cmd = ["srun", f"--nodes={nodes}", f"--ntasks={ranks}", f"--ntasks-per-node={rpn}", f"--cpus-per-task={cpr}"]
+        cmd += [f"--cpu-bind={site.cpu_bind}"] if site.cpu_bind else []
+        cmd += [f"--gpus-per-task={site.accelerators_per_node // rpn}"] if site.accelerators_per_node >= rpn > 0 \
+            and site.accelerators_per_node else []
+    elif kind == "jsrun":
+        per_rs = site.accelerators_per_node // rpn if site.accelerators_per_node >= rpn else 0
+        cmd = ["jsrun", f"--nrs={ranks}", "--tasks_per_rs=1", f"--cpu_per_rs={cpr}", f"--gpu_per_rs={per_rs}",
+               f"--rs_per_host={rpn}"] + ([f"--bind={site.cpu_bind}"] if site.cpu_bind else [])
+    elif kind == "mpiexec":
+        cmd = ["mpiexec", "-n", str(ranks)]
+        if site.scheduler != "pjsub":  # Cray PALS / MPICH Hydra: ranks per node and cores per rank
+            cmd += ["--ppn", str(rpn), "--depth", str(cpr)] + (["--cpu-bind", site.cpu_bind] if site.cpu_bind else [])
+    elif kind == "mpirun":
+        cmd = ["mpirun", "-np", str(ranks), "--map-by", f"ppr:{rpn}:node:PE={cpr}"]
+        cmd += ["--bind-to", site.cpu_bind] if site.cpu_bind else []
+    else:
+        if nodes != 1:
+            raise BenchError(f"launcher horovodrun on {nodes} nodes: this site launches on its own host only; "
+                             f"use --nodes 1 or a scheduler's launcher")
+        cmd = ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}"]
+    return cmd + extra + container(site)
+
+
+def container(site: Site) -> list[str]:
+    c, options = site.container, shlex.split(site.container.options)
+    return {"none": [], "shifter": ["shifter", f"--image={c.image}", *options],
+            "sarus": ["sarus", "run", *options, c.image], "apptainer": ["apptainer", "exec", *options, c.image],
+            "podman-hpc": ["podman-hpc", "run", "--rm", *options, c.image]}[c.kind]
+
+
+def settings(site: Site, job: Job, campaign: bool) -> list[str]:
+    """The config overrides every training of the job gets: data, staging, threads, Horovod, platform (the
+    job's own overrides follow them, quoted)."""
+    h = site.horovod
+    out = [f"data.dir=$DATA_DIR", f"dist.threads_per_rank={site.threads}",
+           f"dist.fusion_threshold_mb={h.fusion_threshold_mb:g}", f"dist.cycle_time_ms={h.cycle_time_ms:g}",
+           f"dist.hierarchical_allreduce={str(h.hierarchical_allreduce).lower()}",
+           f"dist.hierarchical_allgather={str(h.hierarchical_allgather).lower()}", f"mlperf.platform={site.name}"]
+    if site.stage_dir and not campaign:  # a campaign gives every run its own directory (--stage-dir)
+        out += ["data.stage_dir=$STAGE_DIR", f"data.stage_mode={site.stage_mode}"]
+    elif site.stage_dir:
+        out += [f"data.stage_mode={site.stage_mode}"]
+    return out
+
+
+def render(site: Site, job: Job) -> str:
+    """The batch script's text."""
+    name = f"{job.bench}-{site.name}-n{job.nodes}"
+    data = site.data.get(job.bench, "")
+    if not site.suite_dir or not data or not site.output_root:
+        missing = [k for k, v in (("suite_dir", site.suite_dir), (f"data.{job.bench}", data),
+                                  ("output_root", site.output_root)) if not v]
+        raise BenchError(f"site {site.name}: {', '.join(missing)} not set; a job needs the suite's checkout, the "
+                         f"dataset and an output directory")
+    campaign = bool(job.runs or job.instances)
+    body = [
+        "set -euo pipefail",
+        "",
+        "# ---- settings (from the site file; each may be overridden from the environment)",
+        f'SUITE_DIR="${{SUITE_DIR:-{site.suite_dir}}}"',
+        f'DATA_DIR="${{DATA_DIR:-{data}}}"',
+        f'OUTPUT_ROOT="${{OUTPUT_ROOT:-{site.output_root}}}"',
+        f'STAGE_DIR="${{STAGE_DIR:-{site.stage_dir}}}"',
+        f'PYTHON="${{PYTHON:-{site.python}}}"  # runs the trainings',
+        f'DRIVER_PYTHON="${{DRIVER_PYTHON:-{site.driver_python or site.python}}}"  # checks logs, drives campaigns',
+        f'CONFIG="$SUITE_DIR/{job.config or BENCH_CONFIGS[job.bench]}"',
+        "",
+        "fail() { echo \"error: $*\" >&2; exit 2; }",
+        f'[ -f "$SUITE_DIR/{job.bench}/train.py" ] || fail "SUITE_DIR=$SUITE_DIR is not the suite\'s checkout '
+        f'(no {job.bench}/train.py)"',
+        '[ -f "$CONFIG" ] || fail "config $CONFIG does not exist"',
+        '[ -f "$DATA_DIR/manifest.json" ] || [ -f "$DATA_DIR/pack.json" ] || '
+        'fail "DATA_DIR=$DATA_DIR holds no manifest.json or pack.json (convert or pack the dataset first)"',
+        'mkdir -p "$OUTPUT_ROOT" || fail "cannot create OUTPUT_ROOT=$OUTPUT_ROOT"',
+        "",
+        "# ---- environment",
+        *[f"module load {shlex.quote(m)}" for m in site.modules],
+        *[line for setup in site.setup for line in _setup_lines(setup)],
+        f"export OMP_NUM_THREADS={site.threads}",
+        f"export HOROVOD_FUSION_THRESHOLD={int(site.horovod.fusion_threshold_mb * 2 ** 20)}",
+        f"export HOROVOD_CYCLE_TIME={site.horovod.cycle_time_ms:g}",
+        f"export HOROVOD_HIERARCHICAL_ALLREDUCE={int(site.horovod.hierarchical_allreduce)}",
+        f"export HOROVOD_HIERARCHICAL_ALLGATHER={int(site.horovod.hierarchical_allgather)}",
+        *[f"export {k}={shlex.quote(v)}" for k, v in sorted(site.env.items())],
+        "export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}",
+        "",
+        "# ---- the same settings for the run's config (it applies them; the exports are for other tools)",
+        "SETTINGS=(",
+        *[f'    "{s}"' for s in settings(site, job, campaign)],
+        *[f"    {shlex.quote(o)}" for o in (*site.overrides.get(job.bench, ()), *job.overrides)],
+        ")",
+        "",
+        *(_campaign(site, job) if campaign else _single(site, job)),
+    ]
+    header = directives(site, job, name)
+    words = ["python -m jobs render", f"--site {site.name}", f"--bench {job.bench}", f"--nodes {job.nodes}",
+             f"--runs {job.runs}" if job.runs else "", f"--instances {job.instances}" if job.instances else "",
+             f"--config {job.config}" if job.config else "", f"--time {job.time_limit}" if job.time_limit else "",
+             *map(shlex.quote, job.overrides)]
+    note = (f"# Rendered by `{' '.join(w for w in words if w)}`\n"
+            f"# from the site description of {site.name}: {site.description}\n"
+            f"# {job.nodes} node(s) x {site.ranks_per_node} rank(s) = {job.nodes * site.ranks_per_node} ranks.\n")
+    return header + note + "\n".join(body) + "\n"
+
+
+def _setup_lines(line: str) -> list[str]:
+    """A site's setup line, verbatim; a sourced file is the site's, which shellcheck cannot follow."""
+    return ["# shellcheck source=/dev/null", line] if line.split()[:1] in (["source"], ["."]) else [line]
+
+
+def _job_id_line(site: Site) -> str:
+    var = JOB_ID_VARS[site.scheduler]
+    stamp = "$(date +%Y%m%d-%H%M%S)"
+    return f'JOB_ID="${{{var}:-{stamp}}}"' if var else f'JOB_ID="{stamp}"'
+
+
+def _single(site: Site, job: Job) -> list[str]:
+    return ["# ---- one training",
+            _job_id_line(site),
+            f'RUN_DIR="$OUTPUT_ROOT/{job.bench}-$JOB_ID"',
+            'echo "training: $RUN_DIR"',
+            "cd \"$SUITE_DIR\"",
+            "rc=0",
+            _command(launcher(site, job.nodes)) + f' "$PYTHON" "$SUITE_DIR/{job.bench}/train.py" "$CONFIG" \\',
+            '    "${SETTINGS[@]}" "run.output_dir=$RUN_DIR" || rc=$?',
+            "# exit 0: target reached, 1: not reached, 2: bad input, 3: non-finite loss; the log is checked in any case",
+            '"$DRIVER_PYTHON" -m common.compliance "$RUN_DIR" || true',
+            'exit "$rc"']
+
+
+def _campaign(site: Site, job: Job) -> list[str]:
+    launch = shlex.join(launcher(site, job.nodes)).replace("{", "{{").replace("}", "}}")
+    count = f"--runs {job.runs}" if job.runs else f"--instances {job.instances}"
+    stage = ' --stage-dir "$STAGE_DIR"' if site.stage_dir else ""
+    ranks = job.nodes * site.ranks_per_node
+    return ["# ---- a campaign: the driver runs here, each training through the launcher; the directory does not",
+            "# depend on the job, so submitting the same script again resumes the campaign",
+            f'CAMPAIGN_DIR="$OUTPUT_ROOT/campaign-{job.bench}-{site.name}-n{job.nodes}"',
+            "cd \"$SUITE_DIR\"",
+            f'"$DRIVER_PYTHON" -m common.campaign run {job.bench} "$CONFIG" --out "$CAMPAIGN_DIR" {count} \\',
+            f'    --np {ranks} --system {shlex.quote(site.name)}{stage} --python "$PYTHON" \\',
+            f"    --launcher {shlex.quote(launch)} \\",
+            '    "${SETTINGS[@]}"']
+
+
+def _command(words: list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)

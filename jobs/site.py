@@ -1,0 +1,136 @@
+"""A site description: what a batch job on one system needs (jobs/sites/*.yaml; docs/jobs.md).
+
+The YAML is read into frozen dataclasses by common.config's builder: unknown keys and wrong types are
+errors naming the key. `check_site` then refuses what cannot make a working job (a scheduler without
+its launcher's essentials, a container without an image, paths that must be absolute).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from common.config import build
+from common.errors import BenchError
+
+SITES_DIR = Path(__file__).resolve().parent / "sites"
+SCHEDULERS = ("slurm", "lsf", "pbs", "pjsub", "local")
+DEFAULT_LAUNCHERS = {"slurm": "srun", "lsf": "jsrun", "pbs": "mpiexec", "pjsub": "mpiexec", "local": "horovodrun"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerConfig:
+    """The image the trainings run in; `none` runs them in the site's Python environment."""
+
+    kind: Literal["none", "shifter", "sarus", "apptainer", "podman-hpc"] = "none"
+    image: str = ""
+    options: str = ""  # extra flags for the container runtime (e.g. --module=gpu for shifter)
+
+
+@dataclasses.dataclass(frozen=True)
+class HorovodTuning:
+    """Exported as HOROVOD_* and passed as the runs' dist.* settings (the config is what the run applies)."""
+
+    fusion_threshold_mb: float = 64.0
+    cycle_time_ms: float = 1.0
+    hierarchical_allreduce: bool = False
+    hierarchical_allgather: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One system's batch environment."""
+
+    name: str = ""
+    description: str = ""  # what the system is; example files say they are examples to adapt
+    scheduler: Literal["slurm", "lsf", "pbs", "pjsub", "local"] = "slurm"
+    launcher: Literal["", "srun", "jsrun", "mpiexec", "mpirun", "horovodrun"] = ""  # "": the scheduler's usual
+    account: str = ""  # project / account / group charged
+    queue: str = ""  # Slurm partition, LSF or PBS queue, Fugaku resource group
+    qos: str = ""
+    constraint: str = ""  # Slurm --constraint (node type)
+    time_limit: str = "01:00:00"  # hh:mm:ss
+    ranks_per_node: int = 1
+    accelerators_per_node: int = 0
+    cpus_per_rank: int = 1  # cores (hardware threads where the scheduler counts those) per rank
+    cpu_bind: str = ""  # the launcher's binding keyword, e.g. cores (srun), rs (jsrun), depth (mpiexec)
+    threads_per_rank: int = 0  # OMP_NUM_THREADS and dist.threads_per_rank; 0: cpus_per_rank
+    launcher_args: str = ""  # extra launcher flags, verbatim
+    scheduler_args: tuple[str, ...] = ()  # extra directive lines' arguments, verbatim (e.g. "--exclusive")
+    modules: tuple[str, ...] = ()  # `module load` each
+    setup: tuple[str, ...] = ()  # shell lines run before the launch (e.g. source a virtual environment)
+    suite_dir: str = ""  # the suite's checkout on the system (absolute)
+    python: str = "python"  # the interpreter that runs the trainings (inside the container, when there is one)
+    # The Python that runs a campaign's driver, where the launcher is (outside any container; it needs the
+    # suite's requirements); "": `python`.
+    driver_python: str = ""
+    data: dict[str, str] = dataclasses.field(default_factory=dict)  # benchmark -> dataset directory (absolute)
+    output_root: str = ""  # where run and campaign directories go (absolute), e.g. a scratch file system
+    stage_dir: str = ""  # node-local directory to stage into ("" reads data in place)
+    stage_mode: Literal["rank", "node", "node_share"] = "node"
+    container: ContainerConfig = ContainerConfig()
+    horovod: HorovodTuning = HorovodTuning()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # exported as given
+    # Config overrides this system's jobs give a benchmark (before the job's own), e.g. Mesh-TF partitioning.
+    overrides: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def launcher_kind(self) -> str:
+        return self.launcher or DEFAULT_LAUNCHERS[self.scheduler]
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_rank or self.cpus_per_rank
+
+
+def site_path(name_or_path: str) -> Path:
+    """A site file: a path, or the name of an example in jobs/sites/."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        return path
+    return SITES_DIR / f"{name_or_path}.yaml"
+
+
+def example_sites() -> list[str]:
+    return sorted(p.stem for p in SITES_DIR.glob("*.yaml"))
+
+
+def load_site(name_or_path: str) -> Site:
+    path = site_path(name_or_path)
+    if not path.is_file():
+        raise BenchError(f"site {name_or_path!r}: {path} does not exist (examples: {', '.join(example_sites())})")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise BenchError(f"site file {path} is not valid YAML: {err}") from None
+    try:
+        site = build(Site, raw)
+        check_site(site)
+    except BenchError as err:
+        raise BenchError(f"site file {path}: {err}") from None
+    return site
+
+
+def check_site(site: Site) -> None:
+    """What a job from this site needs, beyond the types."""
+    if not site.name:
+        raise BenchError("name is empty; give the system's name (it names the jobs and the submission)")
+    for key, value in (("suite_dir", site.suite_dir), ("output_root", site.output_root),
+                       *((f"data.{b}", d) for b, d in site.data.items()), ("stage_dir", site.stage_dir)):
+        if value and not value.startswith(("/", "$")):
+            raise BenchError(f"{key} {value!r}: expected an absolute path (or one starting with an environment "
+                             f"variable such as $SCRATCH)")
+    for key, value in (("ranks_per_node", site.ranks_per_node), ("cpus_per_rank", site.cpus_per_rank)):
+        if value < 1:
+            raise BenchError(f"{key} {value}: expected >= 1")
+    if site.accelerators_per_node and site.accelerators_per_node % site.ranks_per_node and \
+            site.ranks_per_node % site.accelerators_per_node:
+        raise BenchError(f"accelerators_per_node {site.accelerators_per_node} and ranks_per_node "
+                         f"{site.ranks_per_node}: expected one to divide the other")
+    if site.container.kind != "none" and not site.container.image:
+        raise BenchError(f"container.kind {site.container.kind}: container.image is empty")
+    if site.launcher_kind == "jsrun" and site.scheduler != "lsf":
+        raise BenchError(f"launcher jsrun with scheduler {site.scheduler}: jsrun runs inside LSF allocations only")
