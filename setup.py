@@ -19,8 +19,9 @@ setup(
     version="0.1.0",
     description="MLPerf-HPC-style benchmarks (CosmoFlow, DeepCAM) with Horovod, DALI and Mesh-TensorFlow",
     python_requires=">=3.10,<3.13",
-    packages=find_packages(include=["common*", "cosmoflow*", "deepcam*", "data_prep*"]),
-    package_data={"cosmoflow": ["configs/*.yaml"], "deepcam": ["configs/*.yaml"]},
+    packages=find_packages(include=["common*", "cosmoflow*", "deepcam*", "data_prep*", "jobs*"]),
+    package_data={"cosmoflow": ["configs/*.yaml"], "deepcam": ["configs/*.yaml"],
+                  "jobs": ["sites/*.yaml", "templates/*.sh"]},
     install_requires=[
         f"{TF_PACKAGE}==2.18.1",
         "numpy==2.0.2",
