@@ -20,7 +20,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     render.add_argument("--nodes", type=int, required=True)
     render.add_argument("--runs", type=int, default=0, help="a campaign of this many runs, one after the other")
     render.add_argument("--instances", type=int, default=0, help="a throughput campaign of this many at once")
-    render.add_argument("--config", default="", help="the benchmark config, relative to the suite's checkout")
+    render.add_argument("--config", default="", help="the benchmark config: relative to the suite's checkout, or absolute")
     render.add_argument("--time", default="", help="time limit hh:mm:ss (default: the site's)")
     render.add_argument("--out", help="write the script here (default: print it)")
     render.add_argument("overrides", nargs="*", help="config overrides for every training, section.key=value")

@@ -156,7 +156,7 @@ def render(site: Site, job: Job) -> str:
         f'STAGE_DIR="${{STAGE_DIR:-{site.stage_dir}}}"',
         f'PYTHON="${{PYTHON:-{site.python}}}"  # runs the trainings',
         f'DRIVER_PYTHON="${{DRIVER_PYTHON:-{site.driver_python or site.python}}}"  # checks logs, drives campaigns',
-        f'CONFIG="$SUITE_DIR/{job.config or BENCH_CONFIGS[job.bench]}"',
+        f'CONFIG="{_config_path(job)}"',
         "",
         "fail() { echo \"error: $*\" >&2; exit 2; }",
         f'[ -f "$SUITE_DIR/{job.bench}/train.py" ] || fail "SUITE_DIR=$SUITE_DIR is not the suite\'s checkout '
@@ -194,6 +194,12 @@ def render(site: Site, job: Job) -> str:
             f"# from the site description of {site.name}: {site.description}\n"
             f"# {job.nodes} node(s) x {site.ranks_per_node} rank(s) = {job.nodes * site.ranks_per_node} ranks.\n")
     return header + note + "\n".join(body) + "\n"
+
+
+def _config_path(job: Job) -> str:
+    """The benchmark config: an absolute path as given, else relative to the suite's checkout."""
+    config = job.config or BENCH_CONFIGS[job.bench]
+    return config if config.startswith("/") else f"$SUITE_DIR/{config}"
 
 
 def _setup_lines(line: str) -> list[str]:

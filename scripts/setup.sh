@@ -19,7 +19,7 @@ TF_PACKAGE=${TF_PACKAGE:-tensorflow-cpu}
 TF_VERSION=2.18.1
 HOROVOD_VERSION=0.28.1
 DALI_VERSION=2.4.0
-APT_PACKAGES=(g++ cmake make openmpi-bin libopenmpi-dev libxxhash-dev shellcheck)
+APT_PACKAGES=(g++ cmake make openmpi-bin libopenmpi-dev libxxhash-dev shellcheck munge slurmctld slurmd slurm-client)
 
 step() { printf '\n==> %s\n' "$*"; }
 
