@@ -35,6 +35,11 @@ class Job:
     instances: int = 0
     time_limit: str = ""  # "": the site's
 
+    @property
+    def allocated_nodes(self) -> int:
+        """A throughput campaign's instances train at once, each on `nodes` nodes of their own."""
+        return self.nodes * max(self.instances, 1)
+
     def __post_init__(self):
         if self.bench not in BENCH_CONFIGS:
             raise BenchError(f"benchmark {self.bench!r}: expected one of {sorted(BENCH_CONFIGS)}")
@@ -58,7 +63,7 @@ def fill(template: str, values: dict[str, str], where: str) -> str:
 
 def directives(site: Site, job: Job, name: str) -> str:
     """The scheduler's header (template) with the optional lines the site sets."""
-    values = {"name": name, "nodes": str(job.nodes), "ranks_per_node": str(site.ranks_per_node),
+    values = {"name": name, "nodes": str(job.allocated_nodes), "ranks_per_node": str(site.ranks_per_node),
               "cpus_per_rank": str(site.cpus_per_rank), "time": job.time_limit or site.time_limit,
               "time_minutes": str(_minutes(job.time_limit or site.time_limit)),
               "cores_per_node": str(site.ranks_per_node * site.cpus_per_rank)}
@@ -192,7 +197,8 @@ def render(site: Site, job: Job) -> str:
              *map(shlex.quote, job.overrides)]
     note = (f"# Rendered by `{' '.join(w for w in words if w)}`\n"
             f"# from the site description of {site.name}: {site.description}\n"
-            f"# {job.nodes} node(s) x {site.ranks_per_node} rank(s) = {job.nodes * site.ranks_per_node} ranks.\n")
+            f"# {job.nodes} node(s) x {site.ranks_per_node} rank(s) = {job.nodes * site.ranks_per_node} ranks"
+            f"{f' per instance, {job.instances} instances on {job.allocated_nodes} nodes' if job.instances else ''}.\n")
     return header + note + "\n".join(body) + "\n"
 
 
@@ -229,16 +235,23 @@ def _single(site: Site, job: Job) -> list[str]:
 
 def _campaign(site: Site, job: Job) -> list[str]:
     launch = shlex.join(launcher(site, job.nodes)).replace("{", "{{").replace("}", "}}")
+    hosts = []
+    if job.instances and site.scheduler == "pbs":  # mpiexec needs each instance's nodes named
+        hosts = ['HOSTS_DIR="$OUTPUT_ROOT/hosts-$PBS_JOBID"', 'mkdir -p "$HOSTS_DIR"',
+                 f'sort -u "$PBS_NODEFILE" | split -d -a 3 -l {job.nodes} - "$HOSTS_DIR/instance_"']
+        launch = launch.replace("mpiexec ", "mpiexec --hostfile '$HOSTS_DIR/instance_{run:03d}' ", 1)
     count = f"--runs {job.runs}" if job.runs else f"--instances {job.instances}"
     stage = ' --stage-dir "$STAGE_DIR"' if site.stage_dir else ""
     ranks = job.nodes * site.ranks_per_node
     return ["# ---- a campaign: the driver runs here, each training through the launcher; the directory does not",
             "# depend on the job, so submitting the same script again resumes the campaign",
             f'CAMPAIGN_DIR="$OUTPUT_ROOT/campaign-{job.bench}-{site.name}-n{job.nodes}"',
+            *hosts,
             "cd \"$SUITE_DIR\"",
             f'"$DRIVER_PYTHON" -m common.campaign run {job.bench} "$CONFIG" --out "$CAMPAIGN_DIR" {count} \\',
             f'    --np {ranks} --system {shlex.quote(site.name)}{stage} --python "$PYTHON" \\',
-            f"    --launcher {shlex.quote(launch)} \\",
+            # Double quotes where the launcher names the instance's host file: the shell fills in HOSTS_DIR.
+            f'    --launcher "{launch}" \\' if hosts else f"    --launcher {shlex.quote(launch)} \\",
             '    "${SETTINGS[@]}"']
 
 

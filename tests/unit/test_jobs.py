@@ -107,3 +107,22 @@ def test_the_rendered_script_stops_before_any_work_when_a_path_is_wrong(tmp_path
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "holds no manifest.json or pack.json" in proc.stderr
     assert not list(Path(tmp_path).glob(".job.sh.tmp*"))
+
+
+def test_a_throughput_job_allocates_every_instance_its_own_nodes():
+    slurm = render(load_site("perlmutter"), Job(bench="deepcam", nodes=16, instances=5))
+    assert "#SBATCH --nodes=80" in slurm.splitlines() and "srun --nodes=16 --ntasks=64 " in slurm
+    pbs = render(load_site("polaris"), Job(bench="deepcam", nodes=16, instances=5))
+    assert "#PBS -l select=80:ncpus=32" in pbs
+    assert 'sort -u "$PBS_NODEFILE" | split -d -a 3 -l 16 - "$HOSTS_DIR/instance_"' in pbs
+    assert "--launcher \"mpiexec --hostfile '$HOSTS_DIR/instance_{run:03d}' -n 64 " in pbs
+
+
+def test_the_rendered_examples_in_the_docs_are_current():
+    from jobs.docs import DOCS, refreshed
+    pages = sorted(DOCS.glob("*.md"))
+    assert {p.stem for p in pages} == {"slurm", "lsf", "pbs", "pjsub", "local"}
+    for page in pages:
+        text = page.read_text()
+        assert "<!-- rendered:end -->" in text and refreshed(text) == text, \
+            f"{page} is out of date: run `python -m jobs.docs`"
