@@ -2,7 +2,7 @@
 
 - `breakdown`: time to solution split into staging, training, evaluation and other, per configuration.
 - `convergence`: epochs to converge against global batch size (converged runs; failures counted).
-- `scaling`: training sample throughput against compute units.
+- `scaling`: training sample throughput against compute units, per local batch size.
 - `compute_time`: their join: epochs(B) x train samples / throughput(units) for every measured pairing
   of a batch size with the units that run it at the campaign's local batch size.
 - `budget`: compute budget in unit-hours (units x time to train).
@@ -20,11 +20,13 @@ PARTS = ["staging", "training", "evaluation", "other"]
 
 
 def breakdown(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean seconds of each part of time to solution per configuration, and the parts' shares."""
+    """Mean seconds of each part of time to solution per configuration, and the parts' shares (over every
+    run, converged or not: `converged` says how many reached the target)."""
     table = runs.groupby(CONFIG)[PARTS + ["time_to_train"]].mean()
     for part in PARTS:
         table[f"{part}_share"] = table[part] / table["time_to_train"]
     table["runs"] = runs.groupby(CONFIG).size()
+    table["converged"] = runs.groupby(CONFIG)["converged"].sum().astype(int)
     return table.reset_index()
 
 
@@ -39,8 +41,9 @@ def convergence(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def scaling(runs: pd.DataFrame) -> pd.DataFrame:
-    """Training samples/s per (benchmark, units): mean, std, runs; and per unit."""
-    grouped = runs.groupby(["benchmark", "units"])
+    """Training samples/s per (benchmark, local batch size, units): mean, std, runs; and per unit. The local
+    batch is kept apart: throughput per unit depends on it as much as on the unit count."""
+    grouped = runs.groupby(["benchmark", "local_batch_size", "units"])
     table = grouped["samples_per_second"].agg(["mean", "std", "count"])
     table.columns = ["samples_per_second", "samples_per_second_std", "runs"]
     table = table.reset_index()
@@ -60,8 +63,9 @@ def compute_time(runs: pd.DataFrame) -> pd.DataFrame:
         samples = group["train_samples"].median()
         eval_per_epoch = (group["evaluation"] / group["epochs"].clip(lower=1)).mean()
         for _, c in conv[(conv["benchmark"] == bench) & (conv["converged"] > 0)].iterrows():
-            for _, s in scal[scal["benchmark"] == bench].iterrows():
-                if local.empty or c["global_batch_size"] != s["units"] * local.iloc[0]:
+            for _, s in scal[(scal["benchmark"] == bench) & (scal["local_batch_size"] == (
+                    local.iloc[0] if len(local) else None))].iterrows():
+                if c["global_batch_size"] != s["units"] * s["local_batch_size"]:
                     continue
                 predicted = c["epochs_mean"] * (samples / s["samples_per_second"] + eval_per_epoch)
                 measured = group[(group["units"] == s["units"]) & (group["global_batch_size"] == c["global_batch_size"])

@@ -49,7 +49,8 @@ def _log_y(ax) -> None:
 
 def time_breakdown(table: pd.DataFrame) -> bytes:
     """Fig. 1: stacked bars of the mean time to solution per configuration, in minutes."""
-    labels = [f"{r.benchmark}\n{r.units} units, B={r.global_batch_size}" for r in table.itertuples()]
+    labels = [f"{r.benchmark}, {r.units} units, B={r.global_batch_size}\n{r.converged} of {r.runs} converged"
+              for r in table.itertuples()]
     fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * len(table)))
     left = np.zeros(len(table))
     for part in PARTS:
@@ -69,19 +70,26 @@ def convergence(runs: pd.DataFrame, table: pd.DataFrame, benchmark: str) -> byte
     """Fig. 2b: epochs to converge against global batch size, every converged run and the means, with
     constant-steps level lines (epochs proportional to batch size: the same number of optimizer steps)."""
     mine, conv = runs[(runs["benchmark"] == benchmark) & runs["converged"]], table[table["benchmark"] == benchmark]
+    failed = runs[(runs["benchmark"] == benchmark) & ~runs["converged"].astype(bool)]
+    conv = conv[conv["converged"] > 0]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter(mine["global_batch_size"], mine["epochs_to_converge"], color="#9ecae1", label="run", zorder=2)
+    ax.scatter(mine["global_batch_size"], mine["epochs_to_converge"], color="#9ecae1", label="run", zorder=4,
+               s=14)
+    if len(failed):
+        ax.scatter(failed["global_batch_size"], failed["epochs"], marker="^", facecolors="none", edgecolors="#cb181d",
+                   label="not converged (epochs run)", zorder=4)
     ax.errorbar(conv["global_batch_size"], conv["epochs_mean"], yerr=conv["epochs_std"].fillna(0), fmt="o-",
                 color="#08519c", capsize=3, label="mean ± std", zorder=3)
-    batches = np.array(sorted(conv["global_batch_size"].unique()), float)
+    batches = np.array(sorted(set(conv["global_batch_size"]) | set(failed["global_batch_size"])), float)
     if len(batches):
         grid = np.geomspace(batches.min() / 1.5, batches.max() * 1.5, 50)
-        for steps_per_sample in _level_constants(conv["epochs_mean"] / conv["global_batch_size"]):
+        for steps_per_sample in _level_constants(conv["epochs_mean"] / conv["global_batch_size"]):  # epochs / B
             ax.plot(grid, steps_per_sample * grid, ":", color="grey", lw=0.8, zorder=1)
         ax.plot([], [], ":", color="grey", lw=0.8, label="constant steps")
         _log2_x(ax, batches)
-    if len(conv):
-        low, high = conv["epochs_min"].min(), conv["epochs_max"].max()
+    if len(conv) or len(failed):
+        values = pd.concat([conv["epochs_min"], conv["epochs_max"], failed["epochs"].astype(float)])
+        low, high = values.min(), values.max()
         _log_y(ax)
         ax.set_ylim(low / 1.6, high * 1.6)
     ax.set_xlabel("global batch size (samples)")
@@ -96,8 +104,9 @@ def throughput(table: pd.DataFrame, benchmark: str) -> bytes:
     level lines (perfect linear scaling)."""
     mine = table[table["benchmark"] == benchmark]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.errorbar(mine["units"], mine["samples_per_second"], yerr=mine["samples_per_second_std"].fillna(0), fmt="o-",
-                color="#a63603", capsize=3, label="measured (mean ± std)", zorder=3)
+    for (local, group), colour in zip(mine.groupby("local_batch_size"), ("#a63603", "#31a354", "#756bb1", "#636363")):
+        ax.errorbar(group["units"], group["samples_per_second"], yerr=group["samples_per_second_std"].fillna(0),
+                    fmt="o-", color=colour, capsize=3, label=f"local batch {local:g} (mean ± std)", zorder=3)
     if len(mine):
         units = np.array(sorted(mine["units"].unique()), float)
         grid = np.geomspace(units.min() / 1.5, units.max() * 1.5, 50)
@@ -147,7 +156,7 @@ def variability(runs: pd.DataFrame) -> bytes:
         ax.plot([minutes.mean()] * 2, [i - 0.3, i + 0.3], color="black", lw=2)
     ax.set_yticks(range(len(groups)))
     ax.set_yticklabels([f"{b}\n{u} units, B={g}" for (b, u, g), _ in groups])
-    ax.set_xlim(0, None)
+    ax.set_xlim(0, max(converged["time_to_train"].max() / 60 * 1.1, 1e-9) if len(converged) else 1)
     ax.invert_yaxis()
     ax.set_xlabel("time to train (minutes); bar: mean")
     ax.set_title("Run-to-run variability")

@@ -3,9 +3,11 @@
 time to solution(U, B) = staging + epochs(B) x (train samples / throughput(U) + evaluation per epoch(U))
 
 - throughput(U): a power law T = c U^b fitted (least squares, log-log) to the mean samples/s at the
-  measured unit counts; with a single scale measured, linear scaling from it (b = 1), said so.
-- epochs(B): the converged runs' mean epochs to converge, interpolated linearly in B between measured
-  batch sizes and extended linearly beyond them from the two nearest; constant with one batch size.
+  measured unit counts at the configuration's local batch size (B / U; all local batch sizes when that
+  one was not measured, said so); with a single scale measured, linear scaling from it (b = 1), said so.
+- epochs(B): the converged runs' mean epochs to converge, interpolated as a power law between neighbouring
+  measured batch sizes (straight on Fig. 2b's log-log axes) and extended the same way beyond them from the
+  two nearest; constant with one batch size.
 - evaluation per epoch at U: that measured at the nearest unit count, scaled by the throughput ratio.
 - staging: the mean over the runs that staged (none: 0).
 
@@ -36,6 +38,7 @@ class Prediction:
     time_to_solution: float  # seconds
     measured: float  # mean time to train of converged runs at this configuration; NaN when not measured
     relative_error: float  # (predicted - measured) / measured; NaN when not measured
+    measured_runs: str  # "2 of 3 converged", or "not run"
     throughput_model: str
     epochs_model: str
 
@@ -51,19 +54,18 @@ def throughput_model(units: np.ndarray, rates: np.ndarray) -> tuple[float, float
 
 
 def epochs_at(batches: np.ndarray, epochs: np.ndarray, batch: float) -> float:
-    """Linear in batch size through the measured points, extended from the nearest two outside them."""
+    """Piecewise power law in batch size through the measured points (straight lines on the log-log plot of
+    Fig. 2b), extended from the nearest two outside them; always positive."""
     order = np.argsort(batches)
-    b, e = batches[order], epochs[order]
+    b, e = np.log(batches[order]), np.log(epochs[order])
     if len(b) == 1:
-        return float(e[0])
-    if batch < b[0]:
-        i = 0
-    elif batch > b[-1]:
-        i = len(b) - 2
-    else:
-        return float(np.interp(batch, b, e))
+        return float(epochs[0])
+    x = math.log(batch)
+    i = 0 if x < b[0] else len(b) - 2 if x > b[-1] else None
+    if i is None:
+        return float(math.exp(np.interp(x, b, e)))
     slope = (e[i + 1] - e[i]) / (b[i + 1] - b[i])
-    return float(e[i] + slope * (batch - b[i]))
+    return float(math.exp(e[i] + slope * (x - b[i])))
 
 
 def predict(runs: pd.DataFrame, benchmark: str, units: int, global_batch_size: int) -> Prediction:
@@ -82,11 +84,15 @@ def predict(runs: pd.DataFrame, benchmark: str, units: int, global_batch_size: i
     if conv.empty:
         raise BenchError(f"no converged {benchmark} run: epochs to converge are unknown at every batch size")
     scal = scaling(mine).dropna(subset=["samples_per_second"])
-    c, b, t_desc = throughput_model(scal["units"].to_numpy(float), scal["samples_per_second"].to_numpy(float))
+    local = global_batch_size / units
+    same_local = scal[scal["local_batch_size"] == local]
+    fitted = same_local if len(same_local) else scal
+    c, b, t_desc = throughput_model(fitted["units"].to_numpy(float), fitted["samples_per_second"].to_numpy(float))
+    t_desc += f" at local batch {local:g}" if len(same_local) else f"; local batch {local:g} not measured: all used"
     rate = c * units ** b
     epochs = epochs_at(conv["global_batch_size"].to_numpy(float), conv["epochs_mean"].to_numpy(float),
                        global_batch_size)
-    e_desc = (f"interpolated in batch size over {sorted(conv['global_batch_size'].tolist())}" if len(conv) > 1
+    e_desc = (f"power law in batch size through {sorted(conv['global_batch_size'].tolist())}" if len(conv) > 1
               else f"measured at batch size {conv['global_batch_size'].iloc[0]} only: assumed the same")
     eval_per_epoch = _eval_per_epoch(mine, units, c, b)
     staged = mine.loc[mine["staging"] > 0, "staging"]
@@ -94,10 +100,12 @@ def predict(runs: pd.DataFrame, benchmark: str, units: int, global_batch_size: i
     samples = float(mine["train_samples"].median())
     total = staging + epochs * (samples / rate + eval_per_epoch)
     measured = float(held_out["time_to_train"].mean()) if len(held_out) else math.nan
+    ran = int(target.sum())
     return Prediction(benchmark=benchmark, units=units, global_batch_size=global_batch_size, epochs=epochs,
                       samples_per_second=rate, eval_seconds_per_epoch=eval_per_epoch, staging_seconds=staging,
                       time_to_solution=total, measured=measured,
                       relative_error=(total - measured) / measured if measured == measured else math.nan,
+                      measured_runs=f"{len(held_out)} of {ran} converged" if ran else "not run",
                       throughput_model=t_desc, epochs_model=e_desc)
 
 

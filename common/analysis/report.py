@@ -93,7 +93,8 @@ def prediction_table(predictions: list[Prediction]) -> pd.DataFrame:
     return pd.DataFrame([{"benchmark": p.benchmark, "units": p.units, "global_batch_size": p.global_batch_size,
                           "epochs": p.epochs, "samples_per_second": p.samples_per_second,
                           "predicted_seconds": p.time_to_solution, "measured_seconds": p.measured,
-                          "relative_error": p.relative_error, "throughput_model": p.throughput_model,
+                          "relative_error": p.relative_error, "measured_runs": p.measured_runs,
+                          "throughput_model": p.throughput_model,
                           "epochs_model": p.epochs_model} for p in predictions])
 
 

@@ -62,13 +62,13 @@ def test_bad_logs_are_named(tmp_path):
 
 
 def constructed_runs() -> pd.DataFrame:
-    """Runs with throughput 100 U^0.9 samples/s and epochs to converge 4 + B/8, local batch 4, no staging
+    """Runs with throughput 100 U^0.9 samples/s and epochs to converge 2 B^0.5, local batch 4, no staging
     or evaluation, 8,000 training samples: time to train = epochs x 8000 / throughput."""
     rows = []
     for units in (1, 2, 4):
         for seed in range(3):
             batch = 4 * units
-            epochs, rate = 4 + batch / 8, 100 * units ** 0.9
+            epochs, rate = 2 * batch ** 0.5, 100 * units ** 0.9
             rows.append({"benchmark": "cosmoflow", "units": units, "global_batch_size": batch, "local_batch_size": 4,
                          "converged": True, "epochs_to_converge": epochs, "epochs": epochs, "samples_per_second": rate,
                          "train_samples": 8000, "staging": 0.0, "evaluation": 0.0, "training": epochs * 8000 / rate,
@@ -79,14 +79,21 @@ def constructed_runs() -> pd.DataFrame:
 def test_prediction_recovers_the_constructed_laws():
     runs = constructed_runs()
     far = predict.predict(runs, "cosmoflow", units=16, global_batch_size=64)
-    epochs, rate = 4 + 64 / 8, 100 * 16 ** 0.9
+    epochs, rate = 2 * 64 ** 0.5, 100 * 16 ** 0.9
     assert far.samples_per_second == pytest.approx(rate, rel=1e-9)
-    assert far.epochs == pytest.approx(epochs, rel=1e-9)  # extended linearly beyond the measured batches
+    assert far.epochs == pytest.approx(epochs, rel=1e-9)  # extended as a power law beyond the measured batches
     assert far.time_to_solution == pytest.approx(epochs * 8000 / rate, rel=1e-9)
-    assert math.isnan(far.measured) and "U^0.900" in far.throughput_model
+    assert math.isnan(far.measured) and far.measured_runs == "not run" and "U^0.900" in far.throughput_model
     inside = predict.predict(runs, "cosmoflow", units=2, global_batch_size=8)
-    assert inside.measured == pytest.approx(5 * 8000 / (100 * 2 ** 0.9))
+    assert inside.measured == pytest.approx(2 * 8 ** 0.5 * 8000 / (100 * 2 ** 0.9))
+    assert inside.measured_runs == "3 of 3 converged" and "at local batch 4" in inside.throughput_model
     assert abs(inside.relative_error) < 1e-9
+
+
+def test_epochs_beyond_the_measured_batches_stay_positive():
+    # Falling with batch size (as the study's batch 4 and 8 did): a straight line would go below zero at 16.
+    value = predict.epochs_at(np.array([4.0, 8.0]), np.array([14.0, 9.0]), 16)
+    assert value == pytest.approx(9 * (9 / 14)) and value > 0
 
 
 def test_prediction_holds_out_the_measured_configuration_and_reports_its_error():
@@ -104,7 +111,7 @@ def test_prediction_holds_out_the_measured_configuration_and_reports_its_error()
 def test_analyses_of_the_constructed_runs():
     runs = constructed_runs()
     conv = analyses.convergence(runs)
-    assert conv["epochs_mean"].tolist() == [4.5, 5.0, 6.0] and conv["failed"].tolist() == [0, 0, 0]
+    assert conv["epochs_mean"].tolist() == pytest.approx([4, 2 * 8 ** 0.5, 8]) and conv["failed"].tolist() == [0, 0, 0]
     scal = analyses.scaling(runs)
     assert scal["per_unit"].tolist() == pytest.approx([100 * u ** -0.1 for u in (1, 2, 4)])
     join = analyses.compute_time(runs)
