@@ -4,7 +4,8 @@ An application describes itself with an `Application` (its benchmark name, confi
 metric and the functions that build its parts); `run_application(app, argv)` then reads the
 config and the dotted overrides, starts the distributed runtime, saves the resolved config,
 writes the MLPerf log around the timed part, writes summary.json and io_report.json and returns
-the exit code: 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite loss.
+the exit code: 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite loss,
+75 stopped by a signal (a checkpoint of where it stopped written).
 An application with more than one way to spread the work over ranks (CosmoFlow's hybrid data x
 spatial path) checks its layout in `Application.check` before any work, and says through `Built`
 how many data-parallel replicas the ranks form, which steps they run and what the summary adds.
@@ -13,25 +14,37 @@ The timed part follows the MLPerf HPC rules: init builds the model and optimizer
 the dataset; the run starts, stages the data when data.stage_dir is set (staging_start ..
 staging_stop; with data.stage_timing=before_run staging precedes init instead), builds the input
 pipelines, and trains to the target.
+
+Faults (docs/faults.md): SIGTERM / SIGUSR1 stop every rank after the same step, with a checkpoint
+(checkpoint.on_signal), run_stop status aborted and exit code 75; checkpoint.every_epochs / every_minutes
+write periodic checkpoints; checkpoint.resume=true continues from the newest valid one, moving the earlier
+attempt's mlperf.log and summaries to attempts/<n>/ and logging `resumed_from_checkpoint` after run_start.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from common.checkpoint import Checkpointer, Resume, find_resume
 from common.cli import guarded
 from common.config import load_config, save_config
 from common.dist import DistEnv, describe, init_distributed
 from common.iostats import IOCounters, io_report, write_io_report
-from common.loop import Datasets, FitOptions, FitResult, Metric, StepsFactory, data_parallel_steps, fit
+from common.errors import BenchError
+from common.loop import Control, Datasets, FitOptions, FitResult, Metric, StepsFactory, data_parallel_steps, fit
 from common.manifest import Manifest
 from common.mllog import MLPerfLog, dataset_keys, scale_keys
 from common.staging import StageResult, check_unstaged_source, stage_for_run
+from common.stopping import StopRequests
 from common.summary import exit_code, run_summary, write_summary
+
+# What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
+ATTEMPT_FILES = ("summary.json", "io_report.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +95,7 @@ class TimedRun:
     staging: StageResult | None
     io: IOCounters
     built: Built
+    resume: Resume | None = None
 
 
 def parse_args(app: Application, argv=None) -> argparse.Namespace:
@@ -104,19 +118,25 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
     if app.check:
         app.check(cfg, dist)
     out = Path(cfg.run.output_dir)
-    if dist.is_root:
-        save_config(cfg, out)
     log = functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
+    resume = find_resume(cfg.checkpoint, cfg.run.output_dir, dist, app.benchmark, log)
+    if dist.is_root:
+        if resume:
+            _archive_attempt(out, cfg.mlperf.log_file, resume.progress.attempt)
+        save_config(cfg, out)
     mlperf = MLPerfLog(out / cfg.mlperf.log_file, enabled=dist.is_root)
+    stop = StopRequests().install()
     try:
-        run = _timed_run(app, cfg, dist, mlperf, log)
+        run = _timed_run(app, cfg, dist, mlperf, log, resume, stop)
     finally:
+        stop.uninstall()
         mlperf.close()
     report = io_report(run.io, run.staging, run.result.history, dist)  # collective: every rank takes part
     extra = run.built.summary() if run.built.summary else {}  # collective too
     if dist.is_root:
         summary = run_summary(app.benchmark, cfg, dist, run.data, run.result, run.time_to_train,
                               metric_name=app.metric_name, replicas=run.built.replicas(dist)) | extra | {"io": report}
+        summary |= _attempt_summary(run)
         write_io_report(report, out)
         write_summary(summary, out)
         log(f"{run.result.status}: {run.result.reason}; time to train {run.time_to_train:.1f} s; summary in "
@@ -126,7 +146,32 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
     return exit_code(run.result)
 
 
-def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> TimedRun:
+def _archive_attempt(out: Path, log_file: str, attempt: int) -> None:
+    """Move what attempt `attempt` left in `out` (its MLPerf log and summaries) to out/attempts/<attempt>/."""
+    names = [n for n in (log_file, *ATTEMPT_FILES) if (out / n).is_file()]
+    if not names:
+        return
+    dest = out / "attempts" / str(attempt)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        os.replace(out / name, dest / name)
+
+
+def _attempt_summary(run: TimedRun) -> dict:
+    """The summary fields of a resumed run (or of one that stopped on a signal)."""
+    fields = {}
+    if run.resume:
+        progress = run.resume.progress
+        fields |= {"attempt": progress.attempt + 1, "resumed_from": {
+            "checkpoint": str(run.resume.path), "epoch": progress.epoch, "step": progress.step},
+            "time_to_train_all_attempts_seconds": progress.earlier_seconds + run.time_to_train}
+    if run.result.stopped:
+        fields |= {"stopped": True, "checkpoint": run.result.checkpoint}
+    return fields
+
+
+def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log, resume: Resume | None = None,
+               stop: StopRequests | None = None) -> TimedRun:
     """The MLPerf-timed part: [staging,] init (model, optimizer), then run_start .. run_stop."""
     staging = None
     if not cfg.data.stage_dir:
@@ -141,15 +186,45 @@ def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> 
     mlperf.end("init_stop")
     run_start = time.time()
     mlperf.start("run_start")
+    if resume:
+        progress = resume.progress
+        mlperf.event("resumed_from_checkpoint", {"checkpoint": resume.path.name, "epoch": progress.epoch,
+                                                 "step": progress.step, "attempt": progress.attempt + 1,
+                                                 "earlier_seconds": round(progress.earlier_seconds, 3)})
+        log(f"resuming from {resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
     if cfg.data.stage_dir and cfg.data.stage_timing == "in_run":
         staging = _stage(app, cfg, dist, mlperf, log)
     data_cfg = dataclasses.replace(cfg.data, dir=staging.dir) if staging else cfg.data
     io = IOCounters.start()
-    data = app.build_data(data_cfg, cfg, dist)
+    data = app.build_data(data_cfg, _data_seeded(cfg, resume, dist), dist)
     mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
-    result = _fit(app, cfg, data_cfg, dist, built, data, mlperf, log)
+    control = _control(app, cfg, dist, built, data, resume, stop, run_start, log)
+    result = _fit(app, cfg, data_cfg, dist, built, data, mlperf, log, control)
     mlperf.end("run_stop", status=result.status)
-    return TimedRun(result, time.time() - run_start, data, staging, io.stop(data, result.history), built)
+    return TimedRun(result, time.time() - run_start, data, staging, io.stop(data, result.history), built, resume)
+
+
+def _data_seeded(cfg, resume: Resume | None, dist: DistEnv):
+    """The config the input pipelines are built from: when a resumed run cannot restore the input position
+    (no iterator state saved, or another rank count), a new seed per attempt, so that it does not replay the
+    first epochs' order."""
+    if resume is None or (resume.input_state and resume.ranks == dist.size):
+        return cfg
+    seed = cfg.run.seed + 7919 * resume.progress.attempt
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
+
+
+def _control(app: Application, cfg, dist: DistEnv, built: Built, data: Datasets, resume: Resume | None,
+             stop: StopRequests | None, run_start: float, log) -> Control:
+    """Checkpoints, resuming and stop signals for fit(); the Keras data-parallel path only checkpoints."""
+    checkpoints = cfg.checkpoint.every_epochs or cfg.checkpoint.every_minutes or cfg.checkpoint.on_signal
+    if built.steps is not data_parallel_steps:
+        if cfg.checkpoint.every_epochs or cfg.checkpoint.every_minutes or resume:
+            raise BenchError(checkpoint_unsupported(cfg.checkpoint, f"{app.benchmark} with steps of its own"))
+        checkpoints = False
+    checkpointer = Checkpointer(cfg.checkpoint, cfg.run.output_dir, dist, app.benchmark, log) if checkpoints else None
+    return Control(checkpointer=checkpointer, resume=resume, stop=stop, run_start=run_start,
+                   input_state=cfg.checkpoint.input_state and data.loader == "tfdata")
 
 
 def _stage(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> StageResult:
@@ -165,7 +240,7 @@ def _stage(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> Stag
 
 
 def _fit(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, data: Datasets, mlperf: MLPerfLog,
-         log) -> FitResult:
+         log, control: Control) -> FitResult:
     """fit() with the app's loss and metric; a failure to read the data becomes an error naming the file."""
     import tensorflow as tf
     loss, metric = app.loss_and_metric(cfg, built)
@@ -173,10 +248,17 @@ def _fit(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, data: Dat
                          eval_every=cfg.train.eval_every, eval_every_steps=cfg.train.eval_every_steps)
     try:
         return fit(built.model, built.optimizer, loss, metric, built.schedule(data), data, dist, options,
-                   mlperf, log, make_steps=built.steps)
+                   mlperf, log, make_steps=built.steps, control=control)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
         mlperf.end("run_stop", status="aborted")
         raise app.read_error(cfg, data_cfg, dist, err) from None
+
+
+def checkpoint_unsupported(ckpt, path: str) -> str:
+    """The error for checkpoint settings on a training path that cannot checkpoint (Application.check uses it)."""
+    return (f"checkpoint.every_epochs={ckpt.every_epochs}, checkpoint.every_minutes={ckpt.every_minutes}, "
+            f"checkpoint.resume={str(ckpt.resume).lower()}: {path} cannot checkpoint yet (stop signals still "
+            f"stop it cleanly, without a checkpoint); set them to 0 and false")
 
 
 def scale_events(cfg, dist: DistEnv, replicas: int) -> dict:

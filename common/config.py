@@ -102,6 +102,26 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints, resuming, and what the scheduler's stop signals do (common/checkpoint.py, docs/faults.md)."""
+
+    dir: str = ""  # "": <run.output_dir>/checkpoints
+    every_epochs: int = 0  # a checkpoint at the end of every this many epochs; 0: none on that schedule
+    every_minutes: float = 0.0  # one at the first epoch end this many minutes after the last; 0: none
+    keep: int = 3  # the newest this many are kept
+    # SIGTERM / SIGUSR1 always stop a run after the current step (run_stop aborted, exit 75); with this set,
+    # a checkpoint of that step is written first
+    on_signal: bool = True
+    input_state: bool = True  # save each rank's tf.data iterator (exact resume; DALI's cannot be saved)
+    resume: bool = False  # continue from the newest valid checkpoint (from scratch when there is none)
+
+    def __post_init__(self):
+        _check(self.every_epochs >= 0, "checkpoint.every_epochs", self.every_epochs, ">= 0")
+        _check(self.every_minutes >= 0, "checkpoint.every_minutes", self.every_minutes, ">= 0")
+        _check(self.keep >= 1, "checkpoint.keep", self.keep, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class MlperfConfig:
     """Submission metadata written into the MLPerf log."""
 

@@ -9,6 +9,9 @@ inside long epochs). Application specifics (loss, metric, schedule) come in as a
 may the steps themselves (`Steps`): the default trains the Keras model data-parallel; the CosmoFlow
 hybrid path (cosmoflow/mesh/hybrid.py) brings steps that run a Mesh-TF graph instead, and ranks that
 read no data (`Datasets.reads` False) take part in every step's collectives with (None, None) batches.
+`Control` adds fault handling: periodic checkpoints, resuming from one (the weights, optimizer, each rank's
+own variables, the input position and the history), and stopping after the step in which a stop signal
+arrived on any rank (common/checkpoint.py, common/stopping.py, docs/faults.md).
 """
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ import math
 import time
 from typing import Any, Callable, Protocol
 
+from common.checkpoint import Checkpointer, Progress, Resume, restore_rank, restore_shared
 from common.dist import DistEnv
 from common.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
+from common.stopping import StopRequests
 
 
 class Metric(Protocol):
@@ -83,6 +88,8 @@ class FitResult:
     metric: float | None
     history: list[dict]
     train_seconds: float
+    stopped: bool = False  # by a stop signal (exit code 75)
+    checkpoint: str = ""  # the checkpoint written when it stopped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,30 +124,66 @@ class FitOptions:
     progress_seconds: float = 30.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """Fault handling in fit(); every part is optional."""
+
+    checkpointer: Checkpointer | None = None  # periodic checkpoints, and the one written on a stop signal
+    resume: Resume | None = None  # the checkpoint this run continues from
+    stop: StopRequests | None = None  # the stop signals, checked (collectively) after every step
+    input_state: bool = False  # the training iterator can be saved (tf.data) and is, in every checkpoint
+    run_start: float = dataclasses.field(default_factory=time.time)  # time.time() at this attempt's run_start
+
+    def progress(self) -> Progress:
+        """Where this attempt starts: the checkpoint's progress (as attempt + 1), or the beginning."""
+        if not self.resume:
+            return Progress()
+        saved = self.resume.progress
+        return dataclasses.replace(saved, attempt=saved.attempt + 1)
+
+    def stop_requested(self, dist: DistEnv) -> bool:
+        return self.stop is not None and self.stop.agreed(dist) > 0
+
+
 def fit(model: Any, optimizer: Any, loss_fn: Callable, metric: Metric, schedule: Callable[[float], float],
         data: Datasets, dist: DistEnv, options: FitOptions, mlperf: MLPerfLog,
-        log: Callable[[str], None] = print, make_steps: StepsFactory = data_parallel_steps) -> FitResult:
-    """Train until the target, a non-finite loss or `options.max_epochs`."""
+        log: Callable[[str], None] = print, make_steps: StepsFactory = data_parallel_steps,
+        control: Control = Control()) -> FitResult:
+    """Train until the target, a non-finite loss, `options.max_epochs` or a stop signal."""
     optimizer.build(model.trainable_variables)
+    if control.resume:
+        restore_shared(control.resume, model, optimizer, dist)
     dist.broadcast_variables(model.variables + optimizer.variables)
+    train_iter = iter(data.train)
+    if control.resume:
+        restore_rank(control.resume, model, train_iter if data.reads else None, dist, log)
     steps = make_steps(model, optimizer, loss_fn, metric, dist)
     try:
-        return _fit_epochs(steps, model, optimizer, metric, schedule, data, dist, options, mlperf, log)
+        return _fit_epochs(steps, train_iter, model, optimizer, metric, schedule, data, dist, options, mlperf, log,
+                           control)
     finally:
         steps.close()
 
 
-def _fit_epochs(steps: Steps, model, optimizer, metric: Metric, schedule, data: Datasets, dist: DistEnv,
-                options: FitOptions, mlperf: MLPerfLog, log) -> FitResult:
+def _fit_epochs(steps: Steps, train_iter, model, optimizer, metric: Metric, schedule, data: Datasets,
+                dist: DistEnv, options: FitOptions, mlperf: MLPerfLog, log, control: Control) -> FitResult:
     run = _Evaluator(steps.evaluate, iter(data.val), model, metric, data, dist, options, mlperf,
                      log if dist.is_root else (lambda _msg: None))
-    train_step, train_iter = steps.train, iter(data.train)
-    for epoch in range(1, options.max_epochs + 1):
+    start = control.progress()
+    run.history = list(start.history)
+    saver = _Saver(control, start, model, optimizer, train_iter, data, run.log)
+    for epoch in range(start.epoch, options.max_epochs + 1):
+        first = start.step if epoch == start.epoch else 0
         mlperf.start("epoch_start", epoch_num=epoch)
-        stats = _train_epoch(train_step, train_iter, optimizer, schedule, data, epoch, run.log, options,
-                             on_step=lambda step, running, ep=epoch: run.on_step(ep, step, running))
+        stats = _train_epoch(steps.train, train_iter, optimizer, schedule, data, epoch, run.log, options,
+                             on_step=lambda step, running, ep=epoch: run.on_step(ep, step, running),
+                             first_step=first, partial=start.partial if first else {},
+                             should_stop=lambda: control.stop_requested(dist))
         mlperf.end("epoch_stop", epoch_num=epoch)
-        run.record(epoch, stats)
+        if stats.get("stopped"):
+            return run.stopped(control, saver.save(Progress(epoch, stats["steps"], run.history, stats["partial"]),
+                                                   on_signal=True))
+        run.record(epoch, {k: v for k, v in stats.items() if k not in ("stopped", "partial")})
         if not math.isfinite(stats["loss"]):
             return run.finish(RUN_ABORTED, f"non-finite training loss {stats['loss']} in epoch {epoch}", None)
         if run.reached:
@@ -149,6 +192,8 @@ def _fit_epochs(steps: Steps, model, optimizer, metric: Metric, schedule, data: 
             run.evaluate(epoch, data.train_steps)
             if run.reached:
                 return run.success()
+        if control.checkpointer and control.checkpointer.due(epoch):
+            saver.save(Progress(epoch + 1, 0, run.history))
     last = next((h[metric.name] for h in reversed(run.history) if metric.name in h), None)
     return run.finish(RUN_ABORTED, f"target {metric.name} {options.target} not reached in "
                       f"{options.max_epochs} epochs (last {last})", last)
@@ -207,6 +252,32 @@ class _Evaluator:
         return FitResult(status, reason, len(self.history), metric_value, self.history,
                          time.perf_counter() - self.start)
 
+    def stopped(self, control: Control, checkpoint: str) -> FitResult:
+        progress_epoch = self.history[-1]["epoch"] if self.history else 0
+        where = f"after epoch {progress_epoch}" if progress_epoch else "in the first epoch"
+        saved = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint written (checkpoint.on_signal=false)"
+        result = self.finish(RUN_ABORTED, f"stopped by {control.stop.describe()} {where}{saved}", None)
+        return dataclasses.replace(result, stopped=True, checkpoint=checkpoint)
+
+
+class _Saver:
+    """Writes the checkpoints of fit(): the progress given, plus what every checkpoint of this attempt shares."""
+
+    def __init__(self, control: Control, start: Progress, model, optimizer, train_iter, data: Datasets, log):
+        self.control, self.start, self.model, self.optimizer = control, start, model, optimizer
+        self.train_iter, self.data, self.log = train_iter, data, log
+
+    def save(self, progress: Progress, on_signal: bool = False) -> str:
+        """Checkpoint `progress` (collective); "" when this run writes no checkpoints (or none on a signal)."""
+        control = self.control
+        if control.checkpointer is None or (on_signal and not control.checkpointer.cfg.on_signal):
+            return ""
+        progress = dataclasses.replace(progress, earlier_seconds=self.start.earlier_seconds + time.time()
+                                       - control.run_start, attempt=self.start.attempt, history=list(progress.history))
+        step = progress.global_step(self.data.train_steps)
+        return str(control.checkpointer.save(progress, step, self.model, self.optimizer, self.train_iter,
+                                             control.input_state and self.data.reads))
+
 
 def _reached(value: float, metric: Metric, target: float) -> bool:
     return value >= target if metric.higher_is_better else value < target
@@ -250,15 +321,21 @@ def batch_sums(loss_fn: Callable, metric: Metric, y_true: Any, y_pred: Any) -> A
 
 
 def _train_epoch(train_step, train_iter, optimizer, schedule, data: Datasets, epoch: int,
-                 log, options: FitOptions, on_step: Callable[[int, dict], bool] | None = None) -> dict:
+                 log, options: FitOptions, on_step: Callable[[int, dict], bool] | None = None,
+                 first_step: int = 0, partial: dict | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> dict:
     """Run one epoch of steps; returns mean loss, time, throughput and learning rate.
 
     `on_step(step, running)` runs after each step (1-based) with the epoch's figures so far; its
-    time (evaluations) is not counted as training time, and True ends the epoch early.
+    time (evaluations) is not counted as training time, and True ends the epoch early. A resumed epoch
+    starts after `first_step` steps whose sums are `partial`. When `should_stop()` (asked after every
+    step) says so, the epoch ends with "stopped" set and its running sums in "partial".
     """
     t0 = last_report = time.perf_counter()
-    loss_sum, steps_done, paused = 0.0, 0, 0.0
-    for step in range(data.train_steps):
+    before = partial or {}
+    loss_sum, steps_done, paused = before.get("loss_sum", 0.0), first_step, -before.get("seconds", 0.0)
+    lr, stopped = schedule(epoch - 1 + first_step / data.train_steps), False
+    for step in range(first_step, data.train_steps):
         lr = schedule(epoch - 1 + step / data.train_steps)
         optimizer.learning_rate.assign(lr)
         x, y = next(train_iter)
@@ -277,10 +354,14 @@ def _train_epoch(train_step, train_iter, optimizer, schedule, data: Datasets, ep
             paused += time.perf_counter() - now
             if stop:
                 break
+        if should_stop():
+            stopped = True
+            break
     seconds = time.perf_counter() - t0 - paused
     samples = steps_done * data.train_samples / data.train_steps
     return {"loss": loss_sum / max(1, steps_done) if math.isfinite(loss_sum) else loss_sum,
-            "lr": lr, "steps": steps_done, "train_seconds": seconds, "samples_per_second": samples / seconds}
+            "lr": lr, "steps": steps_done, "train_seconds": seconds, "samples_per_second": samples / max(seconds, 1e-9),
+            "stopped": stopped, "partial": {"loss_sum": loss_sum, "seconds": seconds}}
 
 
 def _evaluate(eval_step, val_iter, metric: Metric, data: Datasets, dist: DistEnv) -> dict:

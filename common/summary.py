@@ -18,6 +18,7 @@ from common.dist import DistEnv
 from common.errors import BenchError
 from common.loop import Datasets, FitResult
 from common.mllog import RUN_SUCCESS
+from common.stopping import EXIT_STOPPED
 
 EXIT_TARGET_NOT_REACHED = 1
 EXIT_NON_FINITE_LOSS = 3
@@ -26,6 +27,8 @@ EXIT_NON_FINITE_LOSS = 3
 def exit_code(result: FitResult) -> int:
     if result.status == RUN_SUCCESS:
         return 0
+    if result.stopped:
+        return EXIT_STOPPED
     return EXIT_NON_FINITE_LOSS if "non-finite" in result.reason else EXIT_TARGET_NOT_REACHED
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from common.config import (DistConfig, MlperfConfig, OptimizerConfig, RunConfig, StagedDataConfig, ScheduleConfig,
-                           TrainConfig, _check)
+from common.config import (CheckpointConfig, DistConfig, MlperfConfig, OptimizerConfig, RunConfig,
+                           StagedDataConfig, ScheduleConfig, TrainConfig, _check)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,3 +97,4 @@ class CosmoConfig:
     train: TrainConfig = TrainConfig()
     mlperf: MlperfConfig = MlperfConfig()
     parallel: ParallelConfig = ParallelConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()

@@ -2,7 +2,8 @@
 
 Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
 mlperf.log (MLPerf HPC events, rank 0) and summary.json. Exit codes: 0 target reached,
-1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss.
+1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss,
+75 stopped by SIGTERM or SIGUSR1 (after a checkpoint; resume with checkpoint.resume=true).
 With parallel.spatial=[pd,ph] (pd * ph > 1) groups of pd * ph ranks split every sample's cube
 between them through Mesh-TensorFlow and the groups train data-parallel (cosmoflow/mesh/, docs/mesh.md).
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from common.app import Application, Built, run_application
+from common.app import Application, Built, checkpoint_unsupported, run_application
+from common.errors import BenchError
 from common.dist import DistEnv
 from common.loop import Datasets
 from cosmoflow.data import build_datasets, files_read, read_error
@@ -25,6 +27,10 @@ def check(cfg: CosmoConfig, dist: DistEnv) -> None:
     """Before any work: the hybrid path's partitioning must fit the cube and the ranks."""
     if cfg.parallel.hybrid:
         check_hybrid(cfg, dist.size)
+        ckpt = cfg.checkpoint
+        if ckpt.every_epochs or ckpt.every_minutes or ckpt.resume:
+            raise BenchError(checkpoint_unsupported(ckpt, f"the hybrid path (parallel.spatial="
+                                                          f"{list(cfg.parallel.spatial)})"))
 
 
 def build_everything(cfg: CosmoConfig, dist: DistEnv) -> Built:

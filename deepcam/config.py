@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from common.config import DistConfig, MlperfConfig, RunConfig, StagedDataConfig, _check
+from common.config import CheckpointConfig, DistConfig, MlperfConfig, RunConfig, StagedDataConfig, _check
 
 LOADERS = ("auto", "tfdata", "dali")
 NORMALIZATIONS = ("minmax", "meanstd")
@@ -151,6 +151,7 @@ class DeepCamConfig:
     loss: DeepCamLossConfig = DeepCamLossConfig()
     train: DeepCamTrainConfig = DeepCamTrainConfig()
     mlperf: MlperfConfig = MlperfConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     def __post_init__(self):
         _check(len(self.loss.class_frequencies) == self.model.num_classes, "loss.class_frequencies",

@@ -2,7 +2,8 @@
 
 Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
 mlperf.log (MLPerf HPC events, rank 0) and summary.json. Exit codes: 0 IoU target reached,
-1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss.
+1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss,
+75 stopped by SIGTERM or SIGUSR1 (after a checkpoint; resume with checkpoint.resume=true).
 """
 from __future__ import annotations
 

@@ -98,3 +98,28 @@ def test_full_size_log_passes_closed_division_key_checks(tmp_path_factory, tmp_p
 
 
 FULL: dict = {}
+
+
+def test_resuming_from_a_checkpoint_gives_the_uninterrupted_run(tiny, tmp_path):
+    """DeepCAM's state (batch norm, AdamW or LAMB moments, the step-based schedule, the input position) survives
+    a stop after 2 of 3 epochs: the resumed run ends with the uninterrupted run's weights and history."""
+    import numpy as np
+    sections = TINY | {"train": {**TINY["train"], "max_epochs": 3, "target": 0.999},
+                       "data": {**TINY["data"], "loader": "tfdata"}, "checkpoint": {"every_epochs": 1}}
+    runs = {}
+    for name, attempts in (("straight", [[]]), ("resumed", [["train.max_epochs=2"], ["checkpoint.resume=true"]])):
+        out = tmp_path / name
+        cfg = write_config(tmp_path / f"{name}.yaml", "deepcam_mini.yaml", tiny, out, sections)
+        for extra in attempts:
+            proc = run_cmd([sys.executable, TRAIN, cfg, *extra])
+            assert proc.returncode == 1, show(proc)  # the target is out of reach
+        runs[name] = out
+    assert "resuming from" in proc.stdout
+    histories = [[(h["epoch"], h["loss"], h["iou"]) for h in json.loads((runs[n] / "summary.json").read_text())
+                  ["history"]] for n in runs]
+    np.testing.assert_allclose(np.array(histories[0]), np.array(histories[1]), rtol=1e-5)
+    final = [sorted((runs[n] / "checkpoints").glob("ckpt-*"))[-1] for n in runs]
+    assert final[0].name == final[1].name
+    with np.load(final[0] / "model.npz") as a, np.load(final[1] / "model.npz") as b:
+        for key in a:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -1,0 +1,143 @@
+"""Faults with real processes: resuming a 2-rank run gives the uninterrupted run's weights and history; a stop
+signal sent to one rank under horovodrun stops both after the same step, with a checkpoint, run_stop aborted
+and exit code 75, and the resumed run finishes as if nothing had happened; the resumed run's log passes the
+checker's structural rules."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from common.compliance import check_log
+from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, run_cmd, show
+from tests.integration.cosmo_fixtures import make_dataset, write_config
+
+pytestmark = pytest.mark.slow
+TRAIN = REPO / "cosmoflow/train.py"
+EPOCHS = 8
+# Dropout and batch norm make each rank's RNG and running statistics part of the state; tf.data (not DALI)
+# so that the input position is saved too.
+FAULT_CFG = {"model": {"input_shape": [16, 16, 16, 4], "conv_filters": [4, 8, 16, 16], "dense_units": [16, 8],
+                       "dropout": 0.2},
+             "data": {"shuffle_buffer": 8, "loader": "tfdata"},
+             "train": {"max_epochs": EPOCHS, "local_batch_size": 4, "target": 1e-6},
+             "checkpoint": {"every_epochs": 2, "keep": 10}}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("cosmo"))
+
+
+@pytest.fixture(scope="module")
+def straight(dataset, tmp_path_factory):
+    """Uninterrupted runs on 1 and 2 ranks: {ranks: output dir}."""
+    runs = {}
+    for ranks in (1, 2):
+        out = tmp_path_factory.mktemp(f"straight{ranks}") / "run"
+        cfg = write_config(out.parent / "c.yaml", dataset, out, **FAULT_CFG)
+        proc = horovodrun(2, [TRAIN, cfg]) if ranks == 2 else run_cmd([sys.executable, TRAIN, cfg])
+        assert proc.returncode == 1, show(proc)  # the target is out of reach: all EPOCHS epochs run
+        assert json.loads((out / "summary.json").read_text())["epochs"] == EPOCHS
+        runs[ranks] = out
+    return runs
+
+
+def _launch(ranks, args):
+    return horovodrun(ranks, args) if ranks == 2 else run_cmd([sys.executable, *args])
+
+
+def _final_checkpoint(out):
+    return out / "checkpoints" / sorted(p.name for p in (out / "checkpoints").glob("ckpt-*"))[-1]
+
+
+def _assert_same_run(a, b):
+    """Same final weights (rank 0's model and optimizer, every rank's own variables) and the same history."""
+    ckpt_a, ckpt_b = _final_checkpoint(a), _final_checkpoint(b)
+    assert ckpt_a.name == ckpt_b.name
+    for name in sorted(p.name for p in ckpt_a.glob("*.npz")):
+        with np.load(ckpt_a / name) as x, np.load(ckpt_b / name) as y:
+            for key in x:
+                np.testing.assert_allclose(x[key], y[key], rtol=1e-5, atol=1e-6, err_msg=f"{name} {key}")
+    keys = ("epoch", "loss", "mae", "val_loss")
+    history = [[tuple(h[k] for k in keys) for h in json.loads((out / "summary.json").read_text())["history"]]
+               for out in (a, b)]
+    np.testing.assert_allclose(np.array(history[0]), np.array(history[1]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_stopping_after_some_epochs_and_resuming_gives_the_straight_run(dataset, straight, tmp_path, ranks):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", dataset, out, **FAULT_CFG)
+    first = _launch(ranks, [TRAIN, cfg, "train.max_epochs=4"])  # checkpoints after epochs 2 and 4
+    assert "not reached in 4 epochs" in first.stdout, show(first)
+    resumed = _launch(ranks, [TRAIN, cfg, "checkpoint.resume=true"])
+    assert f"resuming from {out}/checkpoints/ckpt-" in resumed.stdout, show(resumed)
+    _assert_same_run(straight[ranks], out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["attempt"] == 2 and summary["resumed_from"]["epoch"] == 5 and summary["epochs"] == EPOCHS
+    assert summary["time_to_train_all_attempts_seconds"] > summary["time_to_train_seconds"]
+    assert (out / "attempts" / "1" / "mlperf.log").is_file() and (out / "attempts" / "1" / "summary.json").is_file()
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (out / "mlperf.log").read_text().splitlines()]
+    resume = [e for e in events if e["key"] == "resumed_from_checkpoint"]
+    assert len(resume) == 1 and resume[0]["value"]["epoch"] == 5 and resume[0]["value"]["attempt"] == 2
+    assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"] == list(range(5, EPOCHS + 1))
+    assert check_log(out / "mlperf.log").structural_problems == ()
+
+
+def _rank_process(launcher: subprocess.Popen, rank: int, timeout: float = 120) -> psutil.Process:
+    """The worker process of `rank` under horovodrun (found by the rank variable its launcher sets: horovodrun
+    runs mpirun when Open MPI is installed, Gloo otherwise)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                environ = child.environ()
+                ranks = {environ.get(v) for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
+                if str(rank) in ranks and "train.py" in " ".join(child.cmdline()):
+                    return child
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} process under horovodrun after {timeout} s")
+
+
+def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_the_resumed_run_finishes_the_same(
+        dataset, straight, tmp_path):
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", dataset, out, **FAULT_CFG)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path()}
+    launcher = subprocess.Popen([BIN / "horovodrun", "-np", "2", "-H", "localhost:2", sys.executable, TRAIN, cfg],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in launcher.stdout:  # wait for the first epoch's line, then signal rank 1 only
+        lines.append(line)
+        if "epoch   1/" in line:
+            break
+    victim = _rank_process(launcher, 1)
+    sent = time.monotonic()
+    victim.send_signal(signal.SIGUSR1)
+    rest, _ = launcher.communicate(timeout=120)
+    took = time.monotonic() - sent
+    output = "".join(lines) + rest
+    assert "stopped by " in output and "checkpoint " in output, output
+    # mpirun passes the first failing rank's exit code on; Gloo's launcher names it.
+    assert launcher.returncode == 75 or "exit with status code 75" in output, (launcher.returncode, output)
+    assert took < 30, f"stopping took {took:.1f} s"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"] and summary["status"] == "aborted" and summary["epochs"] < EPOCHS
+    assert "stopped by another rank's stop signal" in summary["reason"]  # rank 0 was not signalled itself
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (out / "mlperf.log").read_text().splitlines()]
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+    meta = json.loads((_final_checkpoint(out) / "meta.json").read_text())
+    assert meta["ranks"] == 2 and meta["input_state"] and f"input_rank_00001.index" in meta["files"]
+    resumed = horovodrun(2, [TRAIN, cfg, "checkpoint.resume=true"])
+    assert "resuming from" in resumed.stdout, show(resumed)
+    _assert_same_run(straight[2], out)
+    print(f"stop signal to exit: {took:.1f} s; stopped at epoch {meta['progress']['epoch']} step "
+          f"{meta['progress']['step']}")

@@ -1,0 +1,188 @@
+"""Checkpoints on one process: exact resume (at an epoch end and inside an epoch), stop requests, the files
+and their checks, falling back from a corrupt newest checkpoint, pruning."""
+import json
+import signal
+
+import numpy as np
+import pytest
+
+from common.checkpoint import (Checkpointer, Resume, check_checkpoint, list_checkpoints, newest_valid)
+from common.config import CheckpointConfig
+from common.dist import DistEnv
+from common.errors import BenchError
+from common.loop import Control, Datasets, FitOptions, fit
+from common.mllog import MLPerfLog
+from common.stopping import StopRequests
+from cosmoflow.metrics import MeanAbsoluteError, mse_loss
+
+STEPS, BATCH = 4, 2
+
+
+def _data():
+    """A shuffled endless stream (its shuffle buffer and RNG are part of the input state) of 16 samples."""
+    import tensorflow as tf
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 3)).astype(np.float32)
+    y = (x @ np.array([[0.5], [-0.2], [0.1]], np.float32)).repeat(4, axis=1)
+    train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(5, seed=3).repeat().batch(BATCH)
+    val = tf.data.Dataset.from_tensor_slices((x[:8], y[:8])).batch(BATCH).repeat()
+    return Datasets(train, val, STEPS, STEPS, STEPS * BATCH, 8, BATCH, loader="tfdata")
+
+
+class StopAt(StopRequests):
+    """Asks to stop after the `at`-th step of the run (what a signal arriving then does)."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def agreed(self, dist) -> int:
+        self.calls += 1
+        if self.calls == self.at:
+            self.signum = signal.SIGUSR1
+        return int(bool(self.signum))
+
+
+def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10):
+    import keras
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
+                              keras.layers.Dropout(0.3), keras.layers.Dense(4)])
+    cfg = CheckpointConfig(dir=str(out / "ckpt"), every_epochs=every_epochs, keep=keep, resume=resume)
+    found = newest_valid(out / "ckpt", warn=lambda _m: None) if resume else None
+    control = Control(checkpointer=Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
+                      resume=found, stop=stop, input_state=True)
+    mlperf = MLPerfLog(out / "mlperf.log")
+    result = fit(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
+                 lambda epoch: 0.05 * (1 + epoch), _data(), DistEnv(), FitOptions(max_epochs=max_epochs, target=0.0),
+                 mlperf, log=lambda _m: None, control=control)
+    mlperf.close()
+    return result, [v.numpy() for v in model.variables]
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def _metrics(history):
+    return [(h["epoch"], h["loss"], h["mae"], h["val_loss"]) for h in history]
+
+
+def test_resume_at_an_epoch_end_gives_the_uninterrupted_run(tmp_path):
+    straight, weights = _fit(tmp_path / "a", 4)
+    _fit(tmp_path / "b", 2)
+    resumed, resumed_weights = _fit(tmp_path / "b", 4, resume=True)
+    _same(weights, resumed_weights)
+    assert _metrics(resumed.history) == _metrics(straight.history)
+    assert [p.name for p in list_checkpoints(tmp_path / "b" / "ckpt")] == [f"ckpt-{s:09d}" for s in (16, 12, 8, 4)]
+
+
+@pytest.mark.parametrize("at", [3, 6, 8])  # inside epoch 1, inside epoch 2, after the last step of epoch 2
+def test_a_stop_request_checkpoints_the_step_and_resuming_finishes_the_same_run(tmp_path, at):
+    straight, weights = _fit(tmp_path / "a", 3)
+    stopped, _ = _fit(tmp_path / "b", 3, stop=StopAt(at))
+    assert stopped.stopped and stopped.status == "aborted" and "stopped by SIGUSR1" in stopped.reason
+    meta = json.loads((tmp_path / "b" / "ckpt" / f"ckpt-{at:09d}" / "meta.json").read_text())
+    assert (meta["progress"]["epoch"], meta["progress"]["step"]) == ((at - 1) // STEPS + 1, (at - 1) % STEPS + 1)
+    assert stopped.checkpoint.endswith(f"ckpt-{at:09d}")
+    resumed, resumed_weights = _fit(tmp_path / "b", 3, resume=True)
+    _same(weights, resumed_weights)
+    assert _metrics(resumed.history) == _metrics(straight.history)
+
+
+def test_a_stop_without_checkpoints_on_signal_writes_none(tmp_path):
+    import keras
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    cfg = CheckpointConfig(dir=str(tmp_path / "ckpt"), on_signal=False)
+    control = Control(checkpointer=Checkpointer(cfg, str(tmp_path), DistEnv(), "cosmoflow", lambda _m: None),
+                      stop=StopAt(2), input_state=True)
+    result = fit(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda epoch: 0.05, _data(),
+                 DistEnv(), FitOptions(max_epochs=3, target=0.0), MLPerfLog(tmp_path / "m.log", enabled=False),
+                 log=lambda _m: None, control=control)
+    assert result.stopped and result.checkpoint == "" and "no checkpoint written" in result.reason
+    assert list_checkpoints(tmp_path / "ckpt") == []
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp_path):
+    _fit(tmp_path, 3)
+    newest = tmp_path / "ckpt" / "ckpt-000000012" / "model.npz"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    newest.write_bytes(bytes(data))
+    warnings = []
+    found = newest_valid(tmp_path / "ckpt", warn=warnings.append)
+    assert found.path.name == "ckpt-000000008"
+    assert len(warnings) == 1 and "ckpt-000000012" in warnings[0] and "xxh3_128" in warnings[0]
+
+
+def test_checks_name_the_missing_truncated_or_unfinished_file(tmp_path):
+    _fit(tmp_path, 2)
+    ckpt = tmp_path / "ckpt" / "ckpt-000000008"
+    (ckpt / "rank_00000.npz").write_bytes((ckpt / "rank_00000.npz").read_bytes()[:-10])
+    with pytest.raises(BenchError, match="rank_00000.npz: .* bytes, meta.json says .*truncated"):
+        check_checkpoint(ckpt)
+    (ckpt / "model.npz").unlink()
+    with pytest.raises(BenchError, match="model.npz: listed in the checkpoint's meta.json but missing"):
+        check_checkpoint(ckpt)
+    (ckpt / "meta.json").write_text('{"format": "hpc-sciml-checkpoint", "ver')
+    with pytest.raises(BenchError, match="meta.json: not readable JSON"):
+        check_checkpoint(ckpt)
+    (ckpt / "meta.json").unlink()
+    with pytest.raises(BenchError, match="meta.json: missing; the checkpoint was not finished"):
+        check_checkpoint(ckpt)
+
+
+def test_an_unfinished_checkpoint_directory_is_never_taken(tmp_path):
+    _fit(tmp_path, 1)
+    (tmp_path / "ckpt" / ".tmp-ckpt-000000099").mkdir()
+    assert [p.name for p in list_checkpoints(tmp_path / "ckpt")] == ["ckpt-000000004"]
+    assert newest_valid(tmp_path / "missing") is None
+
+
+def test_keeps_the_newest_few_and_removes_stale_temporaries(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / ".tmp-ckpt-000000001").mkdir()
+    _fit(tmp_path, 4, keep=2)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-000000012", "ckpt-000000016"]
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_the_variable(tmp_path):
+    import keras
+    from common.checkpoint import restore_shared
+    _fit(tmp_path, 1)
+    found = newest_valid(tmp_path / "ckpt")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5), keras.layers.BatchNormalization(),
+                              keras.layers.Dropout(0.3), keras.layers.Dense(4)])
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    with pytest.raises(BenchError, match=r"variable 0 \(.*kernel\) has shape \[3, 8\] there and \[3, 5\] here"):
+        restore_shared(found, model, optimizer, DistEnv())
+
+
+def test_stop_requests_catch_the_scheduler_signals_and_restore_the_handlers():
+    import os
+    previous = signal.getsignal(signal.SIGUSR1)
+    stop = StopRequests().install()
+    try:
+        assert stop.agreed(DistEnv()) == 0
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.agreed(DistEnv()) == 1 and stop.describe() == "SIGUSR1"
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def test_checkpoint_config_checks():
+    with pytest.raises(BenchError, match="checkpoint.keep"):
+        CheckpointConfig(keep=0)
+    with pytest.raises(BenchError, match="checkpoint.every_minutes"):
+        CheckpointConfig(every_minutes=-1)
+
+
+def test_resume_type_reads_its_meta(tmp_path):
+    _fit(tmp_path, 1)
+    found = newest_valid(tmp_path / "ckpt")
+    assert isinstance(found, Resume) and found.ranks == 1 and found.input_state
+    assert (found.progress.epoch, found.progress.step, found.progress.attempt) == (2, 0, 1)
