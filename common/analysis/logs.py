@@ -4,6 +4,8 @@ A run directory is any directory holding an `mlperf.log` (a campaign's `runs/run
 run, a single training's output_dir); `find_runs` collects them below the paths given, leaving out
 runs a campaign moved to `aborted/` and the copies in its `submission/`. Times come from the MLPerf
 log alone; summary.json adds what the log does not say on CPU systems (ranks, the loader, the threads).
+A run resumed from a checkpoint (docs/faults.md) is one row: its earlier attempts' logs in
+`attempts/<n>/` are added in, times summed over the attempts, epochs counted once.
 
 Run columns (seconds unless named otherwise): benchmark, campaign, run, seed, division, status,
 converged, ranks, nodes, units (compute units: accelerators, or ranks without them), global_batch_size,
@@ -11,13 +13,14 @@ local_batch_size, train_samples, eval_samples, time_to_train, staging, training,
 (time to train not spent in those three: pipeline set-up, the gaps between), epochs,
 epochs_to_converge (NaN when the target was not reached), metric_name, final_metric, samples_per_second
 (training samples over the time inside the epochs), epoch_seconds_mean, staging_ratio (staging over
-the mean epoch time, the paper's Table 5), unit_hours (units x time to train).
-Epoch columns: benchmark, campaign, run, epoch, start (s since run_start), epoch_seconds (training
-only: evaluations inside the epoch excluded), eval_seconds, metric (the epoch's last evaluation),
-samples_per_second.
+the mean epoch time, the paper's Table 5), unit_hours (units x time to train), attempts (1 + the times it was resumed).
+Epoch columns: benchmark, campaign, run, attempt, epoch, start (s since run_start, earlier attempts'
+time included), epoch_seconds (training only: evaluations inside the epoch excluded), eval_seconds,
+metric (the epoch's last evaluation), samples_per_second (NaN for the pieces of an epoch cut by a stop).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -28,7 +31,8 @@ import pandas as pd
 from common.errors import BenchError
 
 LOG_NAME = "mlperf.log"
-SKIPPED_DIRS = ("aborted", "submission", ".submission.tmp")
+SKIPPED_DIRS = ("aborted", "submission", ".submission.tmp", "attempts")
+RESUME_KEY = "resumed_from_checkpoint"
 METRIC_KEYS = {"eval_error": "mae", "eval_accuracy": "iou"}  # CosmoFlow, DeepCAM
 
 
@@ -94,46 +98,92 @@ def campaign_of(run: Path) -> str:
     return run.parent.parent.name if run.parent.name == "runs" else run.parent.name
 
 
+def attempt_logs(run: Path) -> list[Path]:
+    """The MLPerf logs of a run's attempts in order: attempts/1/, attempts/2/, ..., then the run's own."""
+    earlier = [p for p in (run / "attempts").glob(f"*/{LOG_NAME}") if p.parent.name.isdigit()]
+    return sorted(earlier, key=lambda p: int(p.parent.name)) + [run / LOG_NAME]
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """One attempt's log, cut into the pieces the tables add up."""
+
+    events: list[dict]
+    start: float  # ms
+    end: float
+    epochs: list[tuple[int, float, float]]
+    evals: list[tuple[int, float, float]]
+    whole: list[bool]  # per epoch interval: a whole epoch, not a piece of one cut by a stop and resumed inside
+
+    @classmethod
+    def read(cls, log: Path) -> "_Attempt":
+        events = read_events(log)
+        start, stop = _first(events, "run_start", "time"), _first(events, "run_stop", "time")
+        if start is None:
+            raise BenchError(f"{log}: no run_start; the run did not get past init")
+        epochs = _intervals(events, "epoch_start", "epoch_stop")
+        end = stop if stop is not None else max(e["time_ms"] for e in events)
+        return cls(events, start, end, epochs, _intervals(events, "eval_start", "eval_stop"), [True] * len(epochs))
+
+    @property
+    def resumed_inside_an_epoch(self) -> bool:
+        return ((_first(self.events, RESUME_KEY) or {}).get("step") or 0) > 0
+
+
+def _status(events: list[dict]) -> str:
+    return (next((e for e in events if e["key"] == "run_stop"), {}).get("metadata") or {}).get("status", "unfinished")
+
+
+def _read_attempts(run: Path) -> list[_Attempt]:
+    """A run's attempts; an epoch split between two (stopped, then resumed inside it) is marked not whole."""
+    attempts = [_Attempt.read(log) for log in attempt_logs(run)]
+    for before, after in zip(attempts, attempts[1:]):
+        if after.resumed_inside_an_epoch and before.epochs and after.epochs:
+            before.whole[-1] = after.whole[0] = False
+    return attempts
+
+
 def parse_run(run: Path) -> tuple[dict, list[dict]]:
-    """(run row, epoch rows) of one run directory."""
-    log = run / LOG_NAME
-    events = read_events(log)
-    start, stop = _first(events, "run_start", "time"), _first(events, "run_stop", "time")
-    if start is None:
-        raise BenchError(f"{log}: no run_start; the run did not get past init")
+    """(run row, epoch rows) of one run directory, its earlier attempts (if it was resumed) included."""
+    attempts = _read_attempts(run)
+    events = [e for a in attempts for e in a.events]
     summary = _summary(run)
-    epochs = _intervals(events, "epoch_start", "epoch_stop")
-    evals = _intervals(events, "eval_start", "eval_stop")
     metrics = {(e.get("metadata") or {}).get("epoch_num"): e["value"] for e in events if e["key"] in METRIC_KEYS}
     metric_key = next((e["key"] for e in events if e["key"] in METRIC_KEYS), None)
-    staging = _staging_seconds(events)
-    end = stop if stop is not None else max(e["time_ms"] for e in events)
-    status = (next((e for e in events if e["key"] == "run_stop"), {}).get("metadata") or {}).get("status", "unfinished")
     train_samples = _first(events, "train_samples")
-    row = _run_row(run, events, summary, start, end, status, staging, epochs, evals, metrics, metric_key,
-                   train_samples)
-    epoch_rows = []
-    for n, a, b in epochs:
-        train_ms = (b - a) - _overlap(a, b, evals)
-        epoch_rows.append({"benchmark": row["benchmark"], "campaign": row["campaign"], "run": row["run"], "epoch": n,
-                           "start": (a - start) / 1000, "epoch_seconds": train_ms / 1000,
-                           "eval_seconds": sum(y - x for m, x, y in evals if m == n) / 1000,
-                           "metric": metrics.get(n, math.nan),
-                           "samples_per_second": train_samples / (train_ms / 1000) if train_samples and train_ms > 0
-                           else math.nan})
+    row = _run_row(run, attempts, summary, metrics, metric_key, train_samples)
+    epoch_rows, before = [], 0.0
+    for number, attempt in enumerate(attempts, 1):
+        for (n, a, b), whole in zip(attempt.epochs, attempt.whole):
+            train_ms = (b - a) - _overlap(a, b, attempt.evals)
+            epoch_rows.append({"benchmark": row["benchmark"], "campaign": row["campaign"], "run": row["run"],
+                               "attempt": number, "epoch": n, "start": before + (a - attempt.start) / 1000,
+                               "epoch_seconds": train_ms / 1000,
+                               "eval_seconds": sum(y - x for m, x, y in attempt.evals if m == n) / 1000,
+                               "metric": metrics.get(n, math.nan),
+                               "samples_per_second": train_samples / (train_ms / 1000)
+                               if train_samples and train_ms > 0 and whole else math.nan})
+        before += (attempt.end - attempt.start) / 1000
     return row, epoch_rows
 
 
-def _run_row(run, events, summary, start, end, status, staging, epochs, evals, metrics, metric_key,
-             train_samples) -> dict:
+def _run_row(run, attempts: list[_Attempt], summary, metrics, metric_key, train_samples) -> dict:
+    events = [e for a in attempts for e in a.events]
+    status = _status(attempts[-1].events)
     nodes = _first(events, "number_of_nodes")
     accelerators = _first(events, "accelerators_per_node") or 0
     ranks = summary.get("ranks") or (nodes or 1) * max(accelerators, 1)
-    evaluation = sum(b - a for _, a, b in evals) / 1000
-    training = sum((b - a) - _overlap(a, b, evals) for _, a, b in epochs) / 1000  # evaluations inside excluded
-    ttt = (end - start) / 1000
+    evaluation = sum(b - a for att in attempts for _, a, b in att.evals) / 1000
+    # Training time: evaluations inside epochs excluded; throughput only from whole epochs.
+    pieces = [((b - a) - _overlap(a, b, att.evals), whole) for att in attempts
+              for (_, a, b), whole in zip(att.epochs, att.whole)]
+    training = sum(ms for ms, _ in pieces) / 1000
+    whole_ms, whole_epochs = sum(ms for ms, w in pieces if w), sum(w for _, w in pieces)
+    epochs = sorted({n for att in attempts for n, _, _ in att.epochs})
+    staging = sum(_staging_seconds(att.events) for att in attempts)
+    ttt = sum(att.end - att.start for att in attempts) / 1000
     converged = status == "success"
-    epoch_mean = training / len(epochs) if epochs else math.nan
+    epoch_mean = whole_ms / 1000 / whole_epochs if whole_epochs else math.nan
     global_batch = _first(events, "global_batch_size")
     units = (nodes or 1) * accelerators if accelerators else ranks
     return {
@@ -148,10 +198,12 @@ def _run_row(run, events, summary, start, end, status, staging, epochs, evals, m
         "epochs_to_converge": max(metrics) if converged and metrics else math.nan,
         "metric_name": METRIC_KEYS.get(metric_key, metric_key),
         "final_metric": metrics[max(metrics)] if metrics else math.nan,
-        "samples_per_second": train_samples * len(epochs) / training if train_samples and training > 0 else math.nan,
+        "samples_per_second": train_samples * whole_epochs / (whole_ms / 1000) if train_samples and whole_ms > 0
+        else math.nan,
         "epoch_seconds_mean": epoch_mean,
         "staging_ratio": staging / epoch_mean if epochs and epoch_mean > 0 else math.nan,
         "unit_hours": units * ttt / 3600,
+        "attempts": len(attempts),
     }
 
 

@@ -156,3 +156,53 @@ def test_the_runs_command_and_a_bad_target(tmp_path, capsys):
         analysis_main(["predict", str(tmp_path / "camp"), "--predict", "deepcam:x:8"])
     assert "expected BENCHMARK:UNITS:GLOBAL_BATCH" in capsys.readouterr().err
     assert np.isfinite(pd.read_csv(tmp_path / "runs.csv")["samples_per_second"].iloc[0])
+
+
+def _split_at_epoch(log, run, epoch_cut: int) -> None:
+    """`log` cut into two attempts the way a stop inside epoch `epoch_cut` and a resume leave them: attempt 1
+    ends with that epoch's epoch_stop and run_stop aborted; attempt 2 repeats init, logs run_start and
+    resumed_from_checkpoint, and goes on from epoch_start of `epoch_cut`."""
+    events = [json.loads(line[len(":::MLLOG "):]) for line in log.read_text().splitlines()]
+    starts = [i for i, e in enumerate(events) if e["key"] == "epoch_start"]
+    cut = starts[epoch_cut - 1]
+    run_start = next(i for i, e in enumerate(events) if e["key"] == "run_start")
+    middle = (events[cut]["time_ms"] + events[cut + 1]["time_ms"]) // 2
+    stop = [{**events[cut], "key": "epoch_stop", "event_type": "INTERVAL_END", "time_ms": middle},
+            {**events[-1], "time_ms": middle + 100, "metadata": {**events[-1]["metadata"], "status": "aborted"}}]
+    first = events[:cut + 1] + stop
+    shift = middle + 5000 - events[0]["time_ms"]  # attempt 2 starts 5 s after attempt 1 stopped
+    head = [{**e, "time_ms": e["time_ms"] + shift} for e in events[:run_start + 1]]
+    resumed = {**head[-1], "key": "resumed_from_checkpoint", "event_type": "POINT_IN_TIME",
+               "value": {"epoch": epoch_cut, "step": 3, "attempt": 2}}
+    offset = head[-1]["time_ms"] + 100 - events[cut]["time_ms"]
+    second = head + [resumed] + [{**e, "time_ms": e["time_ms"] + offset} for e in events[cut:]]
+    for path, part in ((run / "attempts" / "1" / "mlperf.log", first), (run / "mlperf.log", second)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(":::MLLOG " + json.dumps(e) + "\n" for e in part))
+
+
+def test_a_resumed_run_is_one_row_with_its_attempts_added_up(tmp_path):
+    whole = make_run(tmp_path / "camp", "run_000", minutes=10)
+    split = tmp_path / "camp" / "runs" / "run_001"
+    split.mkdir()
+    (split / "summary.json").write_text(json.dumps({"ranks": 2}))
+    _split_at_epoch(whole / "mlperf.log", split, epoch_cut=4)
+    assert logs.find_runs([tmp_path / "camp"]) == [whole, split]  # attempts/ is not a run of its own
+    a, epochs_a = logs.parse_run(whole)
+    b, epochs_b = logs.parse_run(split)
+    assert b["attempts"] == 2 and a["attempts"] == 1
+    assert b["status"] == "success" and b["epochs"] == 7 and b["epochs_to_converge"] == 7
+    # Both attempts' run_start .. run_stop count (init, repeated by the second, does not); the piece of
+    # epoch 4 done before the stop is training time too.
+    spans = []
+    for log in (split / "attempts" / "1" / "mlperf.log", split / "mlperf.log"):
+        times = {e["key"]: e["time_ms"] for e in logs.read_events(log) if e["key"] in ("run_start", "run_stop")}
+        spans.append((times["run_stop"] - times["run_start"]) / 1000)
+    assert b["time_to_train"] == pytest.approx(sum(spans), abs=1e-3)
+    piece = [e for e in epochs_b if e["epoch"] == 4 and e["attempt"] == 1][0]["epoch_seconds"]
+    assert b["training"] == pytest.approx(a["training"] + piece, abs=1e-3)
+    # Throughput from the six whole epochs only: about the uninterrupted run's.
+    assert b["samples_per_second"] == pytest.approx(a["samples_per_second"], rel=0.1)
+    cut = [e for e in epochs_b if e["epoch"] == 4]
+    assert [e["attempt"] for e in cut] == [1, 2] and all(math.isnan(e["samples_per_second"]) for e in cut)
+    assert [e["attempt"] for e in epochs_b].count(2) == 4 and epochs_b[-1]["start"] > epochs_a[-1]["start"]
