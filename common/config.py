@@ -9,6 +9,7 @@ writes the resolved config back as YAML into a run's output directory.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -169,9 +170,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), schema: 
     if not path.is_file():
         raise BenchError(f"config file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise BenchError(f"config file {path} is not valid YAML: {err}") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchError(f"config file {path} is not readable UTF-8 text ({err})") from None
+    raw = _parse_yaml(text, f"config file {path}")
+    raw = {} if raw is None else raw  # an empty file: every default
     if not isinstance(raw, dict):
         raise BenchError(f"config file {path}: expected a mapping of sections, found {type(raw).__name__}")
     for item in overrides:
@@ -192,7 +195,17 @@ def _apply_override(raw: dict, item: str) -> None:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise BenchError(f"override {item!r}: {key} is not a section")
-    node[keys[-1]] = yaml.safe_load(text) if text.strip() else ""
+    node[keys[-1]] = _parse_yaml(text, f"override {item!r}") if text.strip() else ""
+
+
+def _parse_yaml(text: str, what: str) -> Any:
+    """yaml.safe_load, with a BenchError naming `what` for text that is not YAML (or nests too deeply)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise BenchError(f"{what} is not valid YAML: {err}") from None
+    except RecursionError:
+        raise BenchError(f"{what}: YAML nested too deeply to be a config") from None
 
 
 def build(schema: type[T], raw: Any, prefix: str = "") -> T:
@@ -205,7 +218,7 @@ def build(schema: type[T], raw: Any, prefix: str = "") -> T:
         raise BenchError(f"{where}: expected a mapping for {schema.__name__}, found {raw!r}")
     hints = typing.get_type_hints(schema)
     names = [f.name for f in dataclasses.fields(schema)]
-    unknown = sorted(set(raw) - set(names))
+    unknown = sorted((str(k) for k in raw if k not in names))  # YAML keys may be numbers, booleans, null
     if unknown:
         raise BenchError(f"{where}: unknown key(s) {', '.join(prefix + k for k in unknown)}; "
                          f"valid keys: {', '.join(names)}")
@@ -240,18 +253,33 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 
 def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
-    if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e12 (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+    if tp is float:
+        return _finite_float(value, key)
     if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if tp in (int, float, str, bool) and not (isinstance(value, tp) and (tp is bool or not isinstance(value, bool))):
         raise BenchError(f"config key {key} = {value!r}: expected a value of type {tp.__name__}")
     return value
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """A float field's value: a number, or a string YAML 1.1 left unparsed (1e12 without a dot); NaN and
+    infinities are refused (no setting means them, and they would pass the range checks unnoticed)."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise BenchError(f"config key {key} = {value!r}: expected a value of type float")
+    try:
+        number = float(number)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise BenchError(f"config key {key} = {value!r}: expected a finite number")
+    return number
 
 
 def _expand_refs(cfg: T) -> T:

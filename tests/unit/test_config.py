@@ -1,4 +1,5 @@
 """Typed configuration: YAML, overrides, unknown keys, types, saving; every shipped config validates."""
+import re
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,42 @@ def test_bad_keys_and_values_name_the_key(cfg_file, override, words):
 def test_missing_file(tmp_path):
     with pytest.raises(BenchError, match="does not exist"):
         load_config(tmp_path / "nope.yaml", [], CosmoConfig)
+
+
+# Regressions found by fuzzing (tests/fuzz/test_config_fuzz.py, docs/fuzzing.md).
+@pytest.mark.parametrize("text, words", [
+    (b"run:\n  name: \xff\n", ["not readable UTF-8 text"]),
+    (b"1: x\nrun: {}\n", ["unknown key(s) 1;", "valid keys: run"]),
+    (b"[" * 5000, ["nested too deeply"]),
+    (b"false\n", ["expected a mapping of sections, found bool"]),
+])
+def test_unreadable_config_text_names_the_file(tmp_path, text, words):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text)
+    with pytest.raises(BenchError) as err:
+        load_config(path, [], CosmoConfig)
+    assert str(path) in str(err.value)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_empty_config_file_gives_the_defaults(tmp_path):
+    (tmp_path / "c.yaml").write_text("# nothing set\n")
+    cfg = load_config(tmp_path / "c.yaml", [], CosmoConfig)
+    assert cfg.model == CosmoConfig().model and cfg.run.output_dir == "runs/run"
+
+
+@pytest.mark.parametrize("override", ["run.name=[", "train.target={a", "run.name=\x1b"])
+def test_override_that_is_not_yaml_names_the_override(cfg_file, override):
+    with pytest.raises(BenchError, match=f"override {re.escape(repr(override))} is not valid YAML"):
+        load_config(cfg_file, [override], CosmoConfig)
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "nan", "1e999", "1" + "0" * 400])
+def test_float_keys_must_be_finite(cfg_file, value):
+    with pytest.raises(BenchError, match=r"config key optimizer.weight_decay = .*: expected a finite number"):
+        load_config(cfg_file, [f"optimizer.weight_decay={value}"], CosmoConfig)
+    assert load_config(cfg_file, ["optimizer.weight_decay=1e-4"], CosmoConfig).optimizer.weight_decay == 1e-4
 
 
 def test_saved_config_round_trips(cfg_file, tmp_path):
