@@ -171,6 +171,8 @@ def load_manifest(data_dir: str | os.PathLike, expected_format: str | None = Non
         obj = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BenchError(f"{path}: not a readable JSON manifest ({err})") from None
+    except RecursionError:
+        raise BenchError(f"{path}: not a JSON manifest (nested too deeply)") from None
     manifest = _parse(obj, root, path)
     if expected_format is not None and manifest.format != expected_format:
         raise BenchError(f"{path}: format {manifest.format!r}, expected {expected_format!r}; "
@@ -206,7 +208,7 @@ def _parse(obj: Any, root: Path, where: Path) -> Manifest:
     stats = _get(obj, "input_stats", dict, where) if "input_stats" in obj else {}
     return Manifest(root=root, format=fmt, version=version, sample_shape=tuple(shape),
                     sample_dtype=_get(obj, "sample_dtype", str, where),
-                    target_size=_get(obj, "target_size", int, where), compression=compression,
+                    target_size=get_count(obj, "target_size", where, minimum=1), compression=compression,
                     splits=splits, source=_get(obj, "source", dict, where), seed=seed,
                     target_shape=target_shape, target_dtype=target_dtype, aux_files=aux,
                     input_stats=stats)
@@ -223,7 +225,7 @@ def _parse_aux(name: str, obj: Any, where: Path) -> AuxFile:
     label = f"aux file {name!r}"
     if not isinstance(obj, dict):
         raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
-    entry = AuxFile(path=_get(obj, "path", str, where, label), bytes=_get(obj, "bytes", int, where, label),
+    entry = AuxFile(path=_get(obj, "path", str, where, label), bytes=get_count(obj, "bytes", where, label),
                     sha256=_get(obj, "sha256", str, where, label), xxh3_128=_xxh3(obj, "xxh3_128", where, label))
     _check_relative(entry.path, where, label)
     return entry
@@ -233,7 +235,7 @@ def _parse_split(name: str, obj: Any, where: Path) -> SplitEntry:
     label = f"split {name!r}"
     if not isinstance(obj, dict):
         raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
-    samples = _get(obj, "samples", int, where, label)
+    samples = get_count(obj, "samples", where, label)
     files = tuple(_parse_file(f, where, f"{label} file {i}")
                   for i, f in enumerate(_get(obj, "files", list, where, label)))
     total = sum(f.records for f in files)
@@ -248,8 +250,8 @@ def _parse_file(obj: Any, where: Path, label: str) -> FileEntry:
         raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
     index = _get(obj, "index", (str, type(None)), where, label)
     entry = FileEntry(path=_get(obj, "path", str, where, label),
-                      records=_get(obj, "records", int, where, label),
-                      bytes=_get(obj, "bytes", int, where, label),
+                      records=get_count(obj, "records", where, label),
+                      bytes=get_count(obj, "bytes", where, label),
                       sha256=_get(obj, "sha256", str, where, label), index=index,
                       index_sha256=_get(obj, "index_sha256", (str, type(None)), where, label),
                       xxh3_128=_xxh3(obj, "xxh3_128", where, label),
@@ -264,6 +266,7 @@ def _parse_file(obj: Any, where: Path, label: str) -> FileEntry:
 
 
 _XXH3_HEX = re.compile(r"[0-9a-f]{32}")
+_DECIMAL = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also accepts '²', which int() refuses
 
 
 def _xxh3(obj: dict, key: str, where: Path, label: str) -> str | None:
@@ -277,6 +280,15 @@ def _xxh3(obj: dict, key: str, where: Path, label: str) -> str | None:
 def _check_relative(rel: str, where: Path, label: str) -> None:
     if rel.startswith("/") or ".." in rel.split("/"):  # as PurePosixPath would say, faster
         raise BenchError(f"{where}: {label} path {rel!r} must be relative to the dataset directory")
+
+
+def get_count(obj: dict, key: str, where: Path, label: str = "", minimum: int = 0) -> int:
+    """obj[key], which must be an integer >= `minimum` (a count or a size)."""
+    value = _get(obj, key, int, where, label)
+    if value < minimum:
+        context = f"{label}: " if label else ""
+        raise BenchError(f"{where}: {context}{key!r} is {value}, expected an integer >= {minimum}")
+    return value
 
 
 def _get(obj: dict, key: str, kind, where: Path, label: str = "") -> Any:
@@ -361,9 +373,12 @@ def record_bytes(manifest: Manifest) -> float:
 
 def _check_present(path: Path, expected_bytes: int, when_missing: str) -> Path:
     """`path`, which must exist with the size the manifest lists; `when_missing` ends the missing-file error."""
-    if not path.is_file():
+    try:
+        size = path.stat().st_size if path.is_file() else None
+    except OSError as err:  # e.g. a name too long for the file system
+        raise BenchError(f"{path}: listed in the manifest but cannot be read ({err.strerror})") from None
+    if size is None:
         raise BenchError(f"{path}: listed in the manifest {when_missing}")
-    size = path.stat().st_size
     if size != expected_bytes:
         raise BenchError(f"{path}: {size} bytes, the manifest says {expected_bytes}; the file was changed or "
                          f"truncated, reconvert the dataset")
@@ -371,17 +386,21 @@ def _check_present(path: Path, expected_bytes: int, when_missing: str) -> Path:
 
 
 def _check_index(path: Path, entry: FileEntry) -> None:
-    if not path.is_file():
+    try:
+        lines = path.read_text().splitlines() if path.is_file() else None
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchError(f"{path}: DALI index of {entry.path} is not readable text ({err}); reconvert the "
+                         f"dataset") from None
+    if lines is None:
         raise BenchError(f"{path}: DALI index of {entry.path} listed in the manifest but missing; "
                          f"reconvert the dataset")
-    lines = path.read_text().splitlines()
     if len(lines) != entry.records:
         raise BenchError(f"{path}: {len(lines)} index lines, expected {entry.records} (one per record of "
                          f"{entry.path})")
     end = 0
     for number, line in enumerate(lines, start=1):
         fields = line.split()
-        if len(fields) != 2 or not all(f.isdigit() for f in fields) or int(fields[0]) != end:
+        if len(fields) != 2 or not all(_DECIMAL.fullmatch(f) for f in fields) or int(fields[0]) != end:
             raise BenchError(f"{path}: line {number} is {line!r}, expected \"{end} <size>\" (the offset where "
                              f"the previous record ends, then the record's size)")
         end += int(fields[1])

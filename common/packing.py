@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BenchError
-from common.manifest import MANIFEST_NAME, Manifest, _check_relative, _get, _parse
+from common.manifest import MANIFEST_NAME, Manifest, _check_relative, _get, _parse, get_count
 
 PACK_NAME = "pack.json"
 PACK_FORMAT = "packed-dataset"
@@ -82,6 +82,8 @@ def load_pack(pack_dir: str | os.PathLike) -> Pack:
         obj = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BenchError(f"{path}: not a readable JSON pack description ({err})") from None
+    except RecursionError:
+        raise BenchError(f"{path}: not a JSON pack description (nested too deeply)") from None
     return parse_pack(obj, root)
 
 
@@ -112,12 +114,12 @@ def _parse_archive(obj: Any, where: Path, i: int) -> Archive:
         if not isinstance(m, dict):
             raise BenchError(f"{where}: {label} member {j} is {m!r}, expected an object")
         member = Member(path=_get(m, "path", str, where, f"{label} member {j}"),
-                        bytes=_get(m, "bytes", int, where, f"{label} member {j}"),
+                        bytes=get_count(m, "bytes", where, f"{label} member {j}"),
                         sha256=_get(m, "sha256", str, where, f"{label} member {j}"),
                         xxh3_128=_get(m, "xxh3_128", str, where, f"{label} member {j}") if "xxh3_128" in m else None)
         _check_relative(member.path, where, f"{label} member {j}")
         members.append(member)
-    archive = Archive(path=_get(obj, "path", str, where, label), bytes=_get(obj, "bytes", int, where, label),
+    archive = Archive(path=_get(obj, "path", str, where, label), bytes=get_count(obj, "bytes", where, label),
                       sha256=_get(obj, "sha256", str, where, label), members=tuple(members))
     _check_relative(archive.path, where, label)
     return archive
@@ -139,7 +141,10 @@ def dataset_files(manifest: Manifest) -> dict[str, Member]:
 def _index_bytes(manifest: Manifest, index: str) -> int:
     """Index sizes are not in the manifest; they are read from the dataset (at packing) or the pack."""
     path = manifest.root / index
-    return path.stat().st_size if path.is_file() else -1
+    try:
+        return path.stat().st_size if path.is_file() else -1
+    except OSError:  # e.g. a name too long for the file system: no such file here either
+        return -1
 
 
 def _check_complete(pack: Pack, where: Path) -> None:

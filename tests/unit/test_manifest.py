@@ -240,3 +240,46 @@ def test_malformed_xxh3_is_refused(dataset):
     _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][0].update(xxh3_128="abc"))
     with pytest.raises(BenchError, match=r"split 'train' file 0 xxh3_128 'abc', expected 32 lower-case hex"):
         load_manifest(dataset)
+
+
+# ---------------------------------------------------------------------------- regressions found by fuzzing
+# (tests/fuzz/test_manifest_fuzz.py, docs/fuzzing.md)
+def test_json_nested_too_deeply(dataset):
+    (dataset / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BenchError, match="manifest.json: not a JSON manifest \\(nested too deeply\\)"):
+        load_manifest(dataset)
+
+
+def test_negative_counts_and_sizes_are_refused(dataset):
+    def negative_records(obj):  # consistent with its split's samples, as a buggy converter would write it
+        obj["splits"]["train"]["files"][0]["records"] = -3
+        obj["splits"]["train"]["samples"] = 0
+    _edit_json(dataset, negative_records)
+    with pytest.raises(BenchError, match="split 'train' file 0: 'records' is -3, expected an integer >= 0"):
+        load_manifest(dataset)
+    _edit_json(dataset, lambda obj: obj["splits"].update(train={"samples": 0, "files": []}, validation={
+        "samples": -1, "files": []}))
+    with pytest.raises(BenchError, match="split 'validation': 'samples' is -1, expected an integer >= 0"):
+        load_manifest(dataset)
+
+
+@pytest.mark.parametrize("size", [0, -4])
+def test_target_size_must_be_positive(dataset, size):
+    _edit_json(dataset, lambda obj: obj.update(target_size=size))
+    with pytest.raises(BenchError, match=f"manifest.json: 'target_size' is {size}, expected an integer >= 1"):
+        load_manifest(dataset)
+
+
+@pytest.mark.parametrize("text, words", [(b"0 116\n\xff16 116\n232 116\n", "not readable text"),
+                                         ("0 116\n116 116\n23\u00b2 116\n".encode(), "line 3 is '23\u00b2 116'")])
+def test_index_that_is_not_ascii_numbers(dataset, text, words):
+    (dataset / "train/a.tfrecord.idx").write_bytes(text)
+    with pytest.raises(BenchError) as err:
+        check_split_files(load_manifest(dataset), "train")
+    assert str(dataset / "train/a.tfrecord.idx") in str(err.value) and words in str(err.value)
+
+
+def test_a_file_name_too_long_for_the_file_system(dataset):
+    _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][1].update(path="x" * 300))
+    with pytest.raises(BenchError, match=f"{dataset / ('x' * 300)}: listed in the manifest but cannot be read"):
+        check_split_files(load_manifest(dataset), "train")

@@ -497,3 +497,27 @@ def test_a_plain_file_missing_from_a_native_batch_is_named(tmp_path):
     with pytest.raises(BenchError, match=r"train/part_005.tfrecord: listed in the manifest but missing"):
         stage(source, node_plan(source), tmp_path / "local", threads=2)
     assert not list((tmp_path / "local").rglob(f"*{staging.TEMP_MARK}*"))
+
+
+# ---------------------------------------------------------------------------- regressions found by fuzzing
+# (tests/fuzz/test_manifest_fuzz.py, docs/fuzzing.md)
+def test_pack_json_that_is_nested_too_deeply_or_holds_negative_sizes(dataset, tmp_path):
+    packed = pack(dataset, tmp_path / "packed", "none", 1)
+    good = json.loads((packed / PACK_NAME).read_text())
+    (packed / PACK_NAME).write_text("[" * 100_000)
+    with pytest.raises(BenchError, match="pack.json: not a JSON pack description \\(nested too deeply\\)"):
+        load_pack(packed)
+    good["archives"][0]["bytes"] = -1
+    (packed / PACK_NAME).write_text(json.dumps(good))
+    with pytest.raises(BenchError, match="pack.json: archive 0: 'bytes' is -1, expected an integer >= 0"):
+        load_pack(packed)
+
+
+def test_pack_whose_dataset_names_a_file_too_long_for_the_file_system(dataset, tmp_path):
+    packed = pack(dataset, tmp_path / "packed", "none", 1)
+    obj = json.loads((packed / PACK_NAME).read_text())
+    entry = obj["dataset_manifest"]["splits"]["train"]["files"][0]
+    entry["index"], entry["index_sha256"] = "x" * 300, "0" * 64
+    (packed / PACK_NAME).write_text(json.dumps(obj))
+    with pytest.raises(BenchError, match=f"pack.json: 1 file\\(s\\) of the dataset are in no archive, the first x{{300}}"):
+        load_pack(packed)
