@@ -28,6 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from common.errors import BenchError
+from common.hdf5 import reading
 from common.manifest import MANIFEST_NAME, Manifest, SplitEntry, write_manifest
 from data_prep import tfrecords
 
@@ -168,15 +169,11 @@ def scan_universes(input_dir: Path) -> list[Universe]:
 def inspect_universe(path: Path) -> Universe:
     """Check one file's datasets without reading the counts."""
     import h5py
-    try:
-        f = h5py.File(path, "r")
-    except OSError as err:
-        raise BenchError(f"{path}: not a readable HDF5 file ({err})") from None
-    with f:
+    with reading(path), h5py.File(path, "r") as f:
         for key in ("full", "unitPar"):
             if key not in f or not isinstance(f[key], h5py.Dataset):
-                raise BenchError(f"{path}: no dataset {key!r} (found {sorted(f.keys())}); expected a CosmoFlow "
-                                 f"universe with 'full' (N, N, N, 4) counts and 'unitPar' (4,)")
+                raise BenchError(f"{path}: no dataset {key!r} (found {sorted(f.keys(), key=str)}); expected a "
+                                 f"CosmoFlow universe with 'full' (N, N, N, 4) counts and 'unitPar' (4,)")
         full, unit = f["full"], f["unitPar"]
         shape = full.shape
         if len(shape) != 4 or shape[3] != CHANNELS or not shape[0] == shape[1] == shape[2] or shape[0] < 1:
@@ -261,9 +258,10 @@ def iter_subcubes(path: Path, n: int) -> Iterator[np.ndarray]:
     """The (n, n, n, 4) little-endian int16 cubes of a universe in C order over the (N/n)^3 grid.
 
     Reads one slab of n planes (n, N, N, 4) at a time, so memory stays at 1/(N/n) of a universe.
+    Every universe is checked for negative counts here: the statistics (log1p_moments) read only training ones.
     """
     import h5py
-    with h5py.File(path, "r") as f:
+    with reading(path), h5py.File(path, "r") as f:
         full = f["full"]
         grid = full.shape[0] // n
         for i in range(grid):
@@ -274,13 +272,17 @@ def iter_subcubes(path: Path, n: int) -> Iterator[np.ndarray]:
 
 
 def _as_int16(block: np.ndarray, path: Path, first_plane: int) -> np.ndarray:
+    planes = f"planes {first_plane}-{first_plane + block.shape[0] - 1}"
+    low = int(block.min())
+    if low < 0:  # log(1 + x) of a negative count is NaN or -inf in training
+        raise BenchError(f"{path}: 'full' holds negative values (min {low}) in {planes}; expected particle "
+                         f"counts >= 0")
     if block.dtype.kind == "i" and block.dtype.itemsize == 2:
         return block.astype("<i2", copy=False)
-    low, high = int(block.min()), int(block.max())
-    if low < INT16_MIN or high > INT16_MAX:
-        raise BenchError(f"{path}: 'full' ({block.dtype}) holds values from {low} to {high} in planes "
-                         f"{first_plane}-{first_plane + block.shape[0] - 1}, outside {INT16_MIN} to {INT16_MAX}; "
-                         f"samples are stored as int16 counts")
+    high = int(block.max())
+    if high > INT16_MAX:
+        raise BenchError(f"{path}: 'full' ({block.dtype}) holds values from {low} to {high} in {planes}, outside "
+                         f"{INT16_MIN} to {INT16_MAX}; samples are stored as int16 counts")
     return block.astype("<i2")
 
 
@@ -305,7 +307,7 @@ def log1p_moments(path: Path, planes: int = 8) -> np.ndarray:
     """(3, C) float64: cell count, sum and sum of squares of log(1 + counts) per channel of one universe."""
     import h5py
     moments = np.zeros((3, CHANNELS))
-    with h5py.File(path, "r") as f:
+    with reading(path), h5py.File(path, "r") as f:
         full = f["full"]
         for first in range(0, full.shape[0], planes):
             block = full[first:first + planes]

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import BenchError
+from common.hdf5 import open_file, reading
 from common.manifest import MANIFEST_NAME, AuxFile, Manifest, SplitEntry, sha256_file, write_manifest, xxh3_128_file
 from data_prep import tfrecords
 from deepcam.data import CHANNELS, FORMAT, STATS_NAME, read_stats
@@ -178,14 +179,14 @@ def scan_split(directory: Path) -> tuple[InputFile, ...]:
 
 def image_shape_of(path: Path) -> tuple[int, int]:
     """(H, W) of one snapshot, after checking its layout (without reading the fields)."""
-    with _open_hdf5(path) as f:
+    with reading(path), open_file(path) as f:
         data, _ = _sample_datasets(f, path)
         return data.shape[:2]
 
 
 def read_sample(path: Path, image_shape: tuple[int, int], reference: Path) -> tuple[np.ndarray, np.ndarray]:
     """One snapshot, checked: (H, W, 16) little-endian float32 fields and (H, W) uint8 labels."""
-    with _open_hdf5(path) as f:
+    with reading(path), open_file(path) as f:
         data, labels = _sample_datasets(f, path)
         if data.shape[:2] != tuple(image_shape):
             raise BenchError(f"{path}: {DATA_KEY} has shape {data.shape}, but {reference.name} has "
@@ -196,14 +197,6 @@ def read_sample(path: Path, image_shape: tuple[int, int], reference: Path) -> tu
             raise BenchError(f"{path}: reading the datasets failed ({err}); the file is truncated or "
                              f"corrupt") from None
     return _checked_fields(fields, path), _checked_labels(classes, path)
-
-
-def _open_hdf5(path: Path):
-    import h5py
-    try:
-        return h5py.File(path, "r")
-    except OSError as err:
-        raise BenchError(f"{path}: not a readable HDF5 file ({err}); it is truncated, corrupt or not HDF5") from None
 
 
 def _sample_datasets(f, path: Path):

@@ -24,6 +24,7 @@ import numpy as np
 
 from common.dist import DistEnv
 from common.errors import BenchError
+from common.hdf5 import open_file, reading
 from common.loader import resolve_loader
 from common.loop import Datasets
 from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_shard_files, check_split_counts,
@@ -153,22 +154,18 @@ def _pieces(manifest: Manifest, split: str, first: int, count: int) -> tuple[Pie
 def read_stats(path: str | Path) -> dict[str, np.ndarray]:
     """The per-channel statistics of a stats.h5 file: name -> (16,) float64, checked finite."""
     import h5py
-    try:
-        f = h5py.File(path, "r")
-    except OSError as err:
-        raise BenchError(f"{path}: not a readable HDF5 file ({err}); it is truncated, corrupt or not HDF5") from None
     expected = ", ".join(f"climate/{k}" for k in STATS_KEYS)
-    with f:
+    with reading(path), open_file(path) as f:
         group = f.get("climate")
         if not isinstance(group, h5py.Group):
-            raise BenchError(f"{path}: no group 'climate' (found {sorted(f.keys())}); expected {expected}, "
-                             f"each of shape ({CHANNELS},)")
+            raise BenchError(f"{path}: no group 'climate' (found {sorted(f.keys(), key=str)}); expected "
+                             f"{expected}, each of shape ({CHANNELS},)")
         stats = {}
         for key in STATS_KEYS:
             values = group.get(key)
             if not isinstance(values, h5py.Dataset):
-                raise BenchError(f"{path}: no dataset 'climate/{key}' (found {sorted(group.keys())}); expected "
-                                 f"{expected}, each of shape ({CHANNELS},)")
+                raise BenchError(f"{path}: no dataset 'climate/{key}' (found {sorted(group.keys(), key=str)}); "
+                                 f"expected {expected}, each of shape ({CHANNELS},)")
             if values.shape != (CHANNELS,) or values.dtype.kind not in "iuf":
                 raise BenchError(f"{path}: climate/{key} is {values.dtype} with shape {values.shape}, expected "
                                  f"({CHANNELS},) numbers, one per channel")

@@ -142,7 +142,7 @@ def test_negative_counts_are_refused(tmp_path):
     make_universes(tmp_path / "in", 3)
     with h5py.File(tmp_path / "in/universe_000002.h5", "r+") as f:
         f["full"][5, 0, 0, 1] = -3
-    with pytest.raises(BenchError, match=r"universe_000002.h5: 'full' holds negative values \(min -3\) in planes 0-7"):
+    with pytest.raises(BenchError, match=r"universe_000002.h5: 'full' holds negative values \(min -3\) in planes 4-7"):
         convert(tmp_path / "in", tmp_path / "out", val_universes=0)
     assert not (tmp_path / "out/manifest.json").exists()
 
@@ -367,3 +367,42 @@ def test_command_line_rejects_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse(["--input", "in", "--out", "out", "--sample-size", "4", *argv])
     assert re.search(message, capsys.readouterr().err)
+
+
+# ---------------------------------------------------------------------------- regressions found by fuzzing
+# (tests/fuzz/test_hdf5_fuzz.py, docs/fuzzing.md)
+def test_corrupted_metadata_names_the_file(tmp_path):
+    make_universes(tmp_path / "in", 2)
+    bad = tmp_path / "in/universe_000001.h5"
+    data = bytearray(bad.read_bytes())
+    data[16] = 0xFF  # the superblock's base address: h5py raised RuntimeError looking up 'full'
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BenchError, match=f"{bad}: not a readable HDF5 file \\(.*\\); it is truncated, corrupt"):
+        convert(tmp_path / "in", tmp_path / "out")
+
+
+def test_a_corrupt_compressed_chunk_names_the_file(tmp_path):
+    make_universes(tmp_path / "in", 2)
+    bad = tmp_path / "in/universe_000001.h5"
+    rng = np.random.default_rng(0)
+    with h5py.File(bad, "w") as f:
+        f.create_dataset("full", data=rng.integers(0, 50, (8, 8, 8, 4)).astype(np.int16), chunks=(2, 8, 8, 4),
+                         compression="gzip")
+        f["unitPar"] = np.zeros(4, np.float32)
+        chunk = f["full"].id.get_chunk_info(1)
+    data = bytearray(bad.read_bytes())
+    data[chunk.byte_offset + chunk.size // 2] ^= 0xFF  # h5py raised OSError (inflate() failed) reading it
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BenchError, match=f"{bad}: not a readable HDF5 file \\(Can't synchronously read data"):
+        convert(tmp_path / "in", tmp_path / "out", val_universes=0)
+
+
+def test_negative_counts_in_a_validation_universe_are_refused(tmp_path):
+    make_universes(tmp_path / "in", 3)
+    splits = cosmo_convert.split_universes(cosmo_convert.scan_universes(tmp_path / "in"), 1, seed=0)
+    (victim,) = splits["validation"]
+    with h5py.File(victim.path, "r+") as f:
+        f["full"][6, 0, 0, 2] = -1
+    # Validation universes are not part of the statistics, which were the only check of the counts' sign.
+    with pytest.raises(BenchError, match=f"{victim.path}: 'full' holds negative values \\(min -1\\) in planes 4-7"):
+        convert(tmp_path / "in", tmp_path / "out", val_universes=1, seed=0)

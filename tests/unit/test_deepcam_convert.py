@@ -324,3 +324,16 @@ def test_hidden_files_are_not_snapshots(tmp_path):
     (tmp_path / "in/train/.data-009.h5").write_bytes(b"another tool's temporary")
     convert(tmp_path / "in", tmp_path / "out")
     assert load_manifest(tmp_path / "out").splits["train"].samples == 2
+
+
+# ---------------------------------------------------------------------------- regressions found by fuzzing
+# (tests/fuzz/test_hdf5_fuzz.py, docs/fuzzing.md)
+def test_corrupted_snapshot_metadata_exits_2_naming_the_file(tmp_path, capsys):
+    data = make_dataset(tmp_path / "in", train=3, validation=2)
+    bad = data / "train/data-001.h5"
+    raw = bytearray(bad.read_bytes())
+    raw[16] = 0xFF  # h5py raised RuntimeError (object visitation failed) listing its datasets
+    bad.write_bytes(bytes(raw))
+    code = data_prep_main(["deepcam-convert", "--input", str(data), "--out", str(tmp_path / "out"), "--workers", "1"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and f"error: {bad}: not a readable HDF5 file (" in err, err

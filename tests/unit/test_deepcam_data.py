@@ -306,3 +306,13 @@ def test_read_error_names_the_corrupt_file_and_record(records, tmp_path):
     # DALI's reader does not check record CRCs; the xxh3-128 of data.verify_checksums catches the byte.
     with pytest.raises(BenchError, match=f"{root / entry.path}: xxh3_128 [0-9a-f]{{32}}, the manifest says"):
         build_datasets(dataclasses.replace(cfg, loader="auto", verify_checksums=True), SAMPLE, 2, DistEnv(), seed=0)
+
+
+def test_corrupted_stats_metadata_names_the_file(records, tmp_path):
+    # Found by fuzzing (tests/fuzz/test_hdf5_fuzz.py): h5py raised RuntimeError listing the group.
+    path = tmp_path / "stats.h5"
+    raw = bytearray((records / "stats.h5").read_bytes())
+    raw[1096] = 0x00
+    path.write_bytes(bytes(raw))
+    with pytest.raises(BenchError, match=f"{path}: not a readable HDF5 file \\(.*\\); it is truncated, corrupt"):
+        read_stats(path)
