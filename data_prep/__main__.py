@@ -18,6 +18,7 @@ COMMANDS = {
     "deepcam-convert": "data_prep.deepcam_convert",
     "pack": "data_prep.pack",
     "stage": "data_prep.stage",
+    "validate": "data_prep.validate",
 }
 
 
