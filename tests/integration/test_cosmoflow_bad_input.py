@@ -59,6 +59,23 @@ def test_manifest_disagrees_with_files(dataset, tmp_path, capsys):
     assert code == 2 and victim.name in err and "bytes" in err
 
 
+def test_missing_record_file(dataset, tmp_path, capsys):
+    victim = _first_train_file(dataset)
+    victim.unlink()
+    code, err = _train(tmp_path, dataset, capsys=capsys)
+    assert code == 2 and f"{victim}: listed in the manifest (train split) but missing" in err
+    _assert_not_finished(tmp_path)
+
+
+def test_index_that_does_not_match_its_record_file(dataset, tmp_path, capsys):
+    victim = _first_train_file(dataset)
+    index = victim.with_name(victim.name + ".idx")
+    index.write_text("".join(index.read_text().splitlines(keepends=True)[:-1]))  # the last record unindexed
+    code, err = _train(tmp_path, dataset, capsys=capsys)
+    assert code == 2 and f"{index}: 7 index lines, expected 8" in err
+    _assert_not_finished(tmp_path)
+
+
 def test_corrupt_record_bad_crc(dataset, tmp_path, capsys):
     victim = _first_train_file(dataset)
     raw = bytearray(victim.read_bytes())

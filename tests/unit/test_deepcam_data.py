@@ -260,6 +260,26 @@ def test_changed_stats_file_is_refused(records, tmp_path):
         datasets(root)
 
 
+def test_missing_truncated_or_misindexed_record_files_are_refused(records, tmp_path):
+    root = _copy(records, tmp_path)
+    train = load_manifest(root).splits["train"].files
+    (root / train[1].path).unlink()
+    with pytest.raises(BenchError, match=f"{root / train[1].path}: listed in the manifest \\(train split\\) but "
+                                         f"missing"):
+        datasets(root)
+    shutil.copy(records / train[1].path, root / train[1].path)
+    (root / train[0].path).write_bytes((records / train[0].path).read_bytes()[:-10])
+    with pytest.raises(BenchError, match=f"{root / train[0].path}: {train[0].bytes - 10} bytes, the manifest says "
+                                         f"{train[0].bytes}"):
+        datasets(root)
+    shutil.copy(records / train[0].path, root / train[0].path)
+    index = root / train[2].index
+    index.write_text(index.read_text() + "0 16\n")  # one line more than the file has records
+    with pytest.raises(BenchError, match=f"{index}: {train[2].records + 1} index lines, expected "
+                                         f"{train[2].records}"):
+        datasets(root)
+
+
 def test_a_channel_without_spread_is_refused(records):
     stats = read_stats(records / "stats.h5")
     stats["maxval"][5] = stats["minval"][5]
