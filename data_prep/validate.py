@@ -136,7 +136,8 @@ def _cosmo_values(x: np.ndarray, y: np.ndarray) -> list[tuple[str, str, str]]:
     low, high = COSMO_TARGET_RANGE
     outside = np.isfinite(y) & ((y < low) | (y > high))
     if outside.any():
-        problems.append(("range", f"y is {y.tolist()}", f"targets in [{low:g}, {high:g}] (unitPar)"))
+        values = ", ".join(f"{v:.7g}" for v in y.tolist())  # float32's digits, not float64's
+        problems.append(("range", f"y is [{values}]", f"targets in [{low:g}, {high:g}] (unitPar)"))
     return problems
 
 
@@ -402,8 +403,8 @@ def _frames(stream, scan: _Scan) -> Iterator[tuple[int, bytes, int]]:
         payload = _read(stream, length)
         crc = _read(stream, 4) if len(payload) == length else b""
         if len(crc) < 4:
-            scan.add("framing", record, f"the file ends {len(payload) + len(crc)} bytes into the record at byte "
-                     f"{offset}", f"{length} bytes of data and 4 of CRC, as its length field says")
+            scan.add("framing", record, f"the file ends {len(payload) + len(crc)} bytes after the length header of "
+                     f"the record at byte {offset}", f"{length} bytes of data and 4 of CRC, as its length field says")
             return
         scan.frames.append((offset, length + tfrecords.FRAMING_BYTES))
         yield record, payload, int.from_bytes(crc, "little")
@@ -488,7 +489,7 @@ def validate(data_dir: str | Path, workers: int = 1, progress_seconds: float | N
     order = {kind: i for i, kind in enumerate(KINDS)}
     findings.sort(key=lambda f: (order[f.kind], f.path, -1 if f.record is None else f.record))
     splits = {name: (len(split.files), split.samples) for name, split in manifest.splits.items()}
-    return Report(root=root, format=manifest.format, compression=manifest.compression, splits=splits,
+    return Report(root=root.resolve(), format=manifest.format, compression=manifest.compression, splits=splits,
                   files=len(jobs), records=sum(r.records for r in results), bytes_read=counter.value,
                   seconds=time.perf_counter() - started, findings=tuple(findings))
 
