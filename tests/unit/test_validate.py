@@ -358,6 +358,22 @@ def test_a_file_listed_in_both_splits(copy):
     assert found(check(data)) == {("overlap", shared["path"], None)}
 
 
+def test_a_manifest_that_describes_other_samples_or_lists_a_file_twice(copy):
+    data = copy("deepcam")
+    manifest = manifest_of(data)
+    manifest["target_dtype"] = "float32"
+    twice = manifest["splits"]["validation"]["files"][0]
+    manifest["splits"]["validation"]["files"].append(dict(twice))
+    manifest["splits"]["validation"]["samples"] += twice["records"]
+    (data / MANIFEST_NAME).write_text(json.dumps(manifest))
+    report = check(data)
+    assert found(report) == {("manifest", MANIFEST_NAME, None)} and len(report.findings) == 2
+    assert {f.found for f in report.findings} == {
+        "sample_dtype 'float32', sample_shape [32, 48, 16], target float32 (32, 48)",
+        f"{twice['path']} listed twice in the validation split"}
+    assert report.records == 8  # the records were still read and their CRCs checked
+
+
 # ---------------------------------------------------------------------------- all at once, output, exit codes
 def test_several_problems_are_all_reported(copy, capsys):
     data = copy("cosmo")
