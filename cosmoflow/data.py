@@ -249,20 +249,24 @@ def diagnose_read_error(files: Sequence[str], compression: str, sample_shape: Se
     expected = int(np.prod(sample_shape))
     features = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([target_size], tf.float32)}
     for path in files:
-        index = -1
+        good = 0  # records read intact so far; the next one is the culprit
         try:
-            for index, record in enumerate(tf.data.TFRecordDataset(path, compression_type=compression)):
+            for record in tf.data.TFRecordDataset(path, compression_type=compression):
                 example = tf.io.parse_single_example(record, features)
                 found = len(example["x"].numpy()) // 2
                 if found != expected:
-                    return (f"{path}: record {index} holds {found} int16 values, expected {expected} for the "
+                    return (f"{path}: record {good} holds {found} int16 values, expected {expected} for the "
                             f"sample shape {list(sample_shape)}")
+                good += 1
         except tf.errors.DataLossError as loss:
-            return (f"{path}: corrupt or truncated TFRecord after record {index} (bad length or CRC: "
+            return (f"{path}: corrupt or truncated TFRecord at record {good} (bad length or CRC: "
                     f"{loss.message.splitlines()[0]}); regenerate or reconvert this file")
         except tf.errors.InvalidArgumentError as bad:
-            return (f"{path}: record {index + 1} is not a CosmoFlow example with x (bytes) and "
+            return (f"{path}: record {good} is not a CosmoFlow example with x (bytes) and "
                     f"y ({target_size} floats): {bad.message.splitlines()[0]}")
+        except UnicodeDecodeError:  # TensorFlow quotes a payload that is no Example in its error, undecodable
+            return (f"{path}: record {good} is not a tf.train.Example (its bytes do not parse as one); "
+                    f"expected a CosmoFlow example with x (bytes) and y ({target_size} floats)")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return f"reading the CosmoFlow records failed ({first}); no bad record was found in {len(files)} files"
 

@@ -364,4 +364,7 @@ def find_bad_record(paths: Sequence[str], manifest: Manifest) -> str | None:
         except tf.errors.InvalidArgumentError as bad:
             return (f"{path}: record {good} is not a DeepCAM example with 'data' and 'label' bytes "
                     f"({bad.message.splitlines()[0]})")
+        except UnicodeDecodeError:  # TensorFlow quotes a payload that is no Example in its error, undecodable
+            return (f"{path}: record {good} is not a tf.train.Example (its bytes do not parse as one); expected a "
+                    f"DeepCAM example with 'data' and 'label' bytes")
     return None

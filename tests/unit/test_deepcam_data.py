@@ -15,7 +15,7 @@ from common.dist import DistEnv
 from common.errors import BenchError
 from deepcam.config import DeepCamDataConfig
 from common.manifest import load_manifest
-from deepcam.data import build_datasets, normalization_constants, read_error, read_stats, shard_split
+from deepcam.data import build_datasets, find_bad_record, normalization_constants, read_error, read_stats, shard_split
 from tests.unit.test_deepcam_convert import convert, make_dataset
 
 SAMPLE = (32, 48, 16)
@@ -336,3 +336,13 @@ def test_corrupted_stats_metadata_names_the_file(records, tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(BenchError, match=f"{path}: not a readable HDF5 file \\(.*\\); it is truncated, corrupt"):
         read_stats(path)
+
+
+def test_a_record_that_is_no_example_is_named(records, tmp_path):
+    # Found by fuzzing (tests/fuzz/test_records_fuzz.py): TensorFlow's error quotes the undecodable payload and
+    # surfaced as UnicodeDecodeError from the diagnosis itself.
+    from data_prep import tfrecords
+    path = tmp_path / "f.tfrecord"
+    tfrecords.write_record_file(path, [b"\x80\x81\xff"])
+    message = find_bad_record([str(path)], load_manifest(records))
+    assert message.startswith(f"{path}: record 0 is not a tf.train.Example (its bytes do not parse as one)")
