@@ -36,6 +36,7 @@ setup(
         "scipy==1.17.1",
         "pyyaml==6.0.2",
         "pytest==8.3.4",
+        "hypothesis==6.170.15",  # the fuzz tests (tests/fuzz, docs/fuzzing.md)
         "tqdm==4.67.1",
         "psutil==6.1.1",
         "xxhash==3.6.0",
