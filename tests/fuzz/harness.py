@@ -66,7 +66,8 @@ class Tally:
 
     def lines(self) -> list[str]:
         return [f"{target}: {sum(c.values())} inputs in {self.seconds[target]:.1f} s ("
-                + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) + ")" for target, c in sorted(self.counts.items())]
+                + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) + ")"
+                for target, c in sorted(self.counts.items())]
 
     def to_dict(self) -> dict:
         return {target: {"inputs": sum(c.values()), "seconds": round(self.seconds[target], 2), "outcomes": dict(c)}
@@ -106,9 +107,6 @@ class Corruption:
         if self.kind == "overwrite":
             return data[:self.offset] + self.payload + data[self.offset + len(self.payload):]
         raise ValueError(self.kind)
-
-    def keeps_size(self) -> bool:
-        return self.kind in ("flip", "zero") or (self.kind == "overwrite")
 
 
 @st.composite

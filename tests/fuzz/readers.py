@@ -53,11 +53,11 @@ def deepcam_snapshot(path: str) -> dict:
 
 def deepcam_stats(path: str) -> dict:
     """What the DeepCAM loader reads of stats.h5: the statistics and both normalisations' constants."""
+    from common.errors import BenchError
     from deepcam.data import normalization_constants, read_stats
     stats = read_stats(path)
     summary = {"digest": _digest([stats[k] for k in sorted(stats)])}
     for kind in ("minmax", "meanstd"):
-        from common.errors import BenchError
         try:
             shift, divisor = normalization_constants(stats, kind, path)
         except BenchError as err:

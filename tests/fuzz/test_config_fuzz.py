@@ -33,9 +33,10 @@ scalars = (st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.just(
 edge_values = st.sampled_from([0, -1, 1, 2 ** 63, 10 ** 400, 0.0, -0.0, 1e308, math.nan, math.inf, -math.inf, "",
                                "nan", "1e999", True, None, [], {}, [1, 2, 3, 4], [0.5, 0.5]])
 keys = st.text(max_size=10) | st.integers(-3, 3) | st.booleans() | st.none()
-values = edge_values | st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=3),
-                      max_leaves=8)
-yaml_syntax = st.sampled_from(list("[]{}:,&*!|>'\"%@`#-?\t\n") + ["!!python/object:os.system", "&a [*a]", "...", "[" * 2000])
+values = edge_values | st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=3), max_leaves=8)
+yaml_syntax = st.sampled_from(list("[]{}:,&*!|>'\"%@`#-?\t\n")
+                              + ["!!python/object:os.system", "&a [*a]", "...", "[" * 2000])
 
 
 def key_paths(schema, prefix: str = "") -> list[str]:

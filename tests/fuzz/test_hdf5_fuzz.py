@@ -151,7 +151,8 @@ def test_rewritten_universe(worker, tmp_path_factory, data, training, chunked):
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
     valid_full = data.draw(st.booleans(), label="keep a valid 'full'")
     full = None if valid_full else array(data.draw(shapes | st.just((8, 8, 8, 4)), label="full shape"),
-                                         data.draw(dtypes, label="full dtype"), data.draw(fills, label="full fill"), rng)
+                                         data.draw(dtypes, label="full dtype"), data.draw(fills, label="full fill"),
+                                         rng)
     unit = None if data.draw(st.booleans(), label="keep a valid 'unitPar'") else array(
         data.draw(shapes | st.just((4,)), label="unitPar shape"), data.draw(dtypes, label="unitPar dtype"),
         data.draw(fills, label="unitPar fill"), rng)
