@@ -249,7 +249,8 @@ def _fit(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, data: Dat
     try:
         return fit(built.model, built.optimizer, loss, metric, built.schedule(data), data, dist, options,
                    mlperf, log, make_steps=built.steps, control=control)
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
+    # UnicodeDecodeError: TensorFlow quoting the raw bytes of a record that is no tf.train.Example.
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError, UnicodeDecodeError) as err:
         mlperf.end("run_stop", status="aborted")
         raise app.read_error(cfg, data_cfg, dist, err) from None
 
