@@ -8,11 +8,13 @@ STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
 
-.PHONY: setup demo test test-fast bench study clean-demo help
+.PHONY: setup demo slurm-demo test test-fast bench study clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
 	@echo "make test    set up, run the test suite"
+	@echo "make slurm-demo  CosmoFlow mini to its target through a rendered Slurm script, submitted to a"
+	@echo "             one-node Slurm started on this host (needs root; docs/jobs.md)"
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
 	@echo "make study   CosmoFlow mini campaigns at global batch 4, 8 and 16 (SEEDS=3 runs each, about"
 	@echo "             11 min per run here), then the analysis report in docs/study (docs/campaigns.md)"
@@ -30,6 +32,9 @@ setup:
 demo: BENCH := all
 demo: $(STAMP)
 	@PY=$(PY) NP=$(NP) DEMO_DIR=$(DEMO_DIR) scripts/demo.sh $(if $(filter all,$(BENCH)),$(ALL_BENCHES),$(BENCH))
+
+slurm-demo: $(STAMP)
+	@PY=$(PY) DEMO_DIR=$(DEMO_DIR) scripts/slurm_demo.sh
 
 test: $(STAMP)
 	$(PY) -m pytest tests

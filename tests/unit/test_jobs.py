@@ -1,4 +1,5 @@
 """Job scripts: every example site renders every kind of job, and the scripts pass bash -n and shellcheck."""
+import os
 import subprocess
 from pathlib import Path
 
@@ -126,3 +127,18 @@ def test_the_rendered_examples_in_the_docs_are_current():
         text = page.read_text()
         assert "<!-- rendered:end -->" in text and refreshed(text) == text, \
             f"{page} is out of date: run `python -m jobs.docs`"
+
+
+def test_the_local_slurm_config_names_this_host_its_cores_and_two_ports(tmp_path):
+    from jobs.localslurm import slurm_conf
+    conf = dict(line.split("=", 1) for line in slurm_conf(tmp_path, "nodeA").splitlines()
+                if "=" in line and not line.startswith(("NodeName", "PartitionName")))
+    assert conf["SlurmctldHost"] == "nodeA" and conf["StateSaveLocation"] == f"{tmp_path}/state"
+    assert conf["SlurmctldPort"] != conf["SlurmdPort"]
+    assert f"NodeName=nodeA CPUs={os.cpu_count()} " in slurm_conf(tmp_path, "nodeA")
+
+
+def test_submitting_a_missing_script_names_it_and_exits_2(tmp_path, capsys):
+    from jobs.localslurm import main
+    assert main(["submit", str(tmp_path / "nope.sh")]) == 2
+    assert f"{tmp_path / 'nope.sh'}: no such job script" in capsys.readouterr().err
