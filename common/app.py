@@ -194,7 +194,7 @@ def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log, res
         log(f"resuming from {resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
     if cfg.data.stage_dir and cfg.data.stage_timing == "in_run":
         staging = _stage(app, cfg, dist, mlperf, log)
-    data_cfg = dataclasses.replace(cfg.data, dir=staging.dir) if staging else cfg.data
+    data_cfg = staged_data_config(cfg.data, staging)
     io = IOCounters.start()
     data = app.build_data(data_cfg, _data_seeded(cfg, resume, dist), dist)
     mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
@@ -202,6 +202,15 @@ def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log, res
     result = _fit(app, cfg, data_cfg, dist, built, data, mlperf, log, control)
     mlperf.end("run_stop", status=result.status)
     return TimedRun(result, time.time() - run_start, data, staging, io.stop(data, result.history), built, resume)
+
+
+def staged_data_config(data_cfg, staging: StageResult | None):
+    """The data section the input pipelines read: the staged copy when there is one, whose files staging
+    has just verified, so that data.verify_checksums unset (auto) does not check them a second time."""
+    if staging is None:
+        return data_cfg
+    verify = False if data_cfg.verify_checksums is None else data_cfg.verify_checksums
+    return dataclasses.replace(data_cfg, dir=staging.dir, verify_checksums=verify)
 
 
 def _data_seeded(cfg, resume: Resume | None, dist: DistEnv):

@@ -153,6 +153,10 @@ class StagedDataConfig:
     stage_timing: Literal["in_run", "before_run"] = "in_run"
     stage_threads: int = 0  # files or archives copied in parallel by a staging rank; 0: its cores
     stage_reuse: bool = False  # keep files an earlier staging finished (the staging time then covers less)
+    # Check the xxh3-128 (older manifests: sha256) of every file a rank reads, before training. None (auto,
+    # the default): when DALI reads the files in place, since its reader checks no record CRC and a changed
+    # byte can crash it; not for tf.data (it checks every record's CRC) or staged data (staging verified it).
+    verify_checksums: bool | None = None
 
     def __post_init__(self):
         _check(self.stage_threads >= 0, "data.stage_threads", self.stage_threads, ">= 0 (0: the rank's cores)")

@@ -27,6 +27,12 @@ def dali_problem(manifest: Manifest, splits: Sequence[str]) -> str | None:
     return None
 
 
+def checksums_wanted(setting: bool | None, loader: str) -> bool:
+    """Whether a rank checks the checksums of the files it reads: data.verify_checksums, or when unset, for
+    DALI (its reader checks no record CRC, and one changed byte in a record can kill the process)."""
+    return loader == "dali" if setting is None else setting
+
+
 def resolve_loader(requested: str, manifest: Manifest, splits: Sequence[str]) -> str:
     """"tfdata" or "dali" for data.loader = `requested`; raises BenchError when DALI was asked for but cannot read."""
     if requested not in LOADERS:

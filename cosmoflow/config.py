@@ -23,7 +23,6 @@ class CosmoDataConfig(StagedDataConfig):
     # Standardise each channel of log(1 + x) with the training split's mean and std, which cosmo-convert
     # records in the manifest (input_stats); the reference feeds log(1 + x) as it is.
     normalize: bool = False
-    verify_checksums: bool = False  # xxh3-128 (older manifests: sha256) of the files read
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
 

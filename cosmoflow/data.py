@@ -16,7 +16,7 @@ import numpy as np
 
 from common.dist import DistEnv
 from common.errors import BenchError
-from common.loader import resolve_loader
+from common.loader import checksums_wanted, resolve_loader
 from common.loop import Datasets
 from common.manifest import Manifest, check_shard_files, check_split_counts, load_manifest, record_bytes
 from common.sharding import dali_reader_sharding, local_files_dataset, node_share
@@ -52,8 +52,8 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
     if not read:
         return Datasets.from_shards(None, None, shards[TRAIN], shards[VALIDATION], local_batch).without_input()
-    check_shard_files(manifest, shards, verify_checksums=cfg.verify_checksums)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
+    check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
     make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(cfg, manifest)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)

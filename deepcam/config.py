@@ -27,7 +27,6 @@ class DeepCamDataConfig(StagedDataConfig):
     # Per channel, from the dataset's stats.h5: "minmax" (the reference's) (x - min) / (max - min);
     # "meanstd" (x - mean) / sqrt(sqmean - mean^2).
     normalization: Literal["minmax", "meanstd"] = "minmax"
-    verify_checksums: bool = False  # xxh3-128 (older manifests: sha256) of the files read
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
 

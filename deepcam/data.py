@@ -25,7 +25,7 @@ import numpy as np
 from common.dist import DistEnv
 from common.errors import BenchError
 from common.hdf5 import open_file, reading
-from common.loader import resolve_loader
+from common.loader import checksums_wanted, resolve_loader
 from common.loop import Datasets
 from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_shard_files, check_split_counts,
                              load_manifest, record_bytes)
@@ -82,7 +82,7 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
     shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
-    check_shard_files(manifest, shards, verify_checksums=cfg.verify_checksums)
+    check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
     make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(shift, divisor)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)

@@ -9,7 +9,8 @@ that is no Example, a feature missing or of the wrong size or type, extra featur
 writes. Each read runs in a worker process (harness.Isolated). Promise: a BenchError naming the file, or exactly
 the intact batches; never another exception, a crash, a hang, or other batches, with one exception that the
 project documents: DALI checks no record CRC, so a changed payload byte in an uncompressed dataset reaches
-training unless data.verify_checksums=true (README.md; counted here, not failed). DALI's own failures on
+training when data.verify_checksums=false (by default DALI reads only verified files; README.md; counted here,
+not failed). DALI's own failures on
 well-framed wrong records are open findings, counted and not failed (docs/fuzzing.md).
 """
 from __future__ import annotations
@@ -109,8 +110,9 @@ def test_corrupted_record_bytes(worker, datasets, tmp_path_factory, data, app, c
     with timed(f"records: corrupted bytes ({app}, {loader})") as box:
         outcome, value = worker.call(readers.app_records, app, str(root), SHAPES[app], loader, verify)
         if loader == "dali" and not verify and outcome == "died":
-            # Open finding (docs/fuzzing.md): DALI, checking no CRC, parses the changed bytes and can die of them.
-            box[0] = "DALI crashed on a changed byte (open finding)"
+            # docs/fuzzing.md: DALI, checking no CRC, parses the changed bytes and can die of them, which is why
+            # data.verify_checksums is on for DALI unless set to false (as here).
+            box[0] = "DALI crashed on a changed byte (verify_checksums=false)"
             return
         box[0] = check(outcome, value, expected, root / rel, loader, verify)
 

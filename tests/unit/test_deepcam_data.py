@@ -323,9 +323,13 @@ def test_read_error_names_the_corrupt_file_and_record(records, tmp_path):
     assert "reconvert it" in message
     intact = read_error(DeepCamDataConfig(dir=str(records)), 2, DistEnv(), RuntimeError("boom"))
     assert str(intact).startswith("reading the DeepCAM records failed (boom); every record of the 5 files")
-    # DALI's reader does not check record CRCs; the xxh3-128 of data.verify_checksums catches the byte.
-    with pytest.raises(BenchError, match=f"{root / entry.path}: xxh3_128 [0-9a-f]{{32}}, the manifest says"):
-        build_datasets(dataclasses.replace(cfg, loader="auto", verify_checksums=True), SAMPLE, 2, DistEnv(), seed=0)
+    # DALI's reader does not check record CRCs; the xxh3-128 of data.verify_checksums catches the byte, and
+    # unset (auto) it is checked whenever DALI reads.
+    for verify in (True, None):
+        with pytest.raises(BenchError, match=f"{root / entry.path}: xxh3_128 [0-9a-f]{{32}}, the manifest says"):
+            build_datasets(dataclasses.replace(cfg, loader="dali", verify_checksums=verify), SAMPLE, 2, DistEnv(),
+                           seed=0)
+    build_datasets(dataclasses.replace(cfg, loader="dali", verify_checksums=False), SAMPLE, 2, DistEnv(), seed=0)
 
 
 def test_corrupted_stats_metadata_names_the_file(records, tmp_path):
