@@ -19,6 +19,9 @@ Faults (docs/faults.md): SIGTERM / SIGUSR1 stop every rank after the same step, 
 (checkpoint.on_signal), run_stop status aborted and exit code 75; checkpoint.every_epochs / every_minutes
 write periodic checkpoints; checkpoint.resume=true continues from the newest valid one, moving the earlier
 attempt's mlperf.log and summaries to attempts/<n>/ and logging `resumed_from_checkpoint` after run_start.
+With dist.elastic.enabled=true the training runs under hvd.elastic.run (common/elastic.py): workers may die or
+join, every (re)start rebuilds the model, schedule, input and steps for the rank layout of the moment, and
+summary.json gets an `elastic` field.
 """
 from __future__ import annotations
 

@@ -218,9 +218,8 @@ class Driver:
         attempt = self.make_attempt(dist, 0 if state.progress is None else 1 + _global_step(state))
         self.last = attempt
         start = state.start(attempt.data.train_steps)
-        if restart:
-            note = self._noted_reset(state, dist, start)
-        hooks = Hooks(state, attempt.data.train_steps, self.every, note if restart else None)
+        on_first_step = self._noted_reset(state, dist, start) if restart else None
+        hooks = Hooks(state, attempt.data.train_steps, self.every, on_first_step)
         try:
             return attempt.fit(hooks)
         except Exception:

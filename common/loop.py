@@ -11,7 +11,8 @@ hybrid path (cosmoflow/mesh/hybrid.py) brings steps that run a Mesh-TF graph ins
 read no data (`Datasets.reads` False) take part in every step's collectives with (None, None) batches.
 `Control` adds fault handling: periodic checkpoints, resuming from one (the weights, optimizer, each rank's
 own variables, the input position and the history), and stopping after the step in which a stop signal
-arrived on any rank (common/checkpoint.py, common/stopping.py, docs/faults.md).
+arrived on any rank (common/checkpoint.py, common/stopping.py, docs/faults.md); in elastic runs it also
+carries the hooks that restore the in-memory state and commit it (common/elastic.py).
 """
 from __future__ import annotations
 
