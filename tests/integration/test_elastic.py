@@ -1,7 +1,7 @@
 """Elastic Horovod training with real processes: three workers on three local host names (one slot each), one
-non-root worker SIGKILLed during training; the other two roll back to the last commit, go on at size 2 and
-reach the target; summary.json and the MLPerf log record the reset, and the log passes the checker's
-structural rules."""
+SIGKILLed during training (a non-root worker, or rank 0 itself); the other two roll back to the last commit,
+go on at size 2 and reach the target; summary.json and the MLPerf log record the reset (after rank 0's death
+the new rank 0 continues the same log), and the log passes the checker's structural rules."""
 import json
 import os
 import signal
@@ -48,7 +48,8 @@ def _wait_for_epoch(log, epoch, launcher, timeout=120):
     raise AssertionError(f"epoch {epoch} did not start within {timeout} s (launcher exit {launcher.poll()})")
 
 
-def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path):
+@pytest.mark.parametrize("victim_rank", [2, 0])
+def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, victim_rank):
     data = make_dataset(tmp_path / "cosmo", universes=18, val_universes=6)
     out = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", data, out, **ELASTIC_CFG)
@@ -59,7 +60,7 @@ def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path):
          "--host-discovery-script", _discovery_script(tmp_path), sys.executable, TRAIN, cfg],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        victim = _rank_process(launcher, 2)
+        victim = _rank_process(launcher, victim_rank)
         _wait_for_epoch(out / "mlperf.log", 3, launcher)
         time.sleep(0.15)  # a few of the epoch's 8 steps (commits every 2)
         victim.send_signal(signal.SIGKILL)
@@ -79,7 +80,8 @@ def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path):
     resets = [e for e in events if e["key"] == "elastic_reset"]
     assert len(resets) == 1 and resets[0]["value"]["size"] == 2 and resets[0]["value"]["epoch"] >= 3
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+    assert [e["key"] for e in events].count("run_start") == 1  # one log, continued by whoever is rank 0
     assert check_log(out / "mlperf.log").structural_problems == ()
-    print(f"elastic reset: {resets[0]['time_ms'] / 1000 - killed:.2f} s from the kill, "
+    print(f"rank {victim_rank} killed; elastic reset: {resets[0]['time_ms'] / 1000 - killed:.2f} s from the kill, "
           f"{elastic['seconds_lost'][0]:.2f} s from the failure's detection, to the first step at size 2; "
           f"rolled back to epoch {resets[0]['value']['epoch']} step {resets[0]['value']['step']}")
