@@ -236,8 +236,8 @@ class Driver:
             self.resets.append(reset.as_dict())
             self.mlperf.event("elastic_reset", reset.as_dict())
             if dist.is_root:
-                self.log(f"elastic reset: {dist.size} ranks, rolled back to epoch {start.epoch} step {start.step}; "
-                     f"{reset.seconds_lost:.2f} s from the failure to this step")
+                self.log(f"elastic reset: {dist.size} ranks, rolled back to epoch {start.epoch} step "
+                         f"{start.step}; {reset.seconds_lost:.2f} s from the failure to this step")
         return note
 
     def summary(self) -> dict:
