@@ -19,6 +19,9 @@ Faults (docs/faults.md): SIGTERM / SIGUSR1 stop every rank after the same step, 
 (checkpoint.on_signal), run_stop status aborted and exit code 75; checkpoint.every_epochs / every_minutes
 write periodic checkpoints; checkpoint.resume=true continues from the newest valid one, moving the earlier
 attempt's mlperf.log and summaries to attempts/<n>/ and logging `resumed_from_checkpoint` after run_start.
+With dist.elastic.enabled=true the training runs under hvd.elastic.run (common/elastic.py): workers may die or
+join, every (re)start rebuilds the model, schedule, input and steps for the rank layout of the moment, and
+summary.json gets an `elastic` field.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from common.checkpoint import Checkpointer, Resume, find_resume
 from common.cli import guarded
 from common.config import load_config, save_config
 from common.dist import DistEnv, describe, init_distributed
+from common.elastic import Attempt, Driver, check_elastic
 from common.iostats import IOCounters, io_report, write_io_report
 from common.errors import BenchError
 from common.loop import Control, Datasets, FitOptions, FitResult, Metric, StepsFactory, data_parallel_steps, fit
@@ -96,6 +100,8 @@ class TimedRun:
     io: IOCounters
     built: Built
     resume: Resume | None = None
+    dist: DistEnv | None = None  # the rank layout at the end (elastic runs change it)
+    elastic: dict | None = None  # an elastic run's resets (summary.json's `elastic`)
 
 
 def parse_args(app: Application, argv=None) -> argparse.Namespace:
@@ -117,9 +123,12 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
     dist = init_distributed(cfg.dist)
     if app.check:
         app.check(cfg, dist)
+    check_elastic(cfg, dist)
     out = Path(cfg.run.output_dir)
     log = functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
-    resume = find_resume(cfg.checkpoint, cfg.run.output_dir, dist, app.benchmark, log)
+    # (An elastic run resumes no checkpoint, and a worker joining it must not wait in a collective here.)
+    resume = None if cfg.dist.elastic.enabled else find_resume(cfg.checkpoint, cfg.run.output_dir, dist,
+                                                                app.benchmark, log)
     if dist.is_root:
         if resume:
             _archive_attempt(out, cfg.mlperf.log_file, resume.progress.attempt)
@@ -131,12 +140,14 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
     finally:
         stop.uninstall()
         mlperf.close()
+    dist = run.dist or dist
+    log = functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
     report = io_report(run.io, run.staging, run.result.history, dist)  # collective: every rank takes part
     extra = run.built.summary() if run.built.summary else {}  # collective too
     if dist.is_root:
         summary = run_summary(app.benchmark, cfg, dist, run.data, run.result, run.time_to_train,
                               metric_name=app.metric_name, replicas=run.built.replicas(dist)) | extra | {"io": report}
-        summary |= _attempt_summary(run)
+        summary |= _attempt_summary(run) | ({"elastic": run.elastic} if run.elastic is not None else {})
         write_io_report(report, out)
         write_summary(summary, out)
         log(f"{run.result.status}: {run.result.reason}; time to train {run.time_to_train:.1f} s; summary in "
@@ -196,6 +207,8 @@ def _timed_run(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log, res
         staging = _stage(app, cfg, dist, mlperf, log)
     data_cfg = staged_data_config(cfg.data, staging)
     io = IOCounters.start()
+    if cfg.dist.elastic.enabled:
+        return _elastic_run(app, cfg, data_cfg, dist, built, mlperf, stop, run_start, staging, io)
     data = app.build_data(data_cfg, _data_seeded(cfg, resume, dist), dist)
     mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
     control = _control(app, cfg, dist, built, data, resume, stop, run_start, log)
@@ -211,6 +224,38 @@ def staged_data_config(data_cfg, staging: StageResult | None):
         return data_cfg
     verify = False if data_cfg.verify_checksums is None else data_cfg.verify_checksums
     return dataclasses.replace(data_cfg, dir=staging.dir, verify_checksums=verify)
+
+
+def _elastic_run(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, mlperf: MLPerfLog,
+                 stop: StopRequests | None, run_start: float, staging, io: IOCounters) -> TimedRun:
+    """fit() under hvd.elastic.run (common/elastic.py): each (re)start builds, for the rank layout Horovod has
+    then, the model, optimizer and schedule (the first reuses init's), the input (reseeded after a reset) and
+    the steps; rank 0, whichever process it is, writes the MLPerf log."""
+    first = [built]
+
+    def attempt(now: DistEnv, seed_offset: int) -> Attempt:
+        log = functools.partial(print, flush=True) if now.is_root else (lambda *_: None)
+        ours = first.pop() if first and built.replicas(dist) == now.size else app.build(cfg, now)
+        first.clear()
+        if ours.steps is not data_parallel_steps:
+            raise BenchError(f"dist.elastic.enabled=true: {app.benchmark} trains with steps of its own here, "
+                             f"elastic runs need the Keras data-parallel steps")
+        # A new input order after each reset (the offset is the committed step, the same on every rank).
+        seeded = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=cfg.run.seed + 7919 * seed_offset))
+        data = app.build_data(data_cfg, seeded, now)
+        if not seed_offset:
+            mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
+        control = _control(app, cfg, now, ours, data, None, stop, run_start, log)
+        return Attempt(now, data, lambda hooks: _fit(app, cfg, data_cfg, now, ours, data, mlperf, log,
+                                                     dataclasses.replace(control, elastic=hooks)), ours)
+
+    driver = Driver(dist, cfg.dist.elastic.commit_every_steps, attempt, mlperf,
+                    functools.partial(print, flush=True))
+    result = driver.run()
+    mlperf.end("run_stop", status=result.status)
+    last = driver.last
+    return TimedRun(result, time.time() - run_start, last.data, staging, io.stop(last.data, result.history),
+                    last.built, None, dist=last.dist, elastic=driver.summary())
 
 
 def _data_seeded(cfg, resume: Resume | None, dist: DistEnv):
@@ -260,6 +305,8 @@ def _fit(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, data: Dat
                    mlperf, log, make_steps=built.steps, control=control)
     # UnicodeDecodeError: TensorFlow quoting the raw bytes of a record that is no tf.train.Example.
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError, UnicodeDecodeError) as err:
+        if dist.elastic and "Horovod" in str(err):
+            raise  # a failed collective: hvd.elastic.run resets
         mlperf.end("run_stop", status="aborted")
         raise app.read_error(cfg, data_cfg, dist, err) from None
 

@@ -34,6 +34,17 @@ class RunConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """Elastic Horovod training: ranks may leave and join (common/elastic.py, docs/faults.md)."""
+
+    enabled: bool = False  # run under hvd.elastic.run; launch with horovodrun --host-discovery-script
+    commit_every_steps: int = 10  # commit the in-memory state every this many steps (and at every epoch end)
+
+    def __post_init__(self):
+        _check(self.commit_every_steps >= 1, "dist.elastic.commit_every_steps", self.commit_every_steps, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class DistConfig:
     """Distributed runtime: threads per rank and Horovod's knobs (applied before hvd.init)."""
 
@@ -44,6 +55,7 @@ class DistConfig:
     cycle_time_ms: float = 1.0  # HOROVOD_CYCLE_TIME
     hierarchical_allreduce: bool = False  # HOROVOD_HIERARCHICAL_ALLREDUCE
     hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER; None: as hierarchical_allreduce
+    elastic: ElasticConfig = dataclasses.field(default_factory=ElasticConfig)
 
     def __post_init__(self):
         _check(self.threads_per_rank >= 0, "dist.threads_per_rank", self.threads_per_rank, ">= 0")

@@ -36,6 +36,9 @@ class DistEnv:
     gpu: bool = False
     horovod: bool = False
     settings: dict = dataclasses.field(default_factory=dict)
+    # Elastic mode (common/elastic.py): hvd.elastic.run recognises only the failures of per-tensor
+    # allreduce, allgather and broadcast, so grouped allreduces become one allreduce per tensor.
+    elastic: bool = False
 
     @property
     def is_root(self) -> bool:
@@ -49,8 +52,14 @@ class DistEnv:
         """Average gradients over ranks in one grouped (fused) allreduce; call inside tf.function."""
         if not self.horovod or self.size == 1:
             return list(grads)
+        return self._allreduce_each(grads, "Average")
+
+    def _allreduce_each(self, tensors: Sequence[Any], op: str) -> list:
+        """One grouped allreduce, or (elastic mode) one allreduce per tensor."""
         import horovod.tensorflow as hvd
-        return hvd.grouped_allreduce(list(grads), op=hvd.Average)
+        if self.elastic:
+            return [hvd.allreduce(t, op=getattr(hvd, op)) for t in tensors]
+        return hvd.grouped_allreduce(list(tensors), op=getattr(hvd, op))
 
     def average(self, value: Any, name: str | None = None) -> Any:
         """Average a tensor over ranks (identity on one process)."""
@@ -70,15 +79,13 @@ class DistEnv:
         """Sum each tensor over ranks in one grouped (fused) allreduce (identities on one process)."""
         if not self.horovod or self.size == 1:
             return list(values)
-        import horovod.tensorflow as hvd
-        return hvd.grouped_allreduce(list(values), op=hvd.Sum)
+        return self._allreduce_each(values, "Sum")
 
     def average_variables(self, variables: Sequence[Any]) -> None:
         """Replace each variable (e.g. batch-norm running statistics) by its mean over ranks."""
         if not self.horovod or self.size == 1 or not variables:
             return
-        import horovod.tensorflow as hvd
-        means = hvd.grouped_allreduce([v.value for v in variables], op=hvd.Average)
+        means = self._allreduce_each([v.value for v in variables], "Average")
         for var, mean in zip(variables, means):
             var.assign(mean)
 
@@ -111,6 +118,13 @@ class DistEnv:
             hvd.allreduce(tf.zeros(()), op=hvd.Sum, name="barrier")
 
 
+def current_layout(env: DistEnv) -> DistEnv:
+    """`env` with the rank layout Horovod has now (after an elastic reset re-initialised it), elastic set."""
+    import horovod.tensorflow as hvd
+    return dataclasses.replace(env, rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                               local_size=hvd.local_size(), node=hvd.cross_rank(), elastic=True)
+
+
 def _tf_variable(v: Any) -> Any:
     """The tf.Variable behind a Keras 3 variable (Horovod needs the TF object)."""
     inner = getattr(v, "value", v)
@@ -118,14 +132,20 @@ def _tf_variable(v: Any) -> Any:
 
 
 def horovod_environment(cfg: DistConfig) -> dict[str, str]:
-    """Horovod settings from config as the environment variables hvd.init() reads."""
-    return {
+    """Horovod settings from config as the environment variables hvd.init() reads.
+
+    Elastic runs leave HOROVOD_CYCLE_TIME at Horovod's default: with it and HOROVOD_FUSION_THRESHOLD both set,
+    the hvd.init() of an elastic reset crashed with a segmentation fault here (Horovod 0.28.1, Gloo)."""
+    settings = {
         "HOROVOD_FUSION_THRESHOLD": str(int(cfg.fusion_threshold_mb * 1024 * 1024)),
         "HOROVOD_CYCLE_TIME": f"{cfg.cycle_time_ms:g}",
         "HOROVOD_HIERARCHICAL_ALLREDUCE": "1" if cfg.hierarchical_allreduce else "0",
         "HOROVOD_HIERARCHICAL_ALLGATHER": "1" if (cfg.hierarchical_allreduce if cfg.hierarchical_allgather is None
                                                   else cfg.hierarchical_allgather) else "0",
     }
+    if cfg.elastic.enabled:
+        del settings["HOROVOD_CYCLE_TIME"]
+    return settings
 
 
 def available_cores() -> int:
@@ -189,5 +209,5 @@ def describe(env: DistEnv) -> str:
     fusion = int(hv["HOROVOD_FUSION_THRESHOLD"]) / 2**20
     return (f"horovod: {env.size} ranks on {env.num_nodes} node(s), {env.local_size} per node, "
             f"{env.threads} CPU threads per rank, {'GPU per rank' if env.gpu else 'CPU'}; "
-            f"fusion threshold {fusion:g} MiB, cycle time {hv['HOROVOD_CYCLE_TIME']} ms, "
+            f"fusion threshold {fusion:g} MiB, cycle time {hv.get('HOROVOD_CYCLE_TIME', 'default')} ms, "
             f"hierarchical allreduce {'on' if hv['HOROVOD_HIERARCHICAL_ALLREDUCE'] == '1' else 'off'}")

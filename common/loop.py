@@ -11,11 +11,13 @@ hybrid path (cosmoflow/mesh/hybrid.py) brings steps that run a Mesh-TF graph ins
 read no data (`Datasets.reads` False) take part in every step's collectives with (None, None) batches.
 `Control` adds fault handling: periodic checkpoints, resuming from one (the weights, optimizer, each rank's
 own variables, the input position and the history), and stopping after the step in which a stop signal
-arrived on any rank (common/checkpoint.py, common/stopping.py, docs/faults.md).
+arrived on any rank (common/checkpoint.py, common/stopping.py, docs/faults.md); in elastic runs it also
+carries the hooks that restore the in-memory state and commit it (common/elastic.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -124,6 +126,22 @@ class FitOptions:
     progress_seconds: float = 30.0
 
 
+class ElasticHooks(Protocol):
+    """What an elastic run (common/elastic.py) adds to fit(): its start, its state and its commits."""
+
+    def start(self) -> Progress:
+        """Where this (re)start begins, in steps of the current rank layout."""
+
+    def restore(self, model: Any, optimizer: Any) -> None:
+        """Assign the state's model and optimizer snapshot (every rank holds rank 0's after the sync)."""
+
+    def after_step(self, epoch: int, step: int, running: dict, history: list[dict]) -> None:
+        """After optimizer step `step` (1-based) of `epoch`: commit when due."""
+
+    def epoch_done(self, progress: Progress) -> None:
+        """After an epoch and its evaluation: commit `progress` (the next epoch, step 0)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Control:
     """Fault handling in fit(); every part is optional."""
@@ -133,9 +151,13 @@ class Control:
     stop: StopRequests | None = None  # the stop signals, checked (collectively) after every step
     input_state: bool = False  # the training iterator can be saved (tf.data) and is, in every checkpoint
     run_start: float = dataclasses.field(default_factory=time.time)  # time.time() at this attempt's run_start
+    elastic: ElasticHooks | None = None  # elastic Horovod: the in-memory state and its commits
 
     def progress(self) -> Progress:
-        """Where this attempt starts: the checkpoint's progress (as attempt + 1), or the beginning."""
+        """Where this attempt starts: the elastic state's progress, the checkpoint's (as attempt + 1), or the
+        beginning."""
+        if self.elastic:
+            return self.elastic.start()
         if not self.resume:
             return Progress()
         saved = self.resume.progress
@@ -153,6 +175,8 @@ def fit(model: Any, optimizer: Any, loss_fn: Callable, metric: Metric, schedule:
     optimizer.build(model.trainable_variables)
     if control.resume:
         restore_shared(control.resume, model, optimizer, dist)
+    if control.elastic:
+        control.elastic.restore(model, optimizer)
     dist.broadcast_variables(model.variables + optimizer.variables)
     train_iter = iter(data.train)
     if control.resume:
@@ -176,7 +200,7 @@ def _fit_epochs(steps: Steps, train_iter, model, optimizer, metric: Metric, sche
         first = start.step if epoch == start.epoch else 0
         mlperf.start("epoch_start", epoch_num=epoch)
         stats = _train_epoch(steps.train, train_iter, optimizer, schedule, data, epoch, run.log, options,
-                             on_step=lambda step, running, ep=epoch: run.on_step(ep, step, running),
+                             on_step=functools.partial(_after_step, run, control, epoch),
                              first_step=first, partial=start.partial if first else {},
                              should_stop=lambda: control.stop_requested(dist))
         mlperf.end("epoch_stop", epoch_num=epoch)
@@ -194,9 +218,19 @@ def _fit_epochs(steps: Steps, train_iter, model, optimizer, metric: Metric, sche
                 return run.success()
         if control.checkpointer and control.checkpointer.due(epoch):
             saver.save(Progress(epoch + 1, 0, run.history))
+        if control.elastic:
+            control.elastic.epoch_done(Progress(epoch + 1, 0, list(run.history)))
     last = next((h[metric.name] for h in reversed(run.history) if metric.name in h), None)
     return run.finish(RUN_ABORTED, f"target {metric.name} {options.target} not reached in "
                       f"{options.max_epochs} epochs (last {last})", last)
+
+
+def _after_step(run: "_Evaluator", control: Control, epoch: int, step: int, running: dict) -> bool:
+    """After each step: evaluate when due (True ends the epoch), then an elastic commit when due."""
+    stop = run.on_step(epoch, step, running)
+    if control.elastic and not stop:
+        control.elastic.after_step(epoch, step, running, run.history)
+    return stop
 
 
 class _Evaluator:

@@ -29,13 +29,22 @@ class MLPerfLog:
         if enabled:
             self._open()
 
-    def _open(self) -> None:
+    def follow_root(self, is_root: bool) -> None:
+        """After an elastic reset: the new rank 0 continues the log (appending), a former one stops writing."""
+        if is_root and not self.enabled:
+            self.enabled = True
+            self._open(mode="a")
+        elif not is_root and self.enabled:
+            self.close()
+            self.enabled = False
+
+    def _open(self, mode: str = "w") -> None:
         from mlperf_logging.mllog.mllog import MLLogger
         self.path.parent.mkdir(parents=True, exist_ok=True)
         logger = logging.getLogger(f"mlperf.{self.path.resolve()}")
         logger.propagate = False
         logger.setLevel(logging.INFO)
-        self._handler = logging.FileHandler(self.path, mode="w")
+        self._handler = logging.FileHandler(self.path, mode=mode)
         logger.addHandler(self._handler)
         # stack offset 2: report the caller of event()/start()/end(), not this module.
         self._mllogger = MLLogger(logger=logger, default_stack_offset=2)

@@ -25,6 +25,9 @@ from cosmoflow.mesh.groups import GroupLayout, check_hybrid, data_view, group_la
 
 def check(cfg: CosmoConfig, dist: DistEnv) -> None:
     """Before any work: the hybrid path's partitioning must fit the cube and the ranks."""
+    if cfg.parallel.hybrid and cfg.dist.elastic.enabled:
+        raise BenchError(f"dist.elastic.enabled=true with parallel.spatial={list(cfg.parallel.spatial)}: the hybrid "
+                         f"Mesh-TF path cannot change its rank count; elastic runs need parallel.spatial=[1, 1]")
     if cfg.parallel.hybrid:
         check_hybrid(cfg, dist.size)
         ckpt = cfg.checkpoint

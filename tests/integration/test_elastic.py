@@ -1,0 +1,133 @@
+"""Elastic Horovod training with real processes: three workers on three local host names (one slot each), one
+SIGKILLed during training (a non-root worker, or rank 0 itself); the other two roll back to the last commit,
+go on at size 2 and reach the target; summary.json and the MLPerf log record the reset (after rank 0's death
+the new rank 0 continues the same log), and the log passes the checker's structural rules. And a host added to
+the discovery file mid-run: its worker joins at the next commit and the run finishes at size 3."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common.compliance import check_log
+from tests.conftest import BIN, REPO, checkout_first_on_path
+from tests.integration.cosmo_fixtures import make_dataset, write_config
+from tests.integration.test_faults import _rank_process
+
+pytestmark = pytest.mark.slow
+TRAIN = REPO / "cosmoflow/train.py"
+# 12 training and 6 validation files: 3 and 2 ranks both divide them. The first evaluation comes after
+# epoch 10, well after the kill in epoch 3, and its loose target is then reached.
+ELASTIC_CFG = {"data": {"shuffle_buffer": 8, "loader": "tfdata"},
+               "train": {"max_epochs": 20, "local_batch_size": 4, "eval_every": 10, "target": 0.7},
+               "dist": {"elastic": {"enabled": True, "commit_every_steps": 2}}}
+
+
+# Three names for this machine: Horovod blacklists the host of a failed worker.
+LOCAL_HOSTS = ("localhost:1", "127.0.0.1:1", f"{os.uname().nodename}:1")
+
+
+def _discovery_script(hosts):
+    """A host discovery script that prints the lines of the file `hosts` (edited to add a host)."""
+    script = hosts.parent / "discover.sh"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.elastic hosts {hosts}\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("cosmo"), universes=18, val_universes=6)
+
+
+def _launch(tmp_path, data, workers: int, hosts) -> tuple[subprocess.Popen, object]:
+    """horovodrun in elastic mode (2 to 3 workers, `workers` at the start) on the tiny CosmoFlow run."""
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", data, out, **ELASTIC_CFG)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path(),
+           "HOROVOD_GLOO_TIMEOUT_SECONDS": "5", "PYTHONFAULTHANDLER": "1"}
+    launcher = subprocess.Popen(
+        [BIN / "horovodrun", "--network-interface", "lo", "-np", str(workers), "--min-np", "2", "--max-np", "3",
+         "--host-discovery-script", _discovery_script(hosts), sys.executable, TRAIN, cfg],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return launcher, out
+
+
+def _finished(tmp_path, launcher, out) -> dict:
+    """summary.json of the run once horovodrun has exited (its output kept in horovodrun.log)."""
+    try:
+        output, _ = launcher.communicate(timeout=180)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    (tmp_path / "horovodrun.log").write_text(output)
+    assert (out / "summary.json").is_file(), output[-8000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "success", output[-8000:]
+    return summary
+
+
+def _events(log):
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
+
+
+def _wait_for_epoch(log, epoch, launcher, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and launcher.poll() is None:
+        if log.is_file() and any(e["key"] == "epoch_start" and e["metadata"]["epoch_num"] >= epoch
+                                 for e in _events(log)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"epoch {epoch} did not start within {timeout} s (launcher exit {launcher.poll()})")
+
+
+@pytest.mark.parametrize("victim_rank", [2, 0])
+def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, dataset, victim_rank):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+    launcher, out = _launch(tmp_path, dataset, 3, hosts)
+    try:
+        victim = _rank_process(launcher, victim_rank)
+        _wait_for_epoch(out / "mlperf.log", 3, launcher)
+        time.sleep(0.15)  # a few of the epoch's 8 steps (commits every 2)
+        victim.send_signal(signal.SIGKILL)
+        killed = time.time()
+    except BaseException:
+        launcher.kill()
+        raise
+    summary = _finished(tmp_path, launcher, out)
+    elastic = summary["elastic"]
+    assert elastic["resets"] == 1 and elastic["sizes"] == [3, 2], elastic
+    assert summary["ranks"] == 2 and 0 < elastic["seconds_lost"][0] < 60
+    events = _events(out / "mlperf.log")
+    resets = [e for e in events if e["key"] == "elastic_reset"]
+    assert len(resets) == 1 and resets[0]["value"]["size"] == 2 and resets[0]["value"]["epoch"] >= 3
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+    assert [e["key"] for e in events].count("run_start") == 1  # one log, continued by whoever is rank 0
+    assert check_log(out / "mlperf.log").structural_problems == ()
+    print(f"rank {victim_rank} killed; elastic reset: {resets[0]['time_ms'] / 1000 - killed:.2f} s from the kill, "
+          f"{elastic['seconds_lost'][0]:.2f} s from the failure's detection, to the first step at size 2; "
+          f"rolled back to epoch {resets[0]['value']['epoch']} step {resets[0]['value']['step']}")
+
+
+def test_a_host_added_to_discovery_joins_and_the_run_finishes_at_size_three(tmp_path, dataset):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("\n".join(LOCAL_HOSTS[:2]) + "\n")
+    launcher, out = _launch(tmp_path, dataset, 2, hosts)
+    try:
+        _wait_for_epoch(out / "mlperf.log", 3, launcher)
+        hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+    except BaseException:
+        launcher.kill()
+        raise
+    summary = _finished(tmp_path, launcher, out)
+    elastic = summary["elastic"]
+    assert elastic["resets"] == 1 and elastic["sizes"] == [2, 3] and summary["ranks"] == 3, elastic
+    resets = [e for e in _events(out / "mlperf.log") if e["key"] == "elastic_reset"]
+    assert len(resets) == 1 and resets[0]["value"]["size"] == 3
+    assert check_log(out / "mlperf.log").structural_problems == ()
+    print(f"a worker joined: {elastic['seconds_lost'][0]:.2f} s from the host change's notice to the first step "
+          f"at size 3 (the new worker's start-up included)")
