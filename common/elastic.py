@@ -86,14 +86,13 @@ def convert_progress(progress: Progress, old_steps: int, new_steps: int) -> Prog
     """`progress` counted in epochs of `old_steps` steps, in epochs of `new_steps` (another rank count).
 
     The epoch's fraction done is kept: step s of S becomes round(s * S' / S) of S', the partial loss sum
-    scaled with it; a commit at an epoch end (step 0) stays one."""
+    scaled with it, its seconds kept (they trained that fraction); a commit at an epoch end (step 0) stays one."""
     if old_steps == new_steps or progress.step == 0:
         return progress
     step = min(new_steps, round(progress.step * new_steps / old_steps))
     partial = dict(progress.partial)
     if "loss_sum" in partial:
         partial["loss_sum"] = partial["loss_sum"] * step / progress.step
-    partial.pop("seconds", None)
     return dataclasses.replace(progress, step=step, partial=partial)
 
 
@@ -174,7 +173,12 @@ class Hooks:
             self.on_first_step()
             self.on_first_step = None
         if step % self.every == 0 and step < self.steps_per_epoch:
-            self._commit(Progress(epoch, step, [dict(h) for h in history], {"loss_sum": running["loss"] * step}))
+            # The epoch's training seconds so far go with the commit, so that its throughput after a reset
+            # counts the time of the steps before it too (the reset itself is reported as seconds_lost).
+            partial = {"loss_sum": running["loss"] * step}
+            if "train_seconds" in running:
+                partial["seconds"] = running["train_seconds"]
+            self._commit(Progress(epoch, step, [dict(h) for h in history], partial))
 
     def epoch_done(self, progress: Progress) -> None:
         self._commit(progress)

@@ -384,7 +384,8 @@ def _train_epoch(train_step, train_iter, optimizer, schedule, data: Datasets, ep
                 f"{rate:.2f} samples/s")
             last_report = now
         if on_step is not None:
-            stop = on_step(step + 1, {"loss": loss_sum / steps_done, "samples_per_second": rate, "lr": lr})
+            stop = on_step(step + 1, {"loss": loss_sum / steps_done, "samples_per_second": rate, "lr": lr,
+                                      "train_seconds": now - t0 - paused})
             paused += time.perf_counter() - now
             if stop:
                 break

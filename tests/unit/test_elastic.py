@@ -84,7 +84,7 @@ def test_progress_keeps_the_fraction_of_the_epoch_done_in_steps_of_the_new_layou
     done = Progress(3, 6, [{"epoch": 1}, {"epoch": 2}], {"loss_sum": 3.0, "seconds": 1.5})
     at_two_ranks = convert_progress(done, old_steps=8, new_steps=12)  # 3 ranks -> 2: more steps per epoch
     assert (at_two_ranks.epoch, at_two_ranks.step) == (3, 9)
-    assert at_two_ranks.partial == {"loss_sum": 4.5} and at_two_ranks.history == done.history
+    assert at_two_ranks.partial == {"loss_sum": 4.5, "seconds": 1.5} and at_two_ranks.history == done.history
     assert convert_progress(done, 8, 8) == done
     assert convert_progress(Progress(4, 0), 8, 12) == Progress(4, 0)
     assert convert_progress(Progress(1, 7), 8, 2).step == 2  # never beyond the new epoch's end
