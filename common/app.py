@@ -125,7 +125,7 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
         app.check(cfg, dist)
     check_elastic(cfg, dist)
     out = Path(cfg.run.output_dir)
-    log = functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
+    log = root_log(dist)
     # (An elastic run resumes no checkpoint, and a worker joining it must not wait in a collective here.)
     resume = None if cfg.dist.elastic.enabled else find_resume(cfg.checkpoint, cfg.run.output_dir, dist,
                                                                 app.benchmark, log)
@@ -141,7 +141,7 @@ def _train(app: Application, config_path: str, overrides: list[str]) -> int:
         stop.uninstall()
         mlperf.close()
     dist = run.dist or dist
-    log = functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
+    log = root_log(dist)
     report = io_report(run.io, run.staging, run.result.history, dist)  # collective: every rank takes part
     extra = run.built.summary() if run.built.summary else {}  # collective too
     if dist.is_root:
@@ -234,14 +234,14 @@ def _elastic_run(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, m
     first = [built]
 
     def attempt(now: DistEnv, seed_offset: int) -> Attempt:
-        log = functools.partial(print, flush=True) if now.is_root else (lambda *_: None)
+        log = root_log(now)
         ours = first.pop() if first and built.replicas(dist) == now.size else app.build(cfg, now)
         first.clear()
         if ours.steps is not data_parallel_steps:
             raise BenchError(f"dist.elastic.enabled=true: {app.benchmark} trains with steps of its own here, "
                              f"elastic runs need the Keras data-parallel steps")
         # A new input order after each reset (the offset is the committed step, the same on every rank).
-        seeded = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=cfg.run.seed + 7919 * seed_offset))
+        seeded = _reseeded(cfg, seed_offset)
         data = app.build_data(data_cfg, seeded, now)
         if not seed_offset:
             mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
@@ -264,8 +264,17 @@ def _data_seeded(cfg, resume: Resume | None, dist: DistEnv):
     first epochs' order."""
     if resume is None or (resume.input_state and resume.ranks == dist.size):
         return cfg
-    seed = cfg.run.seed + 7919 * resume.progress.attempt
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
+    return _reseeded(cfg, resume.progress.attempt)
+
+
+def _reseeded(cfg, n: int):
+    """`cfg` with the input seed of the n-th restart (0: unchanged): a new data order after a resume or reset."""
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=cfg.run.seed + 7919 * n))
+
+
+def root_log(dist: DistEnv) -> Callable[..., None]:
+    """print (flushed) on rank 0, nothing elsewhere."""
+    return functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
 
 
 def _control(app: Application, cfg, dist: DistEnv, built: Built, data: Datasets, resume: Resume | None,
