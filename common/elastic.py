@@ -53,6 +53,9 @@ def check_elastic(cfg: Any, dist: DistEnv) -> None:
                          f"checkpoint.every_minutes={ckpt.every_minutes}, checkpoint.resume="
                          f"{str(ckpt.resume).lower()}: elastic runs keep their state in memory and cannot write "
                          f"periodic checkpoints or resume from one yet; set them to 0 and false")
+    if getattr(cfg.data, "uneven_files", "drop") == "refuse" and dist.is_root:
+        print("note: dist.elastic.enabled=true with data.uneven_files=refuse: a reset to a rank count that does "
+              "not divide the dataset's files ends the run; data.uneven_files=drop lets it go on", flush=True)
 
 
 # ---------------------------------------------------------------------------- the state

@@ -25,6 +25,10 @@ class CosmoDataConfig(StagedDataConfig):
     normalize: bool = False
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
+    # A split whose file count the rank count does not divide: refuse (every file is read every epoch, as
+    # MLPerf wants), or drop its last (files mod ranks) files so that every rank reads as many (for odd rank
+    # counts, and for elastic runs that shrink to any size; docs/faults.md).
+    uneven_files: Literal["refuse", "drop"] = "refuse"
 
     def __post_init__(self):
         super().__post_init__()

@@ -50,6 +50,8 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
+    if dist.rank == 0:
+        _report_dropped(manifest, shards, dist.size)
     if not read:
         return Datasets.from_shards(None, None, shards[TRAIN], shards[VALIDATION], local_batch).without_input()
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
@@ -66,7 +68,7 @@ def rank_shard(manifest: Manifest, cfg: CosmoDataConfig, split: str, dist: DistE
                seed: int) -> Shard:
     """What this rank reads of `split`: its files, or its node's share when staged with node_share."""
     if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
-        return shard_split(manifest, split, dist.rank, dist.size, local_batch)
+        return shard_split(manifest, split, dist.rank, dist.size, local_batch, drop=cfg.uneven_files == "drop")
     share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
     return Shard(split=split, files=tuple(str(manifest.root / e.path) for e in share.files),
                  index_files=tuple(str(manifest.root / e.index) if e.index else None for e in share.files),
@@ -74,11 +76,22 @@ def rank_shard(manifest: Manifest, cfg: CosmoDataConfig, split: str, dist: DistE
                  local=(dist.local_rank, dist.local_size, seed))
 
 
-def files_read(manifest: Manifest, rank: int, size: int, local_batch: int) -> list[str]:
+def _report_dropped(manifest: Manifest, shards: dict[str, Shard], size: int) -> None:
+    """Say which files data.uneven_files=drop leaves out (nothing when it leaves out none)."""
+    for split, shard in shards.items():
+        files = len(manifest.splits[split].files)
+        left = files - len(shard.files) * size
+        if left > 0 and shard.local is None:
+            print(f"note: data.uneven_files=drop: the {split} split's last {left} of {files} files are not read "
+                  f"at {size} ranks ({shard.global_samples} of {manifest.splits[split].samples} samples)",
+                  flush=True)
+
+
+def files_read(manifest: Manifest, rank: int, size: int, local_batch: int, drop: bool = False) -> list[str]:
     """The dataset paths (records and indexes) rank `rank` of `size` reads: what data.stage_mode=rank stages."""
-    entries = [e for split in (TRAIN, VALIDATION) for e in manifest.splits[split].files[rank::size]]
     for split in (TRAIN, VALIDATION):
-        shard_split(manifest, split, rank, size, local_batch)  # the same checks as training
+        shard_split(manifest, split, rank, size, local_batch, drop=drop)  # the same checks as training
+    entries = [e for split in (TRAIN, VALIDATION) for e in _rank_entries(manifest, split, rank, size, drop)]
     return [p for e in entries for p in (e.path, e.index) if p]
 
 
@@ -93,25 +106,39 @@ def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: d
     check_split_counts(manifest, {split: expected[split] for split in (TRAIN, VALIDATION)}, where)
 
 
-def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int) -> Shard:
-    """Files r, r+size, ... of a split for rank r; every rank must get the same whole number of batches."""
-    entries = manifest.splits[split].files
-    counts = [sum(e.records for e in entries[r::size]) for r in range(size)]
-    total = sum(counts)
+def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int,
+                drop: bool = False) -> Shard:
+    """Files r, r+size, ... of a split for rank r; every rank must get the same whole number of batches.
+
+    drop: leave out the split's last (files mod size) files, so that every rank has as many files.
+    """
+    files = len(manifest.splits[split].files)
     where = manifest.root / "manifest.json"
-    if len(entries) < size:
-        raise BenchError(f"{where}: the {split} split has {len(entries)} files for {size} ranks; "
+    if files < size:
+        raise BenchError(f"{where}: the {split} split has {files} files for {size} ranks; "
                          f"each rank needs at least one file")
+    counts = [sum(e.records for e in _rank_entries(manifest, split, r, size, drop)) for r in range(size)]
+    total = sum(counts)
     if len(set(counts)) != 1:
-        raise BenchError(f"{where}: the {split} split's {len(entries)} files give the {size} ranks unequal "
-                         f"sample counts {counts}; use a rank count that divides the files evenly")
+        hint = ("its files hold unequal record counts" if drop else
+                "use a rank count that divides the files evenly, or data.uneven_files=drop")
+        raise BenchError(f"{where}: the {split} split's {files} files give the {size} ranks unequal "
+                         f"sample counts {counts}; {hint}")
     if counts[0] % local_batch:
         raise BenchError(f"{where}: each of the {size} ranks has {counts[0]} {split} samples, which is not a "
                          f"multiple of the local batch size {local_batch} ({total} samples in all)")
-    mine = entries[rank::size]
+    mine = _rank_entries(manifest, split, rank, size, drop)
     return Shard(split=split, files=tuple(str(manifest.root / e.path) for e in mine),
                  index_files=tuple(str(manifest.root / e.index) if e.index else None for e in mine),
                  samples=counts[rank], global_samples=total)
+
+
+def _rank_entries(manifest: Manifest, split: str, rank: int, size: int, drop: bool) -> list:
+    """The manifest entries of rank `rank`: files rank, rank + size, ... (of the first size * (N // size))."""
+    entries = manifest.splits[split].files
+    if drop:
+        entries = entries[:len(entries) - len(entries) % size]
+    return entries[rank::size]
 
 
 # ---------------------------------------------------------------------------- tf.data

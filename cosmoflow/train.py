@@ -74,10 +74,12 @@ def data_layout(cfg: CosmoConfig, dist: DistEnv) -> tuple[DistEnv, bool]:
 
 
 def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
+    drop = cfg.data.uneven_files == "drop"
     if not cfg.parallel.hybrid:
-        return files_read(manifest, rank, ranks, cfg.train.local_batch_size)
+        return files_read(manifest, rank, ranks, cfg.train.local_batch_size, drop)
     layout = group_layout(rank, ranks, cfg.parallel.spatial)
-    return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size) if layout.is_leader else []
+    return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size, drop) if layout.is_leader \
+        else []
 
 
 def mlperf_keys(cfg: CosmoConfig, dist: DistEnv, built: Built) -> dict:

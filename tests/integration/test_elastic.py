@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import pytest
 
+from common.checkpoint import check_checkpoint
 from common.compliance import check_log
-from tests.conftest import BIN, REPO, checkout_first_on_path
+from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 from tests.integration.test_faults import _rank_process
 
@@ -46,28 +49,38 @@ def dataset(tmp_path_factory):
 def _launch(tmp_path, data, workers: int, hosts) -> tuple[subprocess.Popen, object]:
     """horovodrun in elastic mode (2 to 3 workers, `workers` at the start) on the tiny CosmoFlow run."""
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", data, out, **ELASTIC_CFG)
+    return _launch_app(TRAIN, write_config(tmp_path / "c.yaml", data, out, **ELASTIC_CFG), workers, hosts), out
+
+
+def _launch_app(train, cfg, workers: int, hosts) -> subprocess.Popen:
+    """horovodrun in elastic mode (2 to 3 workers, `workers` at the start): application `train`, config `cfg`."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path(),
            "HOROVOD_GLOO_TIMEOUT_SECONDS": "5", "PYTHONFAULTHANDLER": "1"}
     launcher = subprocess.Popen(
         [BIN / "horovodrun", "--network-interface", "lo", "-np", str(workers), "--min-np", "2", "--max-np", "3",
-         "--host-discovery-script", _discovery_script(hosts), sys.executable, TRAIN, cfg],
+         "--host-discovery-script", _discovery_script(hosts), sys.executable, train, cfg],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return launcher, out
+    return launcher
 
 
-def _finished(tmp_path, launcher, out) -> dict:
+def _finished(tmp_path, launcher, out, status: str = "success") -> dict:
     """summary.json of the run once horovodrun has exited (its output kept in horovodrun.log)."""
+    output = _output(tmp_path, launcher)
+    assert (out / "summary.json").is_file(), output[-8000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == status, output[-8000:]
+    return summary
+
+
+def _output(tmp_path, launcher) -> str:
+    """horovodrun's output once it has exited (killed after 180 s), also kept in horovodrun.log."""
     try:
         output, _ = launcher.communicate(timeout=180)
     finally:
         if launcher.poll() is None:
             launcher.kill()
     (tmp_path / "horovodrun.log").write_text(output)
-    assert (out / "summary.json").is_file(), output[-8000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "success", output[-8000:]
-    return summary
+    return output
 
 
 def _events(log):
@@ -131,3 +144,63 @@ def test_a_host_added_to_discovery_joins_and_the_run_finishes_at_size_three(tmp_
     assert check_log(out / "mlperf.log").structural_problems == ()
     print(f"a worker joined: {elastic['seconds_lost'][0]:.2f} s from the host change's notice to the first step "
           f"at size 3 (the new worker's start-up included)")
+
+
+
+def test_a_stop_signal_to_one_worker_stops_every_worker_with_a_checkpoint_a_plain_run_resumes(tmp_path, dataset):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+    launcher, out = _launch(tmp_path, dataset, 3, hosts)
+    try:
+        victim = _rank_process(launcher, 1)
+        _wait_for_epoch(out / "mlperf.log", 3, launcher)
+        sent = time.monotonic()
+        victim.send_signal(signal.SIGUSR1)
+    except BaseException:
+        launcher.kill()
+        raise
+    output = _output(tmp_path, launcher)
+    took = time.monotonic() - sent
+    # Every worker stops with the stop code; Horovod's elastic launcher then exits 1, naming the code.
+    assert output.count("exit with status code 75") == 3 and launcher.returncode == 1, output[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"] and summary["status"] == "aborted" and summary["elastic"]["resets"] == 0
+    assert _events(out / "mlperf.log")[-1]["metadata"]["status"] == "aborted"
+    ckpt = check_checkpoint(Path(summary["checkpoint"]))
+    assert ckpt["ranks"] == 3 and ckpt["progress"]["epoch"] >= 3
+    # Elastic runs cannot resume (docs/faults.md); a plain run at another size goes on from the checkpoint.
+    resumed = horovodrun(2, [TRAIN, tmp_path / "c.yaml", "dist.elastic.enabled=false", "checkpoint.resume=true"])
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, show(resumed)
+    final = json.loads((out / "summary.json").read_text())
+    assert final["status"] == "success" and final["attempt"] == 2 and final["ranks"] == 2
+    print(f"elastic stop signal to the last worker's exit: {took:.1f} s; checkpoint at epoch "
+          f"{ckpt['progress']['epoch']} step {ckpt['progress']['step']}")
+
+
+def test_deepcam_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, tmp_path_factory):
+    from tests.integration.test_deepcam_e2e import TINY, make_dataset as deepcam_dataset, write_config as deepcam_config
+    # 24 training and 12 validation samples: 4 steps per epoch at 3 ranks of batch 2, 6 at 2 ranks.
+    data = deepcam_dataset(tmp_path_factory.mktemp("deepcam"), 32, 48, train=24, validation=12)
+    out = tmp_path / "run"
+    cfg = deepcam_config(tmp_path / "c.yaml", "deepcam_mini.yaml", data, out, TINY | {
+        "train": {**TINY["train"], "max_epochs": 8, "eval_every": 6, "target": 0.05},
+        "data": {**TINY["data"], "loader": "tfdata"}, "dist": {"elastic": {"enabled": True, "commit_every_steps": 2}}})
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+    launcher = _launch_app(REPO / "deepcam/train.py", cfg, 3, hosts)
+    try:
+        victim = _rank_process(launcher, 1)
+        _wait_for_epoch(out / "mlperf.log", 3, launcher)
+        victim.send_signal(signal.SIGKILL)
+    except BaseException:
+        launcher.kill()
+        raise
+    summary = _finished(tmp_path, launcher, out)
+    elastic = summary["elastic"]
+    assert elastic["resets"] == 1 and elastic["sizes"] == [3, 2] and summary["ranks"] == 2, elastic
+    assert summary["benchmark"] == "deepcam" and summary["final_metric"] >= 0.05
+    resets = [e for e in _events(out / "mlperf.log") if e["key"] == "elastic_reset"]
+    assert len(resets) == 1 and resets[0]["value"]["size"] == 2 and resets[0]["value"]["epoch"] >= 3
+    assert check_log(out / "mlperf.log").structural_problems == ()
+    print(f"DeepCAM: rank 1 killed; {elastic['seconds_lost'][0]:.2f} s from the failure's detection to the first "
+          f"step at size 2")

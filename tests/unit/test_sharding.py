@@ -75,6 +75,38 @@ def test_cosmoflow_rank_shards_cover_every_file_once(ranks):
     assert set(staged.values()) == {1} and len(staged) == 2 * (16 + 8)
 
 
+def test_cosmoflow_refuses_a_rank_count_that_does_not_divide_the_files_unless_told_to_drop():
+    from cosmoflow.data import shard_split
+    m = manifest(files=16, records=4, val_files=8)
+    with pytest.raises(BenchError, match=r"16 files give the 3 ranks unequal sample counts \[24, 20, 20\].*"
+                                         r"data.uneven_files=drop"):
+        shard_split(m, "train", 0, 3, local_batch=4)
+
+
+@pytest.mark.parametrize("ranks", [3, 5, 6])
+def test_cosmoflow_drop_leaves_out_the_last_files_mod_ranks_and_reads_the_rest_once(ranks):
+    from cosmoflow.data import files_read, shard_split
+    m = manifest(files=16, records=4, val_files=8)
+    for split in ("train", "validation"):
+        entries = m.splits[split].files
+        kept = len(entries) - len(entries) % ranks
+        shards = [shard_split(m, split, r, ranks, local_batch=4, drop=True) for r in range(ranks)]
+        files = Counter(f for s in shards for f in s.files)
+        assert set(files.values()) == {1}
+        assert sorted(files) == sorted(str(m.root / e.path) for e in entries[:kept])
+        assert {s.samples for s in shards} == {4 * (kept // ranks)}
+        assert shards[0].global_samples == 4 * kept
+    staged = Counter(p for r in range(ranks) for p in files_read(m, r, ranks, 4, drop=True))
+    assert set(staged.values()) == {1} and len(staged) == 2 * (16 - 16 % ranks + 8 - 8 % ranks)
+
+
+def test_cosmoflow_drop_changes_nothing_when_the_ranks_divide_the_files():
+    from cosmoflow.data import shard_split
+    m = manifest(files=16, val_files=8)
+    for r in range(4):
+        assert shard_split(m, "train", r, 4, 4, drop=True) == shard_split(m, "train", r, 4, 4)
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5])
 def test_deepcam_rank_blocks_read_each_sample_at_most_once_and_leave_out_less_than_a_batch_per_rank(ranks):
     from deepcam.data import shard_split
