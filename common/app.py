@@ -279,15 +279,18 @@ def root_log(dist: DistEnv) -> Callable[..., None]:
 
 def _control(app: Application, cfg, dist: DistEnv, built: Built, data: Datasets, resume: Resume | None,
              stop: StopRequests | None, run_start: float, log) -> Control:
-    """Checkpoints, resuming and stop signals for fit(); the Keras data-parallel path only checkpoints."""
+    """Checkpoints, resuming and stop signals for fit().
+
+    Every path keeps the whole training state in each rank's Keras model and optimizer (the hybrid Mesh-TF
+    path copies them into its mesh before a step), so every path checkpoints them. The input position is
+    saved only when every rank reads its own tf.data stream: on the hybrid path the groups' other ranks read
+    nothing, so a resume there reseeds the input.
+    """
     checkpoints = cfg.checkpoint.every_epochs or cfg.checkpoint.every_minutes or cfg.checkpoint.on_signal
-    if built.steps is not data_parallel_steps:
-        if cfg.checkpoint.every_epochs or cfg.checkpoint.every_minutes or resume:
-            raise BenchError(checkpoint_unsupported(cfg.checkpoint, f"{app.benchmark} with steps of its own"))
-        checkpoints = False
     checkpointer = Checkpointer(cfg.checkpoint, cfg.run.output_dir, dist, app.benchmark, log) if checkpoints else None
+    every_rank_reads = built.replicas(dist) == dist.size
     return Control(checkpointer=checkpointer, resume=resume, stop=stop, run_start=run_start,
-                   input_state=cfg.checkpoint.input_state and data.loader == "tfdata")
+                   input_state=cfg.checkpoint.input_state and data.loader == "tfdata" and every_rank_reads)
 
 
 def _stage(app: Application, cfg, dist: DistEnv, mlperf: MLPerfLog, log) -> StageResult:
@@ -318,13 +321,6 @@ def _fit(app: Application, cfg, data_cfg, dist: DistEnv, built: Built, data: Dat
             raise  # a failed collective: hvd.elastic.run resets
         mlperf.end("run_stop", status="aborted")
         raise app.read_error(cfg, data_cfg, dist, err) from None
-
-
-def checkpoint_unsupported(ckpt, path: str) -> str:
-    """The error for checkpoint settings on a training path that cannot checkpoint (Application.check uses it)."""
-    return (f"checkpoint.every_epochs={ckpt.every_epochs}, checkpoint.every_minutes={ckpt.every_minutes}, "
-            f"checkpoint.resume={str(ckpt.resume).lower()}: {path} cannot checkpoint yet (stop signals still "
-            f"stop it cleanly, without a checkpoint); set them to 0 and false")
 
 
 def scale_events(cfg, dist: DistEnv, replicas: int) -> dict:

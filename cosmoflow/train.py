@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from common.app import Application, Built, checkpoint_unsupported, run_application
+from common.app import Application, Built, run_application
 from common.errors import BenchError
 from common.dist import DistEnv
 from common.loop import Datasets
@@ -30,10 +30,6 @@ def check(cfg: CosmoConfig, dist: DistEnv) -> None:
                          f"Mesh-TF path cannot change its rank count; elastic runs need parallel.spatial=[1, 1]")
     if cfg.parallel.hybrid:
         check_hybrid(cfg, dist.size)
-        ckpt = cfg.checkpoint
-        if ckpt.every_epochs or ckpt.every_minutes or ckpt.resume:
-            raise BenchError(checkpoint_unsupported(ckpt, f"the hybrid path (parallel.spatial="
-                                                          f"{list(cfg.parallel.spatial)})"))
 
 
 def build_everything(cfg: CosmoConfig, dist: DistEnv) -> Built:

@@ -1,8 +1,10 @@
 """Elastic Horovod training with real processes: three workers on three local host names (one slot each), one
 SIGKILLed during training (a non-root worker, or rank 0 itself); the other two roll back to the last commit,
 go on at size 2 and reach the target; summary.json and the MLPerf log record the reset (after rank 0's death
-the new rank 0 continues the same log), and the log passes the checker's structural rules. And a host added to
-the discovery file mid-run: its worker joins at the next commit and the run finishes at size 3."""
+the new rank 0 continues the same log), and the log passes the checker's structural rules. The same for
+DeepCAM. A killed worker re-admitted on its host after Horovod's blacklist cooldown (3, 2, 3). A host added to
+the discovery file mid-run: its worker joins at the next commit and the run finishes at size 3. A stop signal
+to one worker stops all of them with exit 75 and a checkpoint, which a plain run resumes."""
 import json
 import os
 import signal
@@ -16,9 +18,9 @@ import pytest
 
 from common.checkpoint import check_checkpoint
 from common.compliance import check_log
+from common.procs import rank_process
 from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
-from tests.integration.test_faults import _rank_process
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "cosmoflow/train.py"
@@ -46,19 +48,20 @@ def dataset(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("cosmo"), universes=18, val_universes=6)
 
 
-def _launch(tmp_path, data, workers: int, hosts) -> tuple[subprocess.Popen, object]:
+def _launch(tmp_path, data, workers: int, hosts, launcher_args=(), **sections) -> tuple[subprocess.Popen, object]:
     """horovodrun in elastic mode (2 to 3 workers, `workers` at the start) on the tiny CosmoFlow run."""
     out = tmp_path / "run"
-    return _launch_app(TRAIN, write_config(tmp_path / "c.yaml", data, out, **ELASTIC_CFG), workers, hosts), out
+    cfg = write_config(tmp_path / "c.yaml", data, out, **(ELASTIC_CFG | sections))
+    return _launch_app(TRAIN, cfg, workers, hosts, launcher_args), out
 
 
-def _launch_app(train, cfg, workers: int, hosts) -> subprocess.Popen:
+def _launch_app(train, cfg, workers: int, hosts, launcher_args=()) -> subprocess.Popen:
     """horovodrun in elastic mode (2 to 3 workers, `workers` at the start): application `train`, config `cfg`."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path(),
            "HOROVOD_GLOO_TIMEOUT_SECONDS": "5", "PYTHONFAULTHANDLER": "1"}
     launcher = subprocess.Popen(
         [BIN / "horovodrun", "--network-interface", "lo", "-np", str(workers), "--min-np", "2", "--max-np", "3",
-         "--host-discovery-script", _discovery_script(hosts), sys.executable, train, cfg],
+         "--host-discovery-script", _discovery_script(hosts), *launcher_args, sys.executable, train, cfg],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return launcher
 
@@ -97,20 +100,27 @@ def _wait_for_epoch(log, epoch, launcher, timeout=120):
     raise AssertionError(f"epoch {epoch} did not start within {timeout} s (launcher exit {launcher.poll()})")
 
 
+def _signal_in_epoch_3(launcher, out, rank: int, sig, delay: float = 0.0) -> float:
+    """Send `sig` to the worker that started as `rank` once epoch 3 has begun (`delay` s later); returns
+    time.monotonic() of the sending. Kills the launcher when anything fails."""
+    try:
+        victim = rank_process(launcher.pid, rank)
+        _wait_for_epoch(out / "mlperf.log", 3, launcher)
+        time.sleep(delay)
+        victim.send_signal(sig)
+        return time.monotonic()
+    except BaseException:
+        launcher.kill()
+        raise
+
+
 @pytest.mark.parametrize("victim_rank", [2, 0])
 def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, dataset, victim_rank):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
     launcher, out = _launch(tmp_path, dataset, 3, hosts)
-    try:
-        victim = _rank_process(launcher, victim_rank)
-        _wait_for_epoch(out / "mlperf.log", 3, launcher)
-        time.sleep(0.15)  # a few of the epoch's 8 steps (commits every 2)
-        victim.send_signal(signal.SIGKILL)
-        killed = time.time()
-    except BaseException:
-        launcher.kill()
-        raise
+    _signal_in_epoch_3(launcher, out, victim_rank, signal.SIGKILL, delay=0.15)  # a few of its 8 steps
+    killed = time.time()
     summary = _finished(tmp_path, launcher, out)
     elastic = summary["elastic"]
     assert elastic["resets"] == 1 and elastic["sizes"] == [3, 2], elastic
@@ -124,6 +134,21 @@ def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, dataset,
     print(f"rank {victim_rank} killed; elastic reset: {resets[0]['time_ms'] / 1000 - killed:.2f} s from the kill, "
           f"{elastic['seconds_lost'][0]:.2f} s from the failure's detection, to the first step at size 2; "
           f"rolled back to epoch {resets[0]['value']['epoch']} step {resets[0]['value']['step']}")
+
+
+def test_a_killed_worker_comes_back_on_its_host_after_the_blacklist_cooldown(tmp_path, dataset):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+    # More epochs, the first evaluation at the end: time for the host's cooldown and the new worker's start.
+    launcher, out = _launch(tmp_path, dataset, 3, hosts, ["--blacklist-cooldown-range", "1", "2"],
+                            train={**ELASTIC_CFG["train"], "max_epochs": 60, "eval_every": 60})
+    _signal_in_epoch_3(launcher, out, 2, signal.SIGKILL)
+    summary = _finished(tmp_path, launcher, out)
+    elastic = summary["elastic"]
+    # Down to 2 after the kill, back to 3 when the host's blacklisting has expired and its worker has joined.
+    assert elastic["sizes"][:3] == [3, 2, 3] and summary["ranks"] == 3, elastic
+    assert check_log(out / "mlperf.log").structural_problems == ()
+    print(f"re-admitted: sizes {elastic['sizes']}, seconds lost {elastic['seconds_lost']}")
 
 
 def test_a_host_added_to_discovery_joins_and_the_run_finishes_at_size_three(tmp_path, dataset):
@@ -151,14 +176,7 @@ def test_a_stop_signal_to_one_worker_stops_every_worker_with_a_checkpoint_a_plai
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
     launcher, out = _launch(tmp_path, dataset, 3, hosts)
-    try:
-        victim = _rank_process(launcher, 1)
-        _wait_for_epoch(out / "mlperf.log", 3, launcher)
-        sent = time.monotonic()
-        victim.send_signal(signal.SIGUSR1)
-    except BaseException:
-        launcher.kill()
-        raise
+    sent = _signal_in_epoch_3(launcher, out, 1, signal.SIGUSR1)
     output = _output(tmp_path, launcher)
     took = time.monotonic() - sent
     # Every worker stops with the stop code; Horovod's elastic launcher then exits 1, naming the code.
@@ -188,13 +206,7 @@ def test_deepcam_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, 
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
     launcher = _launch_app(REPO / "deepcam/train.py", cfg, 3, hosts)
-    try:
-        victim = _rank_process(launcher, 1)
-        _wait_for_epoch(out / "mlperf.log", 3, launcher)
-        victim.send_signal(signal.SIGKILL)
-    except BaseException:
-        launcher.kill()
-        raise
+    _signal_in_epoch_3(launcher, out, 1, signal.SIGKILL)
     summary = _finished(tmp_path, launcher, out)
     elastic = summary["elastic"]
     assert elastic["resets"] == 1 and elastic["sizes"] == [3, 2] and summary["ranks"] == 2, elastic

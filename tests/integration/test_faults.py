@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from common.compliance import check_log
+from common.procs import rank_process
 from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, run_cmd, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 
@@ -90,21 +91,8 @@ def test_stopping_after_some_epochs_and_resuming_gives_the_straight_run(dataset,
     assert check_log(out / "mlperf.log").structural_problems == ()
 
 
-def _rank_process(launcher: subprocess.Popen, rank: int, timeout: float = 120) -> psutil.Process:
-    """The worker process of `rank` under horovodrun (found by the rank variable its launcher sets: horovodrun
-    runs mpirun when Open MPI is installed, Gloo otherwise)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for child in psutil.Process(launcher.pid).children(recursive=True):
-            try:
-                environ = child.environ()
-                ranks = {environ.get(v) for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
-                if str(rank) in ranks and "train.py" in " ".join(child.cmdline()):
-                    return child
-            except psutil.Error:
-                continue
-        time.sleep(0.2)
-    raise AssertionError(f"no rank {rank} process under horovodrun after {timeout} s")
+def _rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    return rank_process(launcher.pid, rank)
 
 
 def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_the_resumed_run_finishes_the_same(
@@ -141,3 +129,24 @@ def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_the_resumed_run_f
     _assert_same_run(straight[2], out)
     print(f"stop signal to exit: {took:.1f} s; stopped at epoch {meta['progress']['epoch']} step "
           f"{meta['progress']['step']}")
+
+
+def test_the_hybrid_mesh_path_resumed_from_a_checkpoint_gives_its_straight_run(dataset, tmp_path):
+    """parallel.spatial=[1,2] (one group of 2 ranks): the checkpoint holds the Keras state every rank keeps and
+    the mesh reloads it. The input restarts on resume (the hybrid path saves no input position), so the input is
+    read in file order: every epoch then reads the same batches, and the runs must agree."""
+    sections = {**FAULT_CFG, "model": {**FAULT_CFG["model"], "dropout": 0.0},
+                "data": {**FAULT_CFG["data"], "shuffle": False}, "train": {**FAULT_CFG["train"], "max_epochs": 4}}
+    outs = {}
+    for name, first in (("straight", ["train.max_epochs=4"]), ("resumed", ["train.max_epochs=2"])):
+        outs[name] = tmp_path / name
+        cfg = write_config(tmp_path / f"{name}.yaml", dataset, outs[name], **sections)
+        proc = horovodrun(2, [TRAIN, cfg, "parallel.spatial=[1,2]", *first], timeout=600)
+        assert proc.returncode == 1, show(proc)  # the target is out of reach
+    resumed = horovodrun(2, [TRAIN, tmp_path / "resumed.yaml", "parallel.spatial=[1,2]", "checkpoint.resume=true"],
+                         timeout=600)
+    assert "resuming from" in resumed.stdout and "the training input starts afresh" in resumed.stdout, show(resumed)
+    _assert_same_run(outs["straight"], outs["resumed"])
+    summary = json.loads((outs["resumed"] / "summary.json").read_text())
+    assert summary["attempt"] == 2 and summary["epochs"] == 4 and summary["parallel"]["weights_identical"]
+    assert check_log(outs["resumed"] / "mlperf.log").structural_problems == ()
