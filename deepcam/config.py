@@ -49,6 +49,7 @@ class DeepCamModelConfig:
     input_shape: tuple[int, ...] = (768, 1152, 16)
     num_classes: int = 3
     width: float = 1.0  # channel multiplier; 1.0 is the reference network
+    middle_blocks: int = 16  # Xception middle-flow blocks; 16 is the reference (fewer: quick smoke tests)
 
     def __post_init__(self):
         _check(len(self.input_shape) == 3, "model.input_shape", list(self.input_shape), "[H, W, C]")
@@ -56,6 +57,7 @@ class DeepCamModelConfig:
                list(self.input_shape), "H and W positive multiples of 16 (output stride 16)")
         _check(self.num_classes >= 2, "model.num_classes", self.num_classes, ">= 2")
         _check(0 < self.width <= 4, "model.width", self.width, "in (0, 4]")
+        _check(self.middle_blocks >= 1, "model.middle_blocks", self.middle_blocks, ">= 1 (the reference has 16)")
 
 
 @dataclasses.dataclass(frozen=True)

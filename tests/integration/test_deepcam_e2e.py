@@ -11,7 +11,9 @@ from tests.conftest import REPO, horovodrun, run_cmd, show
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "deepcam/train.py"
-TINY = {"model": {"input_shape": [32, 48, 16], "width": 0.125},
+# Two middle-flow blocks, not the reference's 16: these tests check training, logging and state, not the
+# architecture (tests/unit/test_deepcam_model.py), and each process traces the steps in about half the time.
+TINY = {"model": {"input_shape": [32, 48, 16], "width": 0.125, "middle_blocks": 2},
         "train": {"max_epochs": 2, "local_batch_size": 2, "eval_every_steps": 0},
         "schedule": {"warmup_steps": 2, "t_max": 16},
         "data": {"shuffle_buffer": 8}, "mlperf": {"platform": "test"}}
@@ -84,7 +86,7 @@ def test_full_size_log_passes_closed_division_key_checks(tmp_path_factory, tmp_p
                                                                   train=2, validation=1))
     out = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", "deepcam.yaml", data, out, {
-        "model": {"width": 0.125}, "train": {"max_epochs": 1, "local_batch_size": 1},
+        "model": {"width": 0.125, "middle_blocks": 2}, "train": {"max_epochs": 1, "local_batch_size": 1},
         "optimizer": {"name": optimizer}, "schedule": {"type": schedule, "t_max": 10},
         "data": {"train_samples": 0, "val_samples": 0}, "mlperf": {"platform": "test"}})
     proc = run_cmd([sys.executable, TRAIN, cfg], timeout=900)

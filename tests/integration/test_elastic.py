@@ -1,10 +1,11 @@
 """Elastic Horovod training with real processes: three workers on three local host names (one slot each), one
 SIGKILLed during training (a non-root worker, or rank 0 itself); the other two roll back to the last commit,
 go on at size 2 and reach the target; summary.json and the MLPerf log record the reset (after rank 0's death
-the new rank 0 continues the same log), and the log passes the checker's structural rules. The same for
-DeepCAM. A killed worker re-admitted on its host after Horovod's blacklist cooldown (3, 2, 3). A host added to
-the discovery file mid-run: its worker joins at the next commit and the run finishes at size 3. A stop signal
-to one worker stops all of them with exit 75 and a checkpoint, which a plain run resumes."""
+the new rank 0 continues the same log), and the log passes the checker's structural rules. A killed worker
+re-admitted on its host after Horovod's blacklist cooldown (3, 2, 3). A host added to the discovery file
+mid-run: its worker joins at the next commit and the run finishes at size 3. A stop signal to one worker
+stops all of them with exit 75 and a checkpoint, which a plain run resumes. DeepCAM: 2 workers, one killed,
+the run finishes alone."""
 import json
 import os
 import signal
@@ -55,12 +56,13 @@ def _launch(tmp_path, data, workers: int, hosts, launcher_args=(), **sections) -
     return _launch_app(TRAIN, cfg, workers, hosts, launcher_args), out
 
 
-def _launch_app(train, cfg, workers: int, hosts, launcher_args=()) -> subprocess.Popen:
-    """horovodrun in elastic mode (2 to 3 workers, `workers` at the start): application `train`, config `cfg`."""
+def _launch_app(train, cfg, workers: int, hosts, launcher_args=(), sizes=(2, 3)) -> subprocess.Popen:
+    """horovodrun in elastic mode (`sizes` = (min, max) workers, `workers` at the start): application `train`,
+    config `cfg`."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path(),
            "HOROVOD_GLOO_TIMEOUT_SECONDS": "5", "PYTHONFAULTHANDLER": "1"}
     launcher = subprocess.Popen(
-        [BIN / "horovodrun", "--network-interface", "lo", "-np", str(workers), "--min-np", "2", "--max-np", "3",
+        [BIN / "horovodrun", "--network-interface", "lo", "-np", str(workers), "--min-np", str(sizes[0]), "--max-np", str(sizes[1]),
          "--host-discovery-script", _discovery_script(hosts), *launcher_args, sys.executable, train, cfg],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return launcher
@@ -195,24 +197,27 @@ def test_a_stop_signal_to_one_worker_stops_every_worker_with_a_checkpoint_a_plai
           f"{ckpt['progress']['epoch']} step {ckpt['progress']['step']}")
 
 
-def test_deepcam_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, tmp_path_factory):
+def test_deepcam_killing_a_worker_rolls_back_and_finishes_alone(tmp_path, tmp_path_factory):
+    """DeepCAM's state (batch norm, LAMB moments, its input) through a reset, 2 -> 1 workers: three workers on
+    2 cores spent 110 s of 270 s tracing DeepCAM again after the reset; the 3 -> 2 mechanics are CosmoFlow's
+    tests above."""
     from tests.integration.test_deepcam_e2e import TINY, make_dataset as deepcam_dataset, write_config as deepcam_config
-    # 24 training and 12 validation samples: 4 steps per epoch at 3 ranks of batch 2, 6 at 2 ranks.
+    # 24 training and 12 validation samples: 6 steps per epoch at 2 ranks of batch 2, 12 at 1.
     data = deepcam_dataset(tmp_path_factory.mktemp("deepcam"), 32, 48, train=24, validation=12)
     out = tmp_path / "run"
     cfg = deepcam_config(tmp_path / "c.yaml", "deepcam_mini.yaml", data, out, TINY | {
-        "train": {**TINY["train"], "max_epochs": 8, "eval_every": 6, "target": 0.05},
+        "train": {**TINY["train"], "max_epochs": 6, "eval_every": 6, "target": 0.05},
         "data": {**TINY["data"], "loader": "tfdata"}, "dist": {"elastic": {"enabled": True, "commit_every_steps": 2}}})
     hosts = tmp_path / "hosts.txt"
-    hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
-    launcher = _launch_app(REPO / "deepcam/train.py", cfg, 3, hosts)
+    hosts.write_text("\n".join(LOCAL_HOSTS[:2]) + "\n")
+    launcher = _launch_app(REPO / "deepcam/train.py", cfg, 2, hosts, sizes=(1, 2))
     _signal_in_epoch_3(launcher, out, 1, signal.SIGKILL)
     summary = _finished(tmp_path, launcher, out)
     elastic = summary["elastic"]
-    assert elastic["resets"] == 1 and elastic["sizes"] == [3, 2] and summary["ranks"] == 2, elastic
+    assert elastic["resets"] == 1 and elastic["sizes"] == [2, 1] and summary["ranks"] == 1, elastic
     assert summary["benchmark"] == "deepcam" and summary["final_metric"] >= 0.05
     resets = [e for e in _events(out / "mlperf.log") if e["key"] == "elastic_reset"]
-    assert len(resets) == 1 and resets[0]["value"]["size"] == 2 and resets[0]["value"]["epoch"] >= 3
+    assert len(resets) == 1 and resets[0]["value"]["size"] == 1 and resets[0]["value"]["epoch"] >= 3
     assert check_log(out / "mlperf.log").structural_problems == ()
     print(f"DeepCAM: rank 1 killed; {elastic['seconds_lost'][0]:.2f} s from the failure's detection to the first "
-          f"step at size 2")
+          f"step at size 1")
