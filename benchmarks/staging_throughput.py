@@ -609,6 +609,9 @@ def parse_args() -> argparse.Namespace:
                    help="where to make the mini datasets when demo/data lacks them (default: %(default)s)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
                    help="where the packed copies are made and kept (default: %(default)s)")
+    p.add_argument("--results", type=Path, default=RESULTS,
+                   help="the JSON to write (default: %(default)s, whose run the tables in docs/performance.md "
+                        "show; any other path leaves those tables alone and only prints this run's)")
     p.add_argument("--keep-caches", action="store_true",
                    help="do not try to drop the page cache at the start (it slows other jobs on the machine)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -653,9 +656,12 @@ def main() -> None:
                             "exactly what node does",
               "datasets": datasets, "comparisons": compare(cases), "component_core_seconds_per_gb": costs,
               "cases": cases}
-    write_json_atomic(RESULTS, result)
-    replace_marked_section(DOC, BEGIN, END, "\n".join(table_rows(result)))
+    write_json_atomic(args.results, result)
     print("\n".join(table_rows(result)))
+    if args.results.resolve() != RESULTS.resolve():
+        print(f"wrote {args.results} (the tables in {DOC} are left as they are)")
+        return
+    replace_marked_section(DOC, BEGIN, END, "\n".join(table_rows(result)))
     print(f"wrote {RESULTS} and the tables in {DOC}")
 
 
