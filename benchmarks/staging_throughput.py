@@ -574,9 +574,13 @@ def _footnote(result: dict) -> str:
 
 
 def _code_note(result: dict) -> str:
-    if result["code"] == result["code_at_end"]:
+    start, end = result["code"], result["code_at_end"]
+    if start == end:
         return ""
-    return " The staging or packing code changed during this run (code and code_at_end in the JSON)."
+    if start["staging_code_sha256"] != end["staging_code_sha256"]:
+        return " The staging or packing code changed during this run (code and code_at_end in the JSON)."
+    return (" Other files of the repository changed or were committed during this run; the staging and packing "
+            "code's digest is the same at start and end (code and code_at_end in the JSON).")
 
 
 def _other_jobs_note(result: dict) -> str:

@@ -3,6 +3,7 @@ import dataclasses
 import errno
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -402,11 +403,25 @@ def test_an_uncompressed_pack_unpacked_natively_equals_the_python_unpack(dataset
     assert_same_files(Path(python.dir), dataset, source.files)
 
 
-def test_native_copy_of_a_byte_range_and_of_too_short_a_source(tmp_path):
+@pytest.fixture(params=["same file system", "tmpfs"])
+def copy_dest(request, tmp_path):
+    """Where native copies go: beside the source (ext4 here: the kernel copies, the copy is read back and
+    hashed) or on /dev/shm (tmpfs: the kernel refuses, the copier reads, hashes and writes)."""
+    if request.param == "same file system":
+        return tmp_path / "out"
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm")
+    out = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="stagecopy-test-"))
+    request.addfinalizer(lambda: shutil.rmtree(out, ignore_errors=True))
+    return out
+
+
+def test_native_copy_of_a_byte_range_and_of_too_short_a_source(tmp_path, copy_dest):
     import xxhash
     copier = nativecopy.load()
     data = np.random.default_rng(3).integers(0, 256, staging.CHUNK + 9000, dtype=np.uint8).tobytes()
-    src, dst = tmp_path / "archive.tar", tmp_path / "member"
+    copy_dest.mkdir(exist_ok=True)
+    src, dst = tmp_path / "archive.tar", copy_dest / "member"
     src.write_bytes(data)
     buffer = memoryview(bytearray(4096))  # as staging's per-thread buffer, here far smaller than the ranges
     # Ranges inside one chunk and across chunks, at the end, empty, the whole file.
@@ -420,12 +435,13 @@ def test_native_copy_of_a_byte_range_and_of_too_short_a_source(tmp_path):
         copier.copy(src, dst, buffer, len(data) - 50, 100)
 
 
-def test_native_copy_gives_the_bytes_and_the_xxhash_digest_and_names_what_failed(tmp_path):
+def test_native_copy_gives_the_bytes_and_the_xxhash_digest_and_names_what_failed(tmp_path, copy_dest):
     import xxhash
     copier = nativecopy.load()
     data = np.random.default_rng(2).integers(0, 256, staging.CHUNK * 2 + 123, dtype=np.uint8).tobytes()
+    copy_dest.mkdir(exist_ok=True)
     for content in (data, b"", b"x"):
-        src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+        src, dst = tmp_path / "src.bin", copy_dest / "dst.bin"
         src.write_bytes(content)
         dst.write_bytes(b"old, longer content to be truncated" * 10)
         assert copier.copy(src, dst, bytearray(staging.CHUNK)) == (xxhash.xxh3_128(content).hexdigest(), len(content))
