@@ -9,11 +9,6 @@
  * preads into the caller's `buf` of `chunk` bytes (each staging thread keeps one: a fresh allocation per
  * file would be a new mapping, zeroed pages and an unmapping every time) (measured cheaper here than mapping it, for ext4 and tmpfs destinations alike: see
  * docs/performance.md), and every piece is hashed and written to `dst` (created or truncated).
- * Where the kernel copies between the two files itself (copy_file_range: both on one local file system such
- * as ext4 or xfs), it does, and the copy is then read back through `buf` and hashed, so that what is
- * checked is the staged copy; that costs about 0.47 CPU s/GB here against 0.6-0.7 for reading, hashing and
- * writing (docs/performance.md). Other pairs (tmpfs, a parallel file system to node-local storage) refuse
- * at the first call with EXDEV or EOPNOTSUPP, and the file is copied through `buf`.
  * Returns 0, or an errno value with a message in `err` naming the step that failed. */
 #define _GNU_SOURCE
 #define XXH_INLINE_ALL
@@ -53,40 +48,6 @@ static int copy_read(int in, int out, unsigned long long offset, unsigned long l
     return rc;
 }
 
-/* Errors of a first copy_file_range call that mean "not between these two files": copy through the buffer. */
-static int kernel_copy_refused(int err) {
-    return err == EXDEV || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL || err == EBADF || err == ETXTBSY;
-}
-
-/* Copy [offset, offset + length) of `in` to `out` in the kernel, then hash the copy by reading it back in
- * preads of `chunk` bytes into `buf`. Returns 1 when the kernel refused before copying anything (nothing
- * written: the caller copies through the buffer), 0 when done, -1 with errno set on failure. */
-static int copy_kernel(int in, int out, unsigned long long offset, unsigned long long length, unsigned char *buf,
-                       size_t chunk, XXH3_state_t *state, unsigned long long *size, const char **step) {
-    loff_t off_in = (loff_t)offset, off_out = 0;
-    unsigned long long copied = 0;
-    *step = "copy in the kernel";
-    while (copied < length) {
-        ssize_t n = copy_file_range(in, &off_in, out, &off_out, (size_t)(length - copied), 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return copied == 0 && kernel_copy_refused(errno) ? 1 : -1;
-        }
-        if (n == 0) { errno = EIO; *step = "copy in the kernel (the source ended early)"; return -1; }
-        copied += (unsigned long long)n;
-    }
-    while (*size < length) {
-        size_t want = length - *size < chunk ? (size_t)(length - *size) : chunk;
-        *step = "read the copy back";
-        ssize_t got = pread(out, buf, want, (off_t)*size);
-        if (got < 0) { if (errno == EINTR) continue; return -1; }
-        if (got == 0) { errno = EIO; *step = "read the copy back (it is short)"; return -1; }
-        XXH3_128bits_update(state, buf, (size_t)got);
-        *size += (unsigned long long)got;
-    }
-    return 0;
-}
-
 int stage_copy(const char *src, unsigned long long offset, long long length, const char *dst, unsigned char *buf,
                size_t chunk, unsigned char *digest, unsigned long long *size, char *err, size_t errlen) {
     int in = -1, out = -1, rc = 0;
@@ -108,10 +69,8 @@ int stage_copy(const char *src, unsigned long long offset, long long length, con
         goto done;
     }
     step = "create the copy";
-    if ((out = open(dst, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) goto fail;
-    int kernel = want ? copy_kernel(in, out, offset, want, buf, chunk, &state, size, &step) : 0;
-    if (kernel < 0) goto fail;
-    if (kernel == 1 && copy_read(in, out, offset, want, buf, chunk, &state, size, &step) < 0) goto fail;
+    if ((out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) goto fail;
+    if (copy_read(in, out, offset, want, buf, chunk, &state, size, &step) < 0) goto fail;
     step = "close the copy";
     if (close(out) < 0) { out = -1; goto fail; }
     out = -1;
