@@ -56,6 +56,7 @@ from typing import Callable
 import numpy as np
 
 # Run as a script, so benchmarks/ is on sys.path.
+from common.staging import filesystem_type
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, sgemm_gflops, write_json_atomic)
 
@@ -118,6 +119,19 @@ def prepare_dataset(spec: Dataset, data_dir: Path) -> dict:
     files = [p for p in records.rglob("*") if p.is_file()]
     return {"dir": str(records), "made_seconds": made_seconds, "files": len(files),
             "bytes": sum(p.stat().st_size for p in files)}
+
+
+def copy_to_source_root(records: Path, target: Path) -> str:
+    """`records` copied (untimed, once) to `target`, which --source-root puts on another file system than
+    the destinations, as a parallel file system is on a cluster node."""
+    if not (target / "manifest.json").is_file():
+        print(f"  copying {records} to {target} (the measured source)", flush=True)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(records, tmp)
+        tmp.rename(target)
+    return str(target)
 
 
 def prepare_pack(spec: Dataset, records: Path, compression: str, work_dir: Path) -> dict:
@@ -567,7 +581,10 @@ def _footnote(result: dict) -> str:
     drop = result["drop_caches"]
     drop = "worked" if drop["worked"] else drop["detail"] if drop["detail"].startswith("not tried") else \
         f"failed ({drop['detail']})"
-    return (f"Median of {result['repeats']} runs each; sources read from the page cache (fraction of the source "
+    root = result.get("source_root")
+    where = "" if not root else (f"Sources on their own file system: the datasets copied to {root['path']} "
+                                 f"({root['fs']}), the packs made in one on {root['work_dir_fs']}. ")
+    return (f"{where}Median of {result['repeats']} runs each; sources read from the page cache (fraction of the source "
             f"bytes cached after the runs: {_cached_range(result['cases'])}); dropping the caches at the start: "
             f"{drop}. Load average {load}.{_other_jobs_note(result)}{_code_note(result)} Benchmark time "
             f"{result['total_seconds'] / 60:.1f} min.")
@@ -613,6 +630,10 @@ def parse_args() -> argparse.Namespace:
                    help="where to make the mini datasets when demo/data lacks them (default: %(default)s)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
                    help="where the packed copies are made and kept (default: %(default)s)")
+    p.add_argument("--source-root", type=Path, default=None,
+                   help="copy each dataset here first and stage from the copy (put it and --work-dir on a file "
+                        "system other than the destinations', e.g. a tmpfs mounted for the purpose: within one "
+                        "local file system cp copies in the kernel, which no parallel file system allows)")
     p.add_argument("--results", type=Path, default=RESULTS,
                    help="the JSON to write (default: %(default)s, whose run the tables in docs/performance.md "
                         "show; any other path leaves those tables alone and only prints this run's)")
@@ -639,6 +660,8 @@ def main() -> None:
     for name in args.datasets:
         spec = DATASETS[name]
         data = prepare_dataset(spec, args.data_dir)
+        if args.source_root:
+            data["dir"] = copy_to_source_root(Path(data["dir"]), args.source_root / spec.name)
         data["packed"] = {c: prepare_pack(spec, Path(data["dir"]), c, args.work_dir) for c in args.sources
                           if c != "plain"}
         datasets[name] = data
@@ -658,6 +681,9 @@ def main() -> None:
                             "from fincore)",
               "node_share": "not measured: on one node, node_share stages the whole dataset into one directory, "
                             "exactly what node does",
+              "source_root": None if args.source_root is None else {
+                  "path": str(args.source_root), "fs": filesystem_type(args.source_root),
+                  "work_dir_fs": filesystem_type(args.work_dir)},
               "datasets": datasets, "comparisons": compare(cases), "component_core_seconds_per_gb": costs,
               "cases": cases}
     write_json_atomic(args.results, result)
