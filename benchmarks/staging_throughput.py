@@ -687,11 +687,12 @@ def main() -> None:
               "datasets": datasets, "comparisons": compare(cases), "component_core_seconds_per_gb": costs,
               "cases": cases}
     write_json_atomic(args.results, result)
-    print("\n".join(table_rows(result)))
+    tables = "\n".join(table_rows(result))
+    print(tables)
     if args.results.resolve() != RESULTS.resolve():
         print(f"wrote {args.results} (the tables in {DOC} are left as they are)")
         return
-    replace_marked_section(DOC, BEGIN, END, "\n".join(table_rows(result)))
+    replace_marked_section(DOC, BEGIN, END, tables)
     print(f"wrote {RESULTS} and the tables in {DOC}")
 
 

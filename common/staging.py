@@ -708,4 +708,4 @@ def _progress_bar(total: int, enabled: bool, scope: str):
         return _NoProgress()
     from tqdm import tqdm
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"staging {scope}",
-                file=sys.stderr, disable=not enabled, mininterval=2.0)
+                file=sys.stderr, mininterval=2.0)
