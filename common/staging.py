@@ -38,7 +38,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterable
 
 from common import nativecopy
-from common.cli import write_json_atomic
+from common.cli import write_json_atomic, write_text_atomic
 from common.errors import BenchError
 from common.manifest import MANIFEST_NAME, Manifest, load_manifest
 from common.packing import PACK_NAME, Member, Pack, dataset_files, load_pack
@@ -47,10 +47,16 @@ from common.sharding import node_share_files
 MODES = ("rank", "node", "node_share")
 STAGED_NAME = ".staged.json"
 TEMP_MARK = ".stage-tmp-"
-CHUNK = 4 << 20  # bytes per read and write
+CHUNK = 4 << 20  # bytes per read and write of the Python copier
+# The native copier's read buffer: small enough to stay in a core's L2 cache between the read, the hash
+# and the write of each piece (4 MiB went through to L3 twice more per byte; docs/performance.md).
+NATIVE_CHUNK = 256 << 10
 # Files per call of the native copier, and their most bytes: few calls (little interpreter work and
 # lock traffic between the threads) yet small enough to share out evenly and update the progress bar.
-BATCH_FILES, BATCH_BYTES = 32, 64 << 20
+# A batch is also at most 1/BATCH_SHARE of a thread's share of the bytes, so that when the last batch
+# is handed out the other threads have little left: with 64 MiB batches, DeepCAM's 1 GB on two
+# threads left one thread idle for up to a batch (~30 ms of a 0.3 s staging).
+BATCH_FILES, BATCH_BYTES, BATCH_SHARE = 32, 64 << 20, 16
 SPACE_MARGIN = 64 << 20  # free bytes left over at the destination after staging
 # Node-local file systems whose files the Python copier (used when the native one is not built) maps into
 # memory and hashes and writes from there, with no copy into a buffer ("mmap"; 0.44 against 0.55 CPU
@@ -99,9 +105,10 @@ class Source:
         return dataset_files(self.manifest)
 
     @functools.cached_property
-    def manifest_dict(self) -> dict:
-        """The manifest's JSON form (computed once: CosmoFlow's has thousands of files)."""
-        return self.manifest.to_dict()
+    def manifest_text(self) -> str:
+        """The manifest's JSON text, compact with sorted keys (made once: CosmoFlow's lists thousands of
+        files): what names the staged directory and what staging writes there."""
+        return json.dumps(self.manifest.to_dict(), sort_keys=True)
 
 
 def open_source(path: str | os.PathLike) -> Source:
@@ -169,7 +176,7 @@ def _bytes(files: dict[str, Member], chosen: Iterable[str]) -> int:
 
 def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str) -> Path:
     """`stage_root/<format>-<first 12 hex digits of the manifest's sha256>/<scope>`."""
-    digest = hashlib.sha256(json.dumps(source.manifest_dict, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(source.manifest_text.encode()).hexdigest()[:12]
     return Path(stage_root) / f"{source.manifest.format}-{digest}" / scope
 
 
@@ -272,7 +279,7 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
         bar.close()
     # The dataset's manifest, now describing `dest` (loaded and validated from the source already; compact:
     # CosmoFlow's lists thousands of files, and indenting it is done in Python, tens of milliseconds).
-    write_json_atomic(source.manifest_dict, dest / MANIFEST_NAME, indent=None)
+    write_text_atomic(source.manifest_text + "\n", dest / MANIFEST_NAME)
     result.files, result.files_reused = len(todo), len(done)
     result.bytes_written = sum(files[p].bytes for p in todo)
     result.seconds = time.perf_counter() - t0
@@ -360,7 +367,7 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
             _copy_native(native, dest, [(f"{root}/{p}", 0, -1, files[p], f"{root}/{p}") for p in paths], bar)
             return sum(files[p].bytes for p in paths)
 
-        return sum(_run_threads(copy_batch, _batches(todo, files), threads))
+        return sum(_run_threads(copy_batch, _batches(todo, files, threads), threads))
 
     def copy(path: str) -> int:
         src = source.root / path
@@ -374,16 +381,22 @@ def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, 
     return sum(_run_threads(copy, todo, threads))
 
 
-def _batches(paths: list[str], files: dict[str, Member]) -> list[list[str]]:
-    """`paths` in runs of at most BATCH_FILES files and BATCH_BYTES bytes (at least one file each)."""
+def _batches(paths: list[str], files: dict[str, Member], threads: int = 1) -> list[list[str]]:
+    """`paths` in runs of at most BATCH_FILES files and `batch_bytes` bytes (at least one file each)."""
+    limit = batch_bytes(sum(files[p].bytes for p in paths), threads)
     out, run, size = [], [], 0
     for p in paths:
-        if run and (len(run) == BATCH_FILES or size + files[p].bytes > BATCH_BYTES):
+        if run and (len(run) == BATCH_FILES or size + files[p].bytes > limit):
             out.append(run)
             run, size = [], 0
         run.append(p)
         size += files[p].bytes
     return out + [run] if run else out
+
+
+def batch_bytes(total: int, threads: int) -> int:
+    """The most bytes of one native batch when `threads` threads share `total` bytes (see BATCH_SHARE)."""
+    return max(1, min(BATCH_BYTES, total // (max(threads, 1) * BATCH_SHARE)))
 
 
 def _make_dirs(dest: Path, paths: Iterable[str]) -> None:
@@ -403,7 +416,7 @@ def _copy_native(native: nativecopy.NativeCopier, dest: Path, jobs: list[NativeJ
     for src, offset, length, member, _ in jobs:
         head, name = os.path.split(f"{dest}/{member.path}")
         rows.append((src, offset, length, f"{head}/.{name}{tag}", f"{head}/{name}", member.bytes, member.xxh3_128))
-    failure = native.copy_batch(nativecopy.batch(rows), _buffer())
+    failure = native.copy_batch(nativecopy.batch(rows), _buffer(NATIVE_CHUNK))
     bar.update(sum(m.bytes for _, _, _, m, _ in jobs[:len(jobs) if failure is None else failure.index]))
     if failure is None:
         return
@@ -517,11 +530,12 @@ def _hasher(kind: str):
 _local = threading.local()
 
 
-def _buffer() -> memoryview:
-    """This thread's reusable read buffer."""
-    if not hasattr(_local, "buffer"):
-        _local.buffer = memoryview(bytearray(CHUNK))
-    return _local.buffer
+def _buffer(size: int = CHUNK) -> memoryview:
+    """This thread's reusable read buffer of `size` bytes."""
+    buffers = _local.__dict__.setdefault("buffers", {})
+    if size not in buffers:
+        buffers[size] = memoryview(bytearray(size))
+    return buffers[size]
 
 
 # ---------------------------------------------------------------------------- archives

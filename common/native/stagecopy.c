@@ -9,10 +9,26 @@
  * preads into the caller's `buf` of `chunk` bytes (each staging thread keeps one: a fresh allocation per
  * file would be a new mapping, zeroed pages and an unmapping every time) (measured cheaper here than mapping it, for ext4 and tmpfs destinations alike: see
  * docs/performance.md), and every piece is hashed and written to `dst` (created or truncated).
- * Returns 0, or an errno value with a message in `err` naming the step that failed. */
+ * Returns 0, or an errno value with a message in `err` naming the step that failed.
+ *
+ * Hashing: built with STAGE_XXH_DISPATCH (x86-64, linked to libxxhash), XXH3 runs the widest vector code
+ * the CPU has, chosen at run time by the library's dispatcher (AVX2: 0.030 s/GB here, AVX-512 0.026);
+ * otherwise it is compiled in from the header with the vector code the compiler targets by default
+ * (SSE2 on x86-64: 0.069 s/GB; NEON on aarch64). The same .so can then run on login and compute nodes
+ * with different CPUs. */
 #define _GNU_SOURCE
+#ifdef STAGE_XXH_DISPATCH
+#define XXH_STATIC_LINKING_ONLY  /* XXH3_state_t's layout, to keep the state on the stack */
+#include <xxhash.h>
+#include <xxh_x86dispatch.h>
+#define stage_hash_update XXH3_128bits_update_dispatch
+#define STAGE_HASH_CODE "xxh3 dispatched at run time (libxxhash)"
+#else
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#define stage_hash_update XXH3_128bits_update
+#define STAGE_HASH_CODE "xxh3 compiled in (header)"
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -40,13 +56,16 @@ static int copy_read(int in, int out, unsigned long long offset, unsigned long l
         ssize_t got = pread(in, buf, want, (off_t)(offset + *size));
         if (got < 0) { if (errno == EINTR) continue; rc = -1; break; }
         if (got == 0) { errno = EIO; *step = "read the source (it ended early)"; rc = -1; break; }
-        XXH3_128bits_update(state, buf, (size_t)got);
+        stage_hash_update(state, buf, (size_t)got);
         *step = "write the copy";
         if ((rc = write_all(out, buf, (size_t)got)) < 0) break;
         *size += (unsigned long long)got;
     }
     return rc;
 }
+
+/* How this build hashes (for the staging report). */
+const char *stage_hash_code(void) { return STAGE_HASH_CODE; }
 
 int stage_copy(const char *src, unsigned long long offset, long long length, const char *dst, unsigned char *buf,
                size_t chunk, unsigned char *digest, unsigned long long *size, char *err, size_t errlen) {

@@ -2,7 +2,9 @@
 import dataclasses
 import errno
 import json
+import platform
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -405,8 +407,7 @@ def test_an_uncompressed_pack_unpacked_natively_equals_the_python_unpack(dataset
 
 @pytest.fixture(params=["same file system", "tmpfs"])
 def copy_dest(request, tmp_path):
-    """Where native copies go: beside the source (ext4 here: the kernel copies, the copy is read back and
-    hashed) or on /dev/shm (tmpfs: the kernel refuses, the copier reads, hashes and writes)."""
+    """Where native copies go: beside the source (ext4 here) or on /dev/shm (tmpfs)."""
     if request.param == "same file system":
         return tmp_path / "out"
     if not Path("/dev/shm").is_dir():
@@ -450,6 +451,27 @@ def test_native_copy_gives_the_bytes_and_the_xxhash_digest_and_names_what_failed
         copier.copy(tmp_path / "missing.bin", tmp_path / "out.bin", bytearray(100))
     with pytest.raises(BenchError, match=r"copying .*src.bin to .*no-dir/out.bin: cannot create the copy: No such"):
         copier.copy(tmp_path / "src.bin", tmp_path / "no-dir" / "out.bin", bytearray(100))
+
+
+def test_both_builds_of_the_copier_hash_alike(tmp_path):
+    """The set-up build (XXH3 dispatched at run time by libxxhash, on x86-64) and the fallback (XXH3 compiled
+    in from the header) give the xxhash package's digest, in pieces of any size."""
+    import xxhash
+    built = nativecopy.load()
+    assert built.hash_code.startswith("xxh3 ")
+    if platform.machine() == "x86_64":
+        assert "dispatched" in built.hash_code, "set-up should link libxxhash's run-time dispatch"
+    fallback = tmp_path / "header-only.so"
+    subprocess.run([*nativecopy.COMPILE, "-o", str(fallback), str(nativecopy.SOURCE)], check=True)
+    inline = nativecopy.NativeCopier(fallback)
+    assert "compiled in" in inline.hash_code
+    data = np.random.default_rng(4).integers(0, 256, 3 * staging.NATIVE_CHUNK + 777, dtype=np.uint8).tobytes()
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    for copier in (built, inline):
+        for buffer_bytes in (staging.NATIVE_CHUNK, 1000):
+            assert copier.copy(src, tmp_path / "dst.bin", bytearray(buffer_bytes)) == \
+                (xxhash.xxh3_128(data).hexdigest(), len(data))
 
 
 def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):
@@ -499,10 +521,22 @@ def test_a_native_batch_renames_what_it_checked_and_stops_at_the_first_bad_copy(
 def test_batches_keep_the_order_and_their_limits(monkeypatch):
     monkeypatch.setattr(staging, "BATCH_FILES", 3)
     monkeypatch.setattr(staging, "BATCH_BYTES", 100)
+    monkeypatch.setattr(staging, "BATCH_SHARE", 1)
     sizes = [10, 10, 10, 10, 90, 200, 5]
     files = {f"f{i}": staging.Member(path=f"f{i}", bytes=b, sha256="") for i, b in enumerate(sizes)}
     assert staging._batches(list(files), files) == [["f0", "f1", "f2"], ["f3", "f4"], ["f5"], ["f6"]]
     assert staging._batches([], files) == []
+
+
+def test_batches_shrink_so_threads_finish_together(monkeypatch):
+    monkeypatch.setattr(staging, "BATCH_SHARE", 2)
+    files = {f"f{i}": staging.Member(path=f"f{i}", bytes=10, sha256="") for i in range(16)}
+    # 160 bytes on 2 threads: a batch is at most 160 / (2 * 2) = 40 bytes, four files.
+    batches = staging._batches(list(files), files, threads=2)
+    assert [len(b) for b in batches] == [4, 4, 4, 4]
+    assert [p for b in batches for p in b] == list(files)
+    assert staging.batch_bytes(10 << 30, 2) == staging.BATCH_BYTES  # capped for large datasets
+    assert staging.batch_bytes(0, 2) == 1  # at least one file per batch all the same
 
 
 def test_a_plain_file_missing_from_a_native_batch_is_named(tmp_path):
