@@ -44,6 +44,8 @@ from pathlib import Path
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, run_worker, sgemm_gflops, time_steps, write_json_atomic, write_worker_result)
 
+from common.campaign import code_version
+
 RESULTS = RESULTS_DIR / "loader_throughput.json"
 BEGIN, END = "<!-- loader-throughput:begin -->", "<!-- loader-throughput:end -->"
 DEFAULT_DATA_DIR = Path("/tmp/hpc-sciml-bench-loader-data")
@@ -241,12 +243,7 @@ def ram_bytes() -> int:
 
 def code_state() -> dict:
     """The commit measured and the files of the measured packages that differ from it."""
-    def git(*args):
-        proc = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-        return proc.stdout.strip() if proc.returncode == 0 else None
-    status = git("status", "--porcelain", "--", *CODE_DIRS)
-    return {"commit": git("rev-parse", "HEAD"),
-            "modified": None if status is None else [line[3:] for line in status.splitlines()]}
+    return {**code_version(tuple(CODE_DIRS))}
 
 
 # ----------------------------------------------------------------------------- worker

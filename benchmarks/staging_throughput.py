@@ -56,6 +56,7 @@ from typing import Callable
 import numpy as np
 
 # Run as a script, so benchmarks/ is on sys.path.
+from common.campaign import code_version
 from common.staging import filesystem_type
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, sgemm_gflops, write_json_atomic)
@@ -246,13 +247,7 @@ def drop_caches_writable() -> dict:
 
 def code_state() -> dict:
     """The commit measured and the files of the measured packages that differ from it."""
-    def git(*args):
-        proc = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-        return proc.stdout.strip() if proc.returncode == 0 else None
-    status = git("status", "--porcelain", "--", *CODE_DIRS)
-    return {"commit": git("rev-parse", "HEAD"),
-            "modified": None if status is None else [line[3:] for line in status.splitlines()],
-            "staging_code_sha256": _files_digest(STAGING_FILES)}
+    return {**code_version(tuple(CODE_DIRS)), "staging_code_sha256": _files_digest(STAGING_FILES)}
 
 
 # ----------------------------------------------------------------------------- staging worker

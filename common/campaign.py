@@ -136,13 +136,16 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def code_version() -> dict:
-    """The suite's commit and whether the working tree differed from it (the submission's code version)."""
+def code_version(paths: tuple[str, ...] = ()) -> dict:
+    """The suite's commit and the tracked files (below `paths`, default all) that differ from it (the
+    submission's or a benchmark's code version)."""
     def git(*args) -> str:
         proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
-        return proc.stdout.strip() if proc.returncode == 0 else ""
-    modified = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
-    return {"commit": git("rev-parse", "HEAD") or "unknown (not a git checkout)", "modified": modified}
+        return proc.stdout if proc.returncode == 0 else ""
+    # "XY path" lines, X a space for a change not staged: the line must not be stripped before slicing
+    status = git("status", "--porcelain", "--untracked-files=no", "--", *paths)
+    return {"commit": git("rev-parse", "HEAD").strip() or "unknown (not a git checkout)",
+            "modified": [line[3:] for line in status.splitlines()]}
 
 
 # ---------------------------------------------------------------------------- one run

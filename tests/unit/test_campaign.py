@@ -97,3 +97,20 @@ def test_a_campaign_json_without_newer_keys_resumes_with_their_defaults(tmp_path
     (out / "campaign.json").write_text(json.dumps(saved))
     open_campaign(out, spec(runs=2))
     assert campaign.load_spec(out) == spec(runs=2)
+
+
+def test_code_version_names_modified_files_whole(tmp_path, monkeypatch):
+    """`git status --porcelain` starts an unstaged change with a space; the path must keep its first letter."""
+    import subprocess
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common/a.py").write_text("1\n")
+    (tmp_path / "other.py").write_text("1\n")
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "x"]):
+        subprocess.run([*git, *args], check=True)
+    (tmp_path / "common/a.py").write_text("2\n")
+    (tmp_path / "other.py").write_text("2\n")
+    monkeypatch.setattr(campaign, "REPO", tmp_path)
+    version = campaign.code_version()
+    assert len(version["commit"]) == 40 and version["modified"] == ["common/a.py", "other.py"]
+    assert campaign.code_version(("common",))["modified"] == ["common/a.py"]
