@@ -147,14 +147,51 @@ def build() -> Path:
     return LIBRARY
 
 
+def speed(copier: NativeCopier, mib: int, rounds: int, directory: str) -> dict:
+    """Time `copier` reading, hashing and discarding (to /dev/null) a page-cached file of `mib` MiB made
+    in `directory`, `rounds` times: what the copy costs besides writing, per GB."""
+    import tempfile
+    import time
+    buffer = bytearray(256 << 10)  # staging.NATIVE_CHUNK
+    with tempfile.NamedTemporaryFile(dir=directory, prefix="stagecopy-speed-") as f:
+        f.write(os.urandom(1 << 20) * mib)
+        f.flush()
+        copier.copy(Path(f.name), Path(os.devnull), buffer)  # warm the page cache and the buffer
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(rounds):
+            copier.copy(Path(f.name), Path(os.devnull), buffer)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    gb = rounds * mib * (1 << 20) / 1e9
+    return {"hash_code": copier.hash_code, "gb": gb, "gb_per_second": gb / wall, "cpu_seconds_per_gb": cpu / gb}
+
+
+def header_only_build(directory: str | os.PathLike) -> NativeCopier:
+    """The copier compiled with XXH3 from the header (no run-time dispatch) into `directory`."""
+    library = Path(directory) / "_stagecopy_header.so"
+    subprocess.run([*COMPILE, "-o", str(library), str(SOURCE)], check=True, capture_output=True)
+    return NativeCopier(library)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", action="store_true", help="compile common/native/_stagecopy.so")
+    parser.add_argument("--speed", type=int, metavar="MIB", default=0,
+                        help="also time reading and hashing a page-cached file of MIB MiB (written to /dev/null), "
+                             "with this build and with XXH3 compiled in from the header, 10 rounds each")
+    parser.add_argument("--speed-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                        help="where the --speed file is made (default /dev/shm)")
     args = parser.parse_args(argv)
     if args.build:
         print(f"built {build()}")
     copier = load()
     print(f"native copier: {f'available, {copier.hash_code}' if copier else 'not built'} ({LIBRARY})")
+    if copier and args.speed:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, lib in (("this build", copier), ("header-only build", header_only_build(tmp))):
+                r = speed(lib, args.speed, 10, args.speed_dir)
+                print(f"{name} ({r['hash_code']}): {r['gb_per_second']:.2f} GB/s, {r['cpu_seconds_per_gb']:.3f} CPU s/GB "
+                      f"reading and hashing {r['gb']:.1f} GB")
     return 0 if copier else 1
 
 

@@ -4,7 +4,6 @@ import errno
 import json
 import platform
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -461,9 +460,7 @@ def test_both_builds_of_the_copier_hash_alike(tmp_path):
     assert built.hash_code.startswith("xxh3 ")
     if platform.machine() == "x86_64":
         assert "dispatched" in built.hash_code, "set-up should link libxxhash's run-time dispatch"
-    fallback = tmp_path / "header-only.so"
-    subprocess.run([*nativecopy.COMPILE, "-o", str(fallback), str(nativecopy.SOURCE)], check=True)
-    inline = nativecopy.NativeCopier(fallback)
+    inline = nativecopy.header_only_build(tmp_path)
     assert "compiled in" in inline.hash_code
     data = np.random.default_rng(4).integers(0, 256, 3 * staging.NATIVE_CHUNK + 777, dtype=np.uint8).tobytes()
     src = tmp_path / "src.bin"
@@ -472,6 +469,9 @@ def test_both_builds_of_the_copier_hash_alike(tmp_path):
         for buffer_bytes in (staging.NATIVE_CHUNK, 1000):
             assert copier.copy(src, tmp_path / "dst.bin", bytearray(buffer_bytes)) == \
                 (xxhash.xxh3_128(data).hexdigest(), len(data))
+    figures = nativecopy.speed(inline, mib=2, rounds=2, directory=str(tmp_path))
+    assert figures["gb"] == pytest.approx(4 * 2**20 / 1e9) and figures["gb_per_second"] > 0
+    assert figures["hash_code"] == inline.hash_code and not list(tmp_path.glob("stagecopy-speed-*"))
 
 
 def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):
