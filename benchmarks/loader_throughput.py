@@ -243,7 +243,7 @@ def ram_bytes() -> int:
 
 def code_state() -> dict:
     """The commit measured and the files of the measured packages that differ from it."""
-    return {**code_version(tuple(CODE_DIRS))}
+    return code_version(CODE_DIRS)
 
 
 # ----------------------------------------------------------------------------- worker

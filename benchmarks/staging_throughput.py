@@ -55,9 +55,10 @@ from typing import Callable
 
 import numpy as np
 
-# Run as a script, so benchmarks/ is on sys.path.
 from common.campaign import code_version
 from common.staging import filesystem_type
+
+# Run as a script, so benchmarks/ is on sys.path.
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, sgemm_gflops, write_json_atomic)
 
@@ -247,7 +248,7 @@ def drop_caches_writable() -> dict:
 
 def code_state() -> dict:
     """The commit measured and the files of the measured packages that differ from it."""
-    return {**code_version(tuple(CODE_DIRS)), "staging_code_sha256": _files_digest(STAGING_FILES)}
+    return {**code_version(CODE_DIRS), "staging_code_sha256": _files_digest(STAGING_FILES)}
 
 
 # ----------------------------------------------------------------------------- staging worker

@@ -19,6 +19,8 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from common.errors import BenchError
@@ -29,6 +31,9 @@ LIBRARY = NATIVE_DIR / "_stagecopy.so"
 COMPILE = ["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"]
 DISPATCH = ["-DSTAGE_XXH_DISPATCH", "-lxxhash"]  # x86-64: XXH3 vector code chosen at run time
 ERR_BYTES = 512
+# The read buffer staging gives each copying thread: small enough to stay in a core's L2 cache between the
+# read, the hash and the write of each piece (4 MiB went out to L3 and back; docs/performance.md).
+BUFFER_BYTES = 256 << 10
 SIZE_MISMATCH, DIGEST_MISMATCH = -1, -2  # stage_copy_batch's codes for a copy that is not what was expected
 
 
@@ -133,9 +138,8 @@ def build() -> Path:
     """Compile the library (to a temporary name, renamed when complete): with XXH3's run-time dispatch on
     x86-64 when libxxhash and its dispatch header are there, else with XXH3 compiled in."""
     tmp = LIBRARY.with_name(LIBRARY.name + ".tmp")
-    attempts = ([DISPATCH] if platform.machine() in ("x86_64", "AMD64") else []) + [[]]
-    for extra in attempts:
-        proc = subprocess.run([*COMPILE, "-o", str(tmp), str(SOURCE), *extra], capture_output=True, text=True)
+    for extra in ([DISPATCH] if platform.machine() == "x86_64" else []) + [[]]:
+        proc = _compile(tmp, extra)
         if not proc.returncode:
             break
     if proc.returncode:
@@ -147,12 +151,14 @@ def build() -> Path:
     return LIBRARY
 
 
+def _compile(output: Path, extra: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*COMPILE, "-o", str(output), str(SOURCE), *extra], capture_output=True, text=True)
+
+
 def speed(copier: NativeCopier, mib: int, rounds: int, directory: str) -> dict:
     """Time `copier` reading, hashing and discarding (to /dev/null) a page-cached file of `mib` MiB made
     in `directory`, `rounds` times: what the copy costs besides writing, per GB."""
-    import tempfile
-    import time
-    buffer = bytearray(256 << 10)  # staging.NATIVE_CHUNK
+    buffer = bytearray(BUFFER_BYTES)
     with tempfile.NamedTemporaryFile(dir=directory, prefix="stagecopy-speed-") as f:
         f.write(os.urandom(1 << 20) * mib)
         f.flush()
@@ -168,7 +174,9 @@ def speed(copier: NativeCopier, mib: int, rounds: int, directory: str) -> dict:
 def header_only_build(directory: str | os.PathLike) -> NativeCopier:
     """The copier compiled with XXH3 from the header (no run-time dispatch) into `directory`."""
     library = Path(directory) / "_stagecopy_header.so"
-    subprocess.run([*COMPILE, "-o", str(library), str(SOURCE)], check=True, capture_output=True)
+    proc = _compile(library, [])
+    if proc.returncode:
+        raise BenchError(f"compiling {SOURCE} without the dispatch failed:\n{proc.stderr.strip()}")
     return NativeCopier(library)
 
 
@@ -186,7 +194,6 @@ def main(argv=None) -> int:
     copier = load()
     print(f"native copier: {f'available, {copier.hash_code}' if copier else 'not built'} ({LIBRARY})")
     if copier and args.speed:
-        import tempfile
         with tempfile.TemporaryDirectory() as tmp:
             for name, lib in (("this build", copier), ("header-only build", header_only_build(tmp))):
                 r = speed(lib, args.speed, 10, args.speed_dir)

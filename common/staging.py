@@ -48,9 +48,7 @@ MODES = ("rank", "node", "node_share")
 STAGED_NAME = ".staged.json"
 TEMP_MARK = ".stage-tmp-"
 CHUNK = 4 << 20  # bytes per read and write of the Python copier
-# The native copier's read buffer: small enough to stay in a core's L2 cache between the read, the hash
-# and the write of each piece (4 MiB went through to L3 twice more per byte; docs/performance.md).
-NATIVE_CHUNK = 256 << 10
+NATIVE_CHUNK = nativecopy.BUFFER_BYTES  # bytes per read of the native copier (see there)
 # Files per call of the native copier, and their most bytes: few calls (little interpreter work and
 # lock traffic between the threads) yet small enough to share out evenly and update the progress bar.
 # A batch is also at most 1/BATCH_SHARE of a thread's share of the bytes, so that when the last batch

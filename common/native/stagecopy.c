@@ -64,7 +64,7 @@ static int copy_read(int in, int out, unsigned long long offset, unsigned long l
     return rc;
 }
 
-/* How this build hashes (for the staging report). */
+/* How this build hashes (`python -m common.nativecopy` prints it). */
 const char *stage_hash_code(void) { return STAGE_HASH_CODE; }
 
 int stage_copy(const char *src, unsigned long long offset, long long length, const char *dst, unsigned char *buf,
