@@ -23,7 +23,7 @@ help:
 	@echo "             the tables in docs/performance.md)"
 
 # Set-up runs when .venv is missing or older than the files that define it.
-$(STAMP): setup.py pyproject.toml constraints.txt scripts/setup.sh common/native/stagecopy.c
+$(STAMP): setup.py pyproject.toml constraints.txt scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
 
 setup:

@@ -18,6 +18,7 @@ setup(
     name="hpc-sciml-bench",
     version="0.1.0",
     description="MLPerf-HPC-style benchmarks (CosmoFlow, DeepCAM) with Horovod, DALI and Mesh-TensorFlow",
+    license="Apache-2.0",
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["common*", "cosmoflow*", "deepcam*", "data_prep*", "jobs*"]),
     package_data={"cosmoflow": ["configs/*.yaml"], "deepcam": ["configs/*.yaml"],
@@ -35,12 +36,23 @@ setup(
         "h5py==3.12.1",
         "scipy==1.17.1",
         "pyyaml==6.0.2",
-        "pytest==8.3.4",
-        "hypothesis==6.170.15",  # the fuzz tests (tests/fuzz, docs/fuzzing.md)
         "tqdm==4.67.1",
         "psutil==6.1.1",
         "xxhash==3.6.0",
         "zstandard==0.25.0",
+        "google-crc32c==1.9.0",  # TFRecord CRCs with the CPU's CRC32C instructions (common/io/crc.py)
     ],
-    entry_points={"console_scripts": ["sciml-data-prep=data_prep.__main__:main"]},
+    extras_require={"test": [  # `pip install -e ".[test]"` (scripts/setup.sh): what `make test` needs
+        "pytest==8.3.4",
+        "hypothesis==6.170.15",  # the fuzz tests (tests/fuzz, docs/fuzzing.md)
+    ]},
+    # Each the same as its `python -m` form (README.md).
+    entry_points={"console_scripts": [
+        "sciml-data-prep=data_prep.__main__:main",
+        "sciml-train-cosmoflow=cosmoflow.train:main",
+        "sciml-train-deepcam=deepcam.train:main",
+        "sciml-campaign=common.campaign.run:main",
+        "sciml-report=common.campaign.analysis.__main__:main",
+        "sciml-jobs=jobs.__main__:main",
+    ]},
 )

@@ -10,13 +10,12 @@ Writes benchmarks/results/cosmo_identifiability.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from common.base.files import write_json_atomic
 from data_prep.cosmo_identify import least_squares_mae, subcube_dataset
 from data_prep.cosmo_synth import PARAM_NAMES, PRIORS, SynthSpec
 
@@ -41,11 +40,8 @@ def main() -> None:
                      "train_samples": len(train[0]), "test_samples": len(test[0])})
         print(f"{prior:5s} " + "  ".join(f"{n} {m:.3f}" for n, m in zip(PARAM_NAMES, mae))
               + f"  mean {mae.mean():.3f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    RESULTS.parent.mkdir(exist_ok=True)
-    tmp = RESULTS.with_name(f".{RESULTS.name}.tmp")
-    tmp.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "size": args.size, "sample": args.sample,
-                               "rows": rows}, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json_atomic({"date": time.strftime("%Y-%m-%d"), "size": args.size, "sample": args.sample, "rows": rows},
+                      RESULTS)
     print(f"wrote {RESULTS}")
 
 

@@ -37,19 +37,19 @@ def training_gflop_per_sample(size: int, channels: int = 4, filters=FILTERS, k: 
 
 def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
     """Time `steps` training steps on this rank; rank 0 writes the result."""
-    from common.config import DistConfig
-    from common.dist import init_distributed
+    from common.runtime.config import DistConfig
+    from common.runtime.dist import init_distributed
     dist = init_distributed(DistConfig())
     import keras
 
-    from common.loop import _make_train_step
+    from common.runtime.loop import make_train_step
     from cosmoflow.metrics import mse_loss
     from cosmoflow.model import build_model
     model = build_model(input_shape=(size, size, size, 4))
     optimizer = keras.optimizers.SGD(0.001, momentum=0.9)
     optimizer.build(model.trainable_variables)
     dist.broadcast_variables(model.variables + optimizer.variables)
-    step = _make_train_step(model, optimizer, mse_loss, dist)
+    step = make_train_step(model, optimizer, mse_loss, dist)
     rng = np.random.default_rng(dist.rank)
     x = np.log1p(rng.poisson(20, (batch, size, size, size, 4))).astype(np.float32)
     y = rng.uniform(-1, 1, (batch, 4)).astype(np.float32)

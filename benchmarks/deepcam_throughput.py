@@ -50,7 +50,7 @@ CASES = {"reference": Case("deepcam/configs/deepcam.yaml", local_batch=1, warmup
 
 def load_case(name: str):
     """The case's config and its local batch size."""
-    from common.config import load_config
+    from common.runtime.config import load_config
     from deepcam.config import DeepCamConfig
     cfg = load_config(REPO / CASES[name].config, schema=DeepCamConfig)
     return cfg, CASES[name].local_batch or cfg.train.local_batch_size
@@ -108,7 +108,7 @@ def build_train_step(cfg, dist):
     """The model and the training loop's step function, with the config's LAMB and loss."""
     import keras
 
-    from common.loop import _make_train_step
+    from common.runtime.loop import make_train_step
     from deepcam.metrics import WeightedCrossEntropy, class_weights
     from deepcam.model import build_model
     from deepcam.optim import StepSchedule, build_optimizer
@@ -119,12 +119,12 @@ def build_train_step(cfg, dist):
     optimizer.build(model.trainable_variables)
     dist.broadcast_variables(model.variables + optimizer.variables)
     loss = WeightedCrossEntropy(class_weights(cfg.loss.class_frequencies, cfg.loss.weight_power))
-    return model, _make_train_step(model, optimizer, loss, dist)
+    return model, make_train_step(model, optimizer, loss, dist)
 
 
 def worker(case: str, steps: int, warmup: int, out: str) -> None:
     """Time `steps` training steps on this rank; rank 0 writes the result."""
-    from common.dist import init_distributed
+    from common.runtime.dist import init_distributed
     cfg, batch = load_case(case)
     dist = init_distributed(cfg.dist)
     import tensorflow as tf

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import REPO, RESULTS_DIR, write_json_atomic  # noqa: E402
-from common.procs import rank_process  # noqa: E402
+from common.base.procs import rank_process  # noqa: E402
 
 CONFIG = REPO / "cosmoflow/configs/cosmo_mini.yaml"
 HOST_NAMES = ("localhost", "127.0.0.1", os.uname().nodename)
@@ -75,7 +75,7 @@ def launch(args, work: Path, out: Path) -> subprocess.Popen:
     hosts = work / "hosts.txt"
     hosts.write_text("".join(f"{name}:1\n" for name in HOST_NAMES[:args.workers]))
     discover = work / "discover.sh"
-    discover.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.elastic hosts {hosts}\n")
+    discover.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.runtime.elastic hosts {hosts}\n")
     discover.chmod(0o755)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "5",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

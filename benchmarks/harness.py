@@ -19,6 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from common.base.files import write_text_atomic
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks/results"
 DOC = REPO / "docs/performance.md"
@@ -95,9 +97,7 @@ def measured_note(result: dict) -> str:
 
 def write_json_atomic(path: Path, obj) -> None:
     """Write `obj` as indented JSON through a temporary file, so a half-written file never appears."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(json.dumps(obj, indent=2) + "\n", path)
 
 
 def check_marked_section(doc: Path, begin: str, end: str) -> None:
@@ -109,9 +109,7 @@ def replace_marked_section(doc: Path, begin: str, end: str, body: str) -> None:
     """Replace the text between the `begin` and `end` marker lines of `doc` with `body`."""
     text = doc.read_text()
     start, stop = _marked_span(text, doc, begin, end)
-    tmp = doc.with_name(f".{doc.name}.tmp")
-    tmp.write_text(text[:start] + "\n" + body + "\n" + text[stop:])
-    os.replace(tmp, doc)
+    write_text_atomic(text[:start] + "\n" + body + "\n" + text[stop:], doc)
 
 
 def _marked_span(text: str, doc: Path, begin: str, end: str) -> tuple[int, int]:

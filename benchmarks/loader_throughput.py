@@ -44,7 +44,7 @@ from pathlib import Path
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, run_worker, sgemm_gflops, time_steps, write_json_atomic, write_worker_result)
 
-from common.campaign import code_version
+from common.base.version import code_version
 
 RESULTS = RESULTS_DIR / "loader_throughput.json"
 BEGIN, END = "<!-- loader-throughput:begin -->", "<!-- loader-throughput:end -->"
@@ -106,7 +106,7 @@ def app_parts(app: str):
 
 def load_case_config(app: str, case: str, overrides=()):
     """The case's config with `overrides` applied."""
-    from common.config import load_config
+    from common.runtime.config import load_config
     schema, _ = app_parts(app)
     return load_config(REPO / CASES[app, case].config, overrides, schema=schema)
 
@@ -184,7 +184,7 @@ def prepare_dataset(app: str, case: str, data_dir: Path) -> Path:
 
 def check_dataset(app: str, case: str, records: Path) -> None:
     """Refuse a dataset whose manifest does not describe what this case measures."""
-    from common.manifest import load_manifest
+    from common.io.manifest import load_manifest
     manifest, spec = load_manifest(records), CASES[app, case]
     found = (list(manifest.sample_shape), manifest.compression,
              manifest.splits["train"].samples, manifest.splits["validation"].samples)
@@ -254,7 +254,7 @@ def worker(app: str, case: str, loader: str, ranks: int, records: str, batches: 
     if ranks == 1:
         os.sched_setaffinity(0, ONE_CORE)  # before TensorFlow starts any thread
     cores = sorted(os.sched_getaffinity(0))
-    from common.dist import init_distributed
+    from common.runtime.dist import init_distributed
     cfg = load_case_config(app, case, worker_overrides(Path(records), loader, ranks, extra))
     dist = init_distributed(cfg.dist)
     import tensorflow as tf
@@ -317,7 +317,7 @@ def measure(app: str, case: str, loader: str, ranks: int, records: Path, batches
     read_into_page_cache(records)
     res = run_worker(__file__, args, ranks, RESULTS_DIR / f".worker-loader-{app}-{case}-{loader}-{ranks}.json", label)
     batch_seconds = batch_time_summary(res.pop("step_seconds"))
-    from common.manifest import load_manifest
+    from common.io.manifest import load_manifest
     sample_bytes = bytes_per_sample(load_manifest(records).splits["train"].files)
     figures = loader_figures(res["rank_seconds"], batches * batch, sample_bytes)
     training = _training(app, shape, ranks)

@@ -4,8 +4,8 @@ per-rank peak memory and the bytes that cross between ranks, at the same rank co
     python benchmarks/mesh_throughput.py [--sizes mini full] [--cases 2:1x1 2:2x1 4:1x1 4:2x1 4:4x1 4:2x2]
 
 A case `N:PDxPH` runs `horovodrun -np N` with `parallel.spatial=[PD,PH]` (1x1: the data-parallel
-path). Each worker builds exactly what `cosmoflow/train.py` builds from the config (the app's own
-`build_everything` and the steps it trains with: `data_parallel_steps` or the hybrid mesh steps) and
+path). Each worker builds exactly what `cosmoflow/train.py` builds from the config (its strategy, its
+`build` and the steps the strategy trains with: `data_parallel_steps` or the hybrid mesh steps) and
 times real training steps (forward, backward, gradient allreduce, SGD update; on the hybrid path also
 the weight copy into the mesh) on in-memory batches of log1p(Poisson) counts; input I/O is not part
 of these figures. Sizes: `mini` is cosmo_mini.yaml (32^3 x 4, half width, local batch 4), `full` is
@@ -125,18 +125,18 @@ def peak_rss_mb() -> float:
 def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: str) -> None:
     """Build the app's model and steps for this case, time `steps` training steps, gather every rank's memory."""
     spec = SIZES[size]
-    from common.config import load_config
-    from common.dist import init_distributed
+    from common.runtime.config import load_config
+    from common.runtime.dist import init_distributed
     from cosmoflow import train as app
     from cosmoflow.config import CosmoConfig
     cfg = load_config(REPO / spec.config, [f"parallel.spatial=[{spatial[0]},{spatial[1]}]",
                                            f"train.local_batch_size={spec.local_batch}"], schema=CosmoConfig)
     dist = init_distributed(cfg.dist)
-    app.check(cfg, dist)
-    built = app.build_everything(cfg, dist)
-    loss, metric = app.loss_and_metric(cfg, built)
-    train = built.steps(built.model, built.optimizer, loss, metric, dist).train
-    x, y = _batch(cfg, dist.rank) if app.data_layout(cfg, dist)[1] else (None, None)
+    strategy = app.strategy_for(cfg, dist)
+    trainee = app.build(cfg, strategy)
+    strategy.prepare(cfg)
+    train = strategy.make_steps(trainee, dist).train
+    x, y = _batch(cfg, dist.rank) if strategy.reads else (None, None)
     built_rss = rss_mb()
     for _ in range(warmup):
         train(x, y)
@@ -148,11 +148,11 @@ def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: st
     memory = dist.gather_object({"rank": dist.rank, "built_rss_mb": built_rss, "peak_rss_mb": peak_rss_mb()})
     model = cfg.model
     write_worker_result(out, seconds, dist, memory=memory, loopback_bytes_per_step=sent / steps,
-                        groups=built.data_parallel_size or dist.size, local_batch=cfg.train.local_batch_size,
+                        groups=strategy.replicas, local_batch=cfg.train.local_batch_size,
                         input_shape=list(model.input_shape), conv_filters=list(model.conv_filters),
                         halo_bytes_per_sample=halo_bytes_per_sample(model.input_shape, model.conv_filters, spatial,
                                                                     model.pool_size, model.kernel_size),
-                        weight_bytes=4 * sum(int(np.prod(w.shape)) for w in built.model.trainable_weights))
+                        weight_bytes=4 * sum(int(np.prod(w.shape)) for w in trainee.model.trainable_weights))
 
 
 def _batch(cfg, rank: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ earlier run did).
 
 For each dataset, destination and source (the plain directory or one packed copy) it times:
 
-    node   one process calls common.staging.stage for the whole dataset, threads = cores
+    node   one process calls common.io.staging.stage for the whole dataset, threads = cores
     rank   RANKS processes at once, rank r staging its own shard (Layout(rank=r, size=RANKS,
            local_size=RANKS), the files the application's files_read gives for its mini config's
            local batch), one thread each; timed until the last one finishes
@@ -55,8 +55,8 @@ from typing import Callable
 
 import numpy as np
 
-from common.campaign import code_version
-from common.staging import filesystem_type
+from common.base.version import code_version
+from common.io.staging import filesystem_type
 
 # Run as a script, so benchmarks/ is on sys.path.
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
@@ -73,9 +73,9 @@ RANKS = 2
 GOAL = 0.8  # staging GB/s over the faster baseline's GB/s
 TAR_FLAGS = {"zstd": ["-I", "zstd"], "gzip": ["-z"], "none": []}
 CODE_DIRS = ("common", "data_prep")  # the staging and packing code measured
-PACKER_FILES = ("data_prep/pack.py", "common/packing.py")
+PACKER_FILES = ("data_prep/pack.py", "common/io/packing.py")
 JOB_MARKS = ("benchmarks/", "pytest", "train.py", "data_prep")  # command lines other_jobs() reports
-STAGING_FILES = ("common/staging.py", "common/packing.py", "common/manifest.py", "data_prep/pack.py")
+STAGING_FILES = ("common/io/staging.py", "common/io/packing.py", "common/io/manifest.py", "data_prep/pack.py")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,8 +255,8 @@ def code_state() -> dict:
 
 def worker(source: str, mode: str, dataset: str, rank: int, ranks: int, threads: int, stage_root: str) -> None:
     """Stage on the driver's signal: print `ready`, wait for a line on stdin, stage, print the figures."""
-    from common.config import load_config
-    from common.staging import Layout, open_source, plan, stage
+    from common.runtime.config import load_config
+    from common.io.staging import Layout, open_source, plan, stage
     if dataset == "cosmoflow":
         from cosmoflow.config import CosmoConfig as schema
         from cosmoflow.data import files_read
@@ -438,7 +438,7 @@ def component_costs(source: Path, kind: str, scratch: Path) -> dict:
 
     import zstandard
 
-    from common.staging import CHUNK, checksum_of, open_source
+    from common.io.staging import CHUNK, checksum_of, open_source
     digest_kind = checksum_of(max(open_source(source).files.values(), key=lambda m: m.bytes))[0]
     if kind == "plain":
         streams, members = [p for p in source_files(source) if p.name != "manifest.json"], None

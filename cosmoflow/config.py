@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from common.config import (CheckpointConfig, DistConfig, MlperfConfig, OptimizerConfig, RunConfig,
-                           StagedDataConfig, ScheduleConfig, TrainConfig, _check)
+from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, RunConfig, StagedDataConfig,
+                                   TrainConfig, check)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +32,10 @@ class CosmoDataConfig(StagedDataConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
-        _check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
-        _check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")
-        _check(self.apply_log or not self.normalize, "data.normalize", self.normalize,
+        check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
+        check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
+        check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")
+        check(self.apply_log or not self.normalize, "data.normalize", self.normalize,
                "false when data.apply_log is false (the statistics are of log(1 + x))")
 
 
@@ -55,11 +55,11 @@ class CosmoModelConfig:
     output_scale: float = 1.2
 
     def __post_init__(self):
-        _check(len(self.input_shape) == 4, "model.input_shape", list(self.input_shape), "[D, H, W, C]")
+        check(len(self.input_shape) == 4, "model.input_shape", list(self.input_shape), "[D, H, W, C]")
         smallest = self.pool_size ** len(self.conv_filters)
-        _check(all(s >= smallest for s in self.input_shape[:3]), "model.input_shape", list(self.input_shape),
+        check(all(s >= smallest for s in self.input_shape[:3]), "model.input_shape", list(self.input_shape),
                f"spatial sizes >= {smallest} for {len(self.conv_filters)} poolings of {self.pool_size}")
-        _check(0 <= self.dropout < 1, "model.dropout", self.dropout, "in [0, 1)")
+        check(0 <= self.dropout < 1, "model.dropout", self.dropout, "in [0, 1)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +69,13 @@ class ParallelConfig:
     spatial = [pd, ph]: every pd * ph consecutive ranks form one group that holds each sample's cube in
     pd depth x ph height blocks (Mesh-TensorFlow, cosmoflow/mesh/); the groups are data-parallel.
     [1, 1] is the ordinary data-parallel path. The checks that need the model's sizes and the rank count
-    run in cosmoflow.mesh.groups.check_hybrid before any work.
+    run in cosmoflow.mesh.hybrid.check_hybrid before any work.
     """
 
     spatial: tuple[int, ...] = (1, 1)
 
     def __post_init__(self):
-        _check(len(self.spatial) == 2 and all(p >= 1 for p in self.spatial), "parallel.spatial",
+        check(len(self.spatial) == 2 and all(p >= 1 for p in self.spatial), "parallel.spatial",
                list(self.spatial), "[pd, ph]: depth and height partitions, each >= 1")
 
     @property
@@ -87,6 +87,39 @@ class ParallelConfig:
     def hybrid(self) -> bool:
         """True when samples are split across ranks (the Mesh-TF path)."""
         return self.partitions > 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """SGD with momentum; the peak learning rate scales linearly with the global batch."""
+
+    name: str = "sgd"
+    base_lr: float = 0.001
+    base_batch_size: int = 64  # the batch size base_lr is defined for
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+    def __post_init__(self):
+        check(self.name == "sgd", "optimizer.name", self.name, "'sgd'")
+        check(self.base_lr > 0, "optimizer.base_lr", self.base_lr, "> 0")
+        check(self.base_batch_size > 0, "optimizer.base_batch_size", self.base_batch_size, "> 0")
+        check(0 <= self.momentum < 1, "optimizer.momentum", self.momentum, "in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    """Linear warm-up from base_lr to the scaled peak, then step decays (factors of the peak)."""
+
+    warmup_epochs: int = 0
+    decay_epochs: tuple[int, ...] = ()
+    decay_factors: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        check(self.warmup_epochs >= 0, "schedule.warmup_epochs", self.warmup_epochs, ">= 0")
+        check(len(self.decay_epochs) == len(self.decay_factors), "schedule.decay_factors",
+               list(self.decay_factors), f"one factor per decay epoch {list(self.decay_epochs)}")
+        check(list(self.decay_epochs) == sorted(set(self.decay_epochs)), "schedule.decay_epochs",
+               list(self.decay_epochs), "strictly increasing epochs")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 `build_datasets` checks the dataset against its manifest up front (sample shape, the files
 this rank reads, sizes, counts that divide across ranks and batches), shards files by rank
 (rank r reads files r, r+size, ...; with data.stage_mode=node_share the node's share, divided
-between its ranks afresh every epoch, see common/sharding.py), and returns repeated batched
+between its ranks afresh every epoch, see common/io/sharding.py), and returns repeated batched
 datasets of (B, D, H, W, 4) float32 log(1 + counts) and (B, 4) float32 targets. Both loaders
 give the same tensors.
 """
@@ -15,16 +15,16 @@ from typing import Sequence
 
 import numpy as np
 
-from common.dist import DistEnv
-from common.errors import BenchError
-from common.loader import checksums_wanted, resolve_loader
-from common.loop import Datasets
-from common.manifest import Manifest, check_shard_files, check_split_counts, load_manifest, record_bytes
-from common.sharding import dali_reader_sharding, local_files_dataset, node_share
+from common.base.errors import BenchError
+from common.io.datasets import Datasets
+from common.io.formats import TRAIN, VALIDATION
+from common.io.formats import cosmoflow as record_format
+from common.io.formats.cosmoflow import FORMAT
+from common.io.loader import checksums_wanted, resolve_loader
+from common.io.manifest import Manifest, check_shard_files, check_split_counts, load_manifest, record_bytes
+from common.io.sharding import dali_reader_sharding, local_files_dataset, node_share
+from common.runtime.dist import DistEnv
 from cosmoflow.config import CosmoDataConfig
-
-TRAIN, VALIDATION = "train", "validation"
-FORMAT = "cosmoflow-tfrecord"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +102,9 @@ def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: d
         raise BenchError(f"{where}: samples have shape {list(manifest.sample_shape)}, but the model expects "
                          f"{list(sample_shape)} (model.input_shape); convert with a matching --sample-size "
                          f"or change the config")
-    if manifest.sample_dtype != "int16":
-        raise BenchError(f"{where}: sample_dtype {manifest.sample_dtype!r}, expected 'int16'")
+    problem = record_format.layout_problem(manifest)
+    if problem:
+        raise BenchError(f"{where}: {problem[0]}, expected {problem[1]}; reconvert with cosmo-convert")
     check_split_counts(manifest, {split: expected[split] for split in (TRAIN, VALIDATION)}, where)
 
 
@@ -215,14 +216,11 @@ def channel_stats(manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
 
 def _record_parser(sample_shape: Sequence[int], target_size: int):
     import tensorflow as tf
-    features = {"x": tf.io.FixedLenFeature([], tf.string),
-                "y": tf.io.FixedLenFeature([target_size], tf.float32)}
-    shape = [int(s) for s in sample_shape]
+    features = record_format.tf_features(target_size)
 
     def parse(record):
-        example = tf.io.parse_single_example(record, features)
-        x = tf.io.decode_raw(example["x"], tf.int16, little_endian=True)
-        return tf.reshape(x, shape), example["y"]  # (D, H, W, C) int16; fails on a wrong-size record
+        # (D, H, W, C) int16, (target_size,) float32; fails on a wrong-size record
+        return record_format.tf_decode(tf.io.parse_single_example(record, features), sample_shape)
 
     return parse
 
@@ -250,19 +248,16 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch:
 def _dali_pipeline(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, shuffle: bool,
                    seed: int, device_id: int | None):
     import nvidia.dali.fn as fn
-    import nvidia.dali.tfrecord as tfrec
-    from nvidia.dali import pipeline_def, types
+    from nvidia.dali import pipeline_def
 
     @pipeline_def(batch_size=batch, num_threads=cfg.read_threads, device_id=device_id, seed=seed,
                   prefetch_queue_depth=cfg.prefetch)
     def pipeline():
         record = fn.readers.tfrecord(
             path=list(shard.files), index_path=list(shard.index_files),
-            features={"x": tfrec.FixedLenFeature((), tfrec.string, ""),
-                      "y": tfrec.FixedLenFeature([manifest.target_size], tfrec.float32, 0.0)},
+            features=record_format.dali_features(manifest.target_size),
             initial_fill=cfg.shuffle_buffer, name="reader", **dali_reader_sharding(shard.local, shuffle))
-        x = fn.reinterpret(record["x"], dtype=types.INT16, shape=list(manifest.sample_shape))  # (D, H, W, C)
-        y = record["y"]
+        x, y = record_format.dali_decode(record, manifest.sample_shape)  # (D, H, W, C) int16, (target,) float32
         if device_id is not None:
             x, y = x.gpu(), y.gpu()
         return x, y
@@ -276,13 +271,13 @@ def diagnose_read_error(files: Sequence[str], compression: str, sample_shape: Se
     """Find the first bad file and record behind a read error and describe it with the facts."""
     import tensorflow as tf
     expected = int(np.prod(sample_shape))
-    features = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([target_size], tf.float32)}
+    features = record_format.tf_features(target_size)
     for path in files:
         good = 0  # records read intact so far; the next one is the culprit
         try:
             for record in tf.data.TFRecordDataset(path, compression_type=compression):
                 example = tf.io.parse_single_example(record, features)
-                found = len(example["x"].numpy()) // 2
+                found = len(example[record_format.SAMPLE_KEY].numpy()) // record_format.STORED_SAMPLE_DTYPE.itemsize
                 if found != expected:
                     return (f"{path}: record {good} holds {found} int16 values, expected {expected} for the "
                             f"sample shape {list(sample_shape)}")
@@ -291,11 +286,10 @@ def diagnose_read_error(files: Sequence[str], compression: str, sample_shape: Se
             return (f"{path}: corrupt or truncated TFRecord at record {good} (bad length or CRC: "
                     f"{loss.message.splitlines()[0]}); regenerate or reconvert this file")
         except tf.errors.InvalidArgumentError as bad:
-            return (f"{path}: record {good} is not a CosmoFlow example with x (bytes) and "
-                    f"y ({target_size} floats): {bad.message.splitlines()[0]}")
+            return f"{path}: record {good} is not {record_format.describe(target_size)}: {bad.message.splitlines()[0]}"
         except UnicodeDecodeError:  # TensorFlow quotes a payload that is no Example in its error, undecodable
             return (f"{path}: record {good} is not a tf.train.Example (its bytes do not parse as one); "
-                    f"expected a CosmoFlow example with x (bytes) and y ({target_size} floats)")
+                    f"expected {record_format.describe(target_size)}")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return f"reading the CosmoFlow records failed ({first}); no bad record was found in {len(files)} files"
 

@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from common.cli import guarded
+from common.base.cli import guarded
 
 COMMANDS = {
     "cosmo-synth": "data_prep.cosmo_synth",

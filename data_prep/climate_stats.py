@@ -18,17 +18,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import multiprocessing
-import os
 import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from common.errors import BenchError
+from common.base.errors import BenchError
+from common.base.files import atomic_path
+from common.io.formats.deepcam import CLASSES, STATS_GROUP, STATS_KEYS, STATS_NAME
 
-NUM_CLASSES = 3
-STAT_NAMES = ("count", "mean", "sqmean", "minval", "maxval")
+NUM_CLASSES = len(CLASSES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _check_labels(path: Path, labels: np.ndarray, shape: tuple[int, int]) -> Non
 
 def directory_stats(directory: Path, workers: int = 1) -> ChannelStats:
     """Statistics over every *.h5 file of a directory (sorted by name; stats.h5 itself excluded)."""
-    files = sorted(p for p in Path(directory).glob("*.h5") if p.name != "stats.h5")
+    files = sorted(p for p in Path(directory).glob("*.h5") if p.name != STATS_NAME)
     if not files:
         raise BenchError(f"{directory}: no *.h5 files to compute statistics over")
     if workers <= 1:
@@ -153,20 +153,16 @@ def write_stats(path: Path, stats: ChannelStats, attrs: dict | None = None) -> P
     """Write stats.h5 to a temporary name beside `path`, then rename it into place."""
     import h5py
     path = Path(path)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with h5py.File(temp, "w") as f:
-            group = f.create_group("climate")
-            for name in STAT_NAMES:
+        with atomic_path(path) as temp, h5py.File(temp, "w") as f:
+            group = f.create_group(STATS_GROUP)
+            for name in STATS_KEYS:
                 group.create_dataset(name, data=np.asarray(getattr(stats, name), dtype=np.float64))
             if stats.class_counts is not None:
                 group.create_dataset("label_counts", data=stats.class_counts.astype(np.int64))
             f.attrs.update({"files": stats.files, **(attrs or {})})
-        os.replace(temp, path)
     except OSError as err:
         raise BenchError(f"{path}: could not write the statistics ({err})") from None
-    finally:
-        temp.unlink(missing_ok=True)
     return path
 
 
@@ -175,8 +171,9 @@ def read_stats(path: Path, channels: int | None = None) -> ChannelStats:
     import h5py
     try:
         with h5py.File(path, "r") as f:
-            values = {name: f[f"climate/{name}"][()] for name in STAT_NAMES if f"climate/{name}" in f}
-            counts = f["climate/label_counts"][()] if "climate/label_counts" in f else None
+            keys = {name: f"{STATS_GROUP}/{name}" for name in (*STATS_KEYS, "label_counts")}
+            values = {name: f[keys[name]][()] for name in STATS_KEYS if keys[name] in f}
+            counts = f[keys["label_counts"]][()] if keys["label_counts"] in f else None
             files = int(f.attrs.get("files", 0))
     except OSError as err:
         raise BenchError(f"{path}: not a readable HDF5 file ({err})") from None
@@ -209,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         raise BenchError(f"--data {data_dir}: not a directory")
     if args.workers < 1:
         raise BenchError(f"--workers {args.workers}: expected a positive number of processes")
-    out = Path(args.out) if args.out is not None else data_dir.resolve().parent / "stats.h5"
+    out = Path(args.out) if args.out is not None else data_dir.resolve().parent / STATS_NAME
     started = time.perf_counter()
     stats = directory_stats(data_dir, args.workers)
     write_stats(out, stats, attrs={"source": str(data_dir.resolve())})

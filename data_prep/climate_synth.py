@@ -60,7 +60,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import BenchError
+from common.base.errors import BenchError
+from common.base.files import atomic_path
 from data_prep.stale import plain, remove_stale_temporaries
 from data_prep import climate_stats
 from data_prep.climate_labels import (CLASSES, EARTH_RADIUS_KM, UNITS, VARIABLES, LatLonGrid, cyclone_length_km,
@@ -615,9 +616,8 @@ def write_snapshot(spec: SynthSpec, split: str, index: int, out_dir: Path) -> Fi
     import h5py
     snapshot = generate_snapshot(spec, index, split)
     final = out_dir / split / file_name(index)
-    temp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
-        with h5py.File(temp, "w") as f:
+        with atomic_path(final) as temp, h5py.File(temp, "w") as f:
             group = f.create_group("climate")
             data = group.create_dataset("data", data=snapshot.data)
             data.attrs.update({"variables": list(VARIABLES), "units": list(UNITS)})
@@ -627,11 +627,8 @@ def write_snapshot(spec: SynthSpec, split: str, index: int, out_dir: Path) -> Fi
                             "season": snapshot.season, "cyclones_drawn": len(snapshot.cyclones),
                             "rivers_drawn": len(snapshot.rivers),
                             "grid": "latitude -90..90 (row 0 south, inclusive), longitude 0..360 periodic"})
-        os.replace(temp, final)
     except OSError as err:  # disk full, permissions: the user's to fix
         raise BenchError(f"{final}: could not write the snapshot ({err})") from None
-    finally:
-        temp.unlink(missing_ok=True)  # only still there if writing failed
     return FileResult(split, index, True, climate_stats.partial_stats(snapshot.data, snapshot.labels))
 
 

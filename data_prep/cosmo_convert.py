@@ -3,8 +3,8 @@
 Each universe's `full` (N, N, N, 4) counts are cut into (N/n)^3 non-overlapping cubes of n^3 cells,
 taken in C order over the (N/n)^3 grid of cubes (first axis slowest, last fastest). A cube is one
 record: a tf.train.Example with `x`, the int16 little-endian C-order bytes of the (n, n, n, 4) cube,
-and `y`, the universe's 4 `unitPar` floats. Universes are split into train and validation by a
-seeded draw (no universe in both), one file per universe:
+and `y`, the universe's 4 `unitPar` floats (the format: common/io/formats/cosmoflow.py). Universes
+are split into train and validation by a seeded draw (no universe in both), one file per universe:
 
   OUT/train/universe_000003.tfrecord        (GZIP-compressed with --compression gzip)
   OUT/train/universe_000003.tfrecord.idx    DALI index, uncompressed files only
@@ -27,16 +27,14 @@ from typing import Iterator
 
 import numpy as np
 
-from common.errors import BenchError
-from common.hdf5 import reading
-from common.manifest import MANIFEST_NAME, Manifest, SplitEntry, write_manifest
+from common.base.errors import BenchError
+from common.io.formats import SPLITS
+from common.io.formats.cosmoflow import (CHANNELS, FORMAT, SAMPLE_DTYPE, TARGET_SIZE, VERSION, record_features,
+                                         sample_shape)
+from common.io.hdf5 import reading
+from common.io.manifest import MANIFEST_NAME, Manifest, SplitEntry, write_manifest
 from data_prep import tfrecords
 
-FORMAT = "cosmoflow-tfrecord"
-FORMAT_VERSION = 1
-SPLITS = ("train", "validation")
-CHANNELS = 4
-TARGET_SIZE = 4
 STATE_NAME = ".cosmo-convert.json"
 SUFFIXES = (".h5", ".hdf5")
 INT16_MIN, INT16_MAX = np.iinfo(np.int16).min, np.iinfo(np.int16).max
@@ -80,7 +78,7 @@ class Plan:
     def settings(self) -> dict:
         """What a resumed run must share with the interrupted one (saved in OUT/.cosmo-convert.json)."""
         return {
-            "format": FORMAT, "version": FORMAT_VERSION,
+            "format": FORMAT, "version": VERSION,
             "universe_size": self.universe_size, "sample_size": self.sample_size,
             "compression": self.compression,
             "gzip_level": self.gzip_level if self.compression == "gzip" else None,
@@ -247,9 +245,7 @@ def convert_universe(job: Job) -> tuple[tfrecords.RecordFile, bool]:
     done = tfrecords.existing_record_file(job.output, job.records, job.compression)
     if done is not None:
         return done, True
-    target = np.asarray(job.universe.target, dtype=np.float32)
-    # ascontiguousarray first: tobytes() of a strided view is an order of magnitude slower.
-    records = (tfrecords.serialize_example({"x": np.ascontiguousarray(cube).tobytes(), "y": target})
+    records = (tfrecords.serialize_example(record_features(cube, job.universe.target))
                for cube in iter_subcubes(job.universe.path, job.sample_size))
     return tfrecords.write_record_file(job.output, records, job.compression, job.gzip_level), False
 
@@ -336,8 +332,8 @@ def build_manifest(plan: Plan, results: dict[Path, tuple[tfrecords.RecordFile, b
         "sub_cube_order": "C order over the (N/n)^3 grid of cubes, first axis slowest",
         "gzip_level": plan.gzip_level if plan.compression == "gzip" else None,
     }
-    return Manifest(root=plan.out_dir, format=FORMAT, version=FORMAT_VERSION, sample_shape=(n, n, n, CHANNELS),
-                    sample_dtype="int16", target_size=TARGET_SIZE, compression=plan.compression, splits=splits,
+    return Manifest(root=plan.out_dir, format=FORMAT, version=VERSION, sample_shape=sample_shape(n),
+                    sample_dtype=SAMPLE_DTYPE, target_size=TARGET_SIZE, compression=plan.compression, splits=splits,
                     source=source, seed=plan.seed, input_stats=stats)
 
 

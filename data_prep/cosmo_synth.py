@@ -64,7 +64,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from common.errors import BenchError
+from common.base.errors import BenchError
+from common.base.files import atomic_path
 from data_prep.stale import plain, remove_stale_temporaries
 from data_prep import cosmology
 
@@ -265,10 +266,9 @@ def write_universe(spec: SynthSpec, index: int, out_dir: Path) -> UniverseInfo:
     """Generate universe `index` into out_dir/universe_<index>.h5 through a temporary file."""
     import h5py
     final = out_dir / file_name(index)
-    temp = out_dir / f".{final.name}.tmp-{os.getpid()}"
     n, edge = spec.size, min(spec.size, SLAB)
     try:
-        with h5py.File(temp, "w") as f:
+        with atomic_path(final) as temp, h5py.File(temp, "w") as f:
             full = f.create_dataset("full", (n, n, n, len(REDSHIFTS)), dtype=np.int16,
                                     chunks=(edge, edge, edge, 1))
 
@@ -283,11 +283,8 @@ def write_universe(spec: SynthSpec, index: int, out_dir: Path) -> UniverseInfo:
                             "redshifts": np.asarray(REDSHIFTS), "param_names": list(PARAM_NAMES),
                             "param_low": np.asarray(spec.bounds[0]), "param_high": np.asarray(spec.bounds[1]),
                             "cell_size": spec.cell_size, "units": "lengths in comoving Mpc/h, H_0 in km/s/Mpc"})
-        os.replace(temp, final)
     except OSError as err:  # disk full, permissions: the user's to fix
         raise BenchError(f"{final}: could not write the universe ({err})") from None
-    finally:
-        temp.unlink(missing_ok=True)  # only still there if generation failed
     return info
 
 

@@ -7,7 +7,8 @@ Input, in the layout of the real DeepCAM dataset (or made by `python -m data_pre
   DIR/validation/*.h5       with labels exactly 0, 1 or 2 (stored as floats in the real files)
 
 One snapshot is one record, a tf.train.Example with `data`, the float32 little-endian C-order bytes of
-the (H, W, 16) channels-last fields, and `label`, the uint8 bytes of the (H, W) class map. Each split's
+the (H, W, 16) channels-last fields, and `label`, the uint8 bytes of the (H, W) class map (the format:
+common/io/formats/deepcam.py). Each split's
 snapshots, sorted by file name, fill record files of --samples-per-file records in that order:
 
   OUT/train/part_000000.tfrecord       snapshots 0..N-1 of train (GZIP-compressed with --compression gzip)
@@ -27,25 +28,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-from common.errors import BenchError
-from common.hdf5 import open_file, reading
-from common.manifest import MANIFEST_NAME, AuxFile, Manifest, SplitEntry, sha256_file, write_manifest, xxh3_128_file
+from common.base.errors import BenchError
+from common.base.files import atomic_path
+from common.io.formats import SPLITS
+from common.io.formats.deepcam import (CHANNELS, CLASSES, FORMAT, SAMPLE_DTYPE, STATS_AUX, STATS_NAME, TARGET_DTYPE,
+                                       VERSION, read_stats, record_features, sample_shape)
+from common.io.hdf5 import open_file, reading
+from common.io.manifest import MANIFEST_NAME, AuxFile, Manifest, SplitEntry, sha256_file, write_manifest, xxh3_128_file
 from data_prep import tfrecords
-from deepcam.data import CHANNELS, FORMAT, STATS_NAME, read_stats
 
-FORMAT_VERSION = 1
-SPLITS = ("train", "validation")
 STATE_NAME = ".deepcam-convert.json"
 SUFFIXES = (".h5", ".hdf5")
-DATA_KEY, LABEL_KEY = "climate/data", "climate/labels_0"
-CLASSES = (0, 1, 2)
+DATA_KEY, LABEL_KEY = "climate/data", "climate/labels_0"  # in the input snapshots
 # A full-size sample is 768 x 1152 x 16 float32 + 768 x 1152 uint8 = 57.5 MB: 4 make a 230 MB file.
 DEFAULT_SAMPLES_PER_FILE = 4
 
@@ -103,7 +103,7 @@ class Plan:
     def settings(self) -> dict:
         """What a resumed run must share with the interrupted one (saved in OUT/.deepcam-convert.json)."""
         return {
-            "format": FORMAT, "version": FORMAT_VERSION,
+            "format": FORMAT, "version": VERSION,
             "image_shape": list(self.image_shape), "channels": CHANNELS,
             "samples_per_file": self.samples_per_file, "compression": self.compression,
             "gzip_level": self.gzip_level if self.compression == "gzip" else None,
@@ -259,12 +259,8 @@ def copy_stats(plan: Plan) -> AuxFile:
     source, target = plan.stats.path, plan.out_dir / STATS_NAME
     digest = sha256_file(source)
     if not (target.is_file() and sha256_file(target) == digest):
-        tmp = tfrecords.temp_path(target)
-        try:
+        with atomic_path(target) as tmp:
             shutil.copyfile(source, tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
     return AuxFile(path=STATS_NAME, bytes=target.stat().st_size, sha256=digest, xxh3_128=xxh3_128_file(target))
 
 
@@ -283,7 +279,7 @@ def convert_group(group: Group) -> tuple[tfrecords.RecordFile, bool]:
 
 def encode_sample(fields: np.ndarray, labels: np.ndarray) -> bytes:
     """A serialized tf.train.Example of one snapshot: `data` (H, W, 16) float32, `label` (H, W) uint8."""
-    return tfrecords.serialize_example({"data": fields.tobytes(), "label": labels.tobytes()})
+    return tfrecords.serialize_example(record_features(fields, labels))
 
 
 # ---------------------------------------------------------------------------- manifest and summary
@@ -302,10 +298,10 @@ def build_manifest(plan: Plan, groups: dict[str, list[Group]],
         "record_order": "each split's snapshot files sorted by name, samples_per_file per record file",
         "gzip_level": plan.gzip_level if plan.compression == "gzip" else None,
     }
-    return Manifest(root=plan.out_dir, format=FORMAT, version=FORMAT_VERSION,
-                    sample_shape=(height, width, CHANNELS), sample_dtype="float32", target_size=height * width,
-                    target_shape=(height, width), target_dtype="uint8", compression=plan.compression,
-                    splits=splits, source=source, aux_files={"stats": stats})
+    return Manifest(root=plan.out_dir, format=FORMAT, version=VERSION,
+                    sample_shape=sample_shape(height, width), sample_dtype=SAMPLE_DTYPE, target_size=height * width,
+                    target_shape=(height, width), target_dtype=TARGET_DTYPE, compression=plan.compression,
+                    splits=splits, source=source, aux_files={STATS_AUX: stats})
 
 
 def summary_line(plan: Plan, manifest: Manifest, results: dict, seconds: float) -> str:

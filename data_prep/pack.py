@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from common.errors import BenchError
-from common.manifest import MANIFEST_NAME, load_manifest, sha256_file
-from common.packing import PACK_NAME, SUFFIXES, Archive, Member, Pack, dataset_files
-from common.cli import write_json_atomic
+from common.base.errors import BenchError
+from common.base.files import atomic_path, write_json_atomic
+from common.io.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from common.io.packing import PACK_NAME, SUFFIXES, Archive, Member, Pack, dataset_files
 from data_prep import tfrecords
 
 STATE_NAME = ".pack-state.json"
@@ -169,8 +169,8 @@ def write_or_reuse(job: Job) -> Archive:
 
 
 def write_archive(job: Job) -> Archive:
-    tmp = tfrecords.temp_path(job.path)
-    try:
+    """Write one archive under a temporary name, renamed when complete."""
+    with atomic_path(job.path) as tmp:
         with open(tmp, "wb") as raw:
             hashed = _HashingWriter(raw)
             compressor = _compressor(hashed, job.compression, job.level)
@@ -179,10 +179,7 @@ def write_archive(job: Job) -> Archive:
             if compressor is not hashed:
                 compressor.close()
         archive = Archive(job.path.name, tmp.stat().st_size, hashed.digest.hexdigest(), members)
-        tmp.replace(job.path)
-        return archive
-    finally:
-        tmp.unlink(missing_ok=True)
+    return archive
 
 
 def _add(tar: tarfile.TarFile, input_dir: Path, member: Member) -> Member:

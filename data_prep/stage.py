@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common.staging import Layout, open_source, plan, stage
+from common.io.staging import Layout, open_source, plan, stage
 from data_prep import tfrecords
 
 

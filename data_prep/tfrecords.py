@@ -1,14 +1,9 @@
 """Writing TFRecord files for the converters: tf.train.Example records, DALI index files, staging.
 
-A TFRecord file is a sequence of framed records: an 8-byte little-endian length, a 4-byte masked
-CRC32C of the length, the payload, and a 4-byte masked CRC32C of the payload, so a record of
-`len` payload bytes occupies `len + 16` bytes. A DALI index (the format of DALI's `tfrecord2idx`)
-has one line "offset size" per record: where its length header starts and its framed size.
-DALI cannot index compressed files, so GZIP files get no index.
-
-Every file is written under a temporary name in its final directory (`.NAME.tmp-PID`) and renamed
-when complete, so a file with its final name is always whole. TensorFlow is imported only by the
-functions that need it (CRC32C and GZIP come from its C++ writer).
+The framing of a TFRecord file and its DALI index are described, and read, in common/io/tfrecord.py.
+Every file is written under a temporary name in its final directory (`.NAME.tmp-PID`,
+common/base/files.py) and renamed when complete, so a file with its final name is always whole.
+TensorFlow is imported only by the functions that need it (CRC32C and GZIP come from its C++ writer).
 
 The last section holds plumbing a converter needs around its records: a process pool with a
 progress bar, the check that a resumed run has the settings of the interrupted one, and the
@@ -28,13 +23,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from common.cli import write_json_atomic
-from common.errors import BenchError
-from common.manifest import COMPRESSIONS, MANIFEST_NAME, FileEntry, file_digests
-
-FRAMING_BYTES = 16  # 8-byte length + 4-byte length CRC + 4-byte payload CRC
-INDEX_SUFFIX = ".idx"
-TEMP_MARK = ".tmp-"
+from common.base.errors import BenchError
+from common.base.files import TEMP_MARK, atomic_path, write_json_atomic
+from common.io.manifest import COMPRESSIONS, MANIFEST_NAME, FileEntry, file_digests
+from common.io.tfrecord import FRAMING_BYTES, index_path, index_text, read_index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +52,9 @@ class RecordFile:
                    index_sha256=index_sha, xxh3_128=xxh, index_xxh3_128=index_xxh)
 
 
-def _tensorflow():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no start-up banner in a data tool's output
+def quiet_tensorflow():
+    """TensorFlow, imported without its start-up banner in a data tool's output."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     return tf
 
@@ -70,7 +63,7 @@ def _tensorflow():
 def serialize_example(features: Mapping[str, bytes | np.ndarray]) -> bytes:
     """A serialized tf.train.Example: bytes become a BytesList of one value, float arrays a FloatList
     (float32), integer arrays an Int64List. Serialization is deterministic (map keys sorted)."""
-    _tensorflow()
+    quiet_tensorflow()
     from tensorflow.core.example import example_pb2  # the proto class itself: tf.train's wrappers are slower
 
     example = example_pb2.Example()
@@ -106,37 +99,38 @@ def write_record_file(path: str | os.PathLike, records: Iterable[bytes], compres
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression {compression!r}, expected one of {COMPRESSIONS}")
-    tf = _tensorflow()
     path = Path(path)
-    index = index_path(path) if compression == "none" else None
-    tmp, tmp_index = temp_path(path), (temp_path(index) if index else None)
+    with atomic_path(path) as tmp:
+        lengths = _write_records(tmp, records, compression, gzip_level)
+        if compression != "none":
+            result = RecordFile.of(path, len(lengths), tmp, None, None)
+        else:
+            _check_framing(tmp, lengths)
+            with atomic_path(index_path(path)) as tmp_index:  # renamed first: a finished file has its index
+                tmp_index.write_text(index_text(lengths))
+                result = RecordFile.of(path, len(lengths), tmp, index_path(path), tmp_index)
+    return result
+
+
+def _write_records(path: Path, records: Iterable[bytes], compression: str, gzip_level: int) -> list[int]:
+    """Write the records to `path` with TensorFlow's writer; their payload lengths."""
+    tf = quiet_tensorflow()
     options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "",
                                     compression_level=gzip_level if compression == "gzip" else None)
-    try:
-        lengths = []
-        with tf.io.TFRecordWriter(str(tmp), options=options) as writer:
-            for record in records:
-                writer.write(record)
-                lengths.append(len(record))
-        if tmp_index:
-            _check_framing(tmp, lengths)
-            tmp_index.write_text(index_text(lengths))
-        result = RecordFile.of(path, len(lengths), tmp, index, tmp_index)
-        if tmp_index:
-            os.replace(tmp_index, index)
-        os.replace(tmp, path)
-        return result
-    finally:
-        for leftover in (tmp, tmp_index):
-            if leftover:
-                leftover.unlink(missing_ok=True)
+    lengths = []
+    with tf.io.TFRecordWriter(str(path), options=options) as writer:
+        for record in records:
+            writer.write(record)
+            lengths.append(len(record))
+    return lengths
 
 
 def existing_record_file(path: str | os.PathLike, records: int, compression: str) -> RecordFile | None:
     """The finished file at `path` (and its index when uncompressed), or None if it must be (re)written.
 
     Files are renamed into place only when complete, so existence means complete; an uncompressed
-    file must also agree with its index (`records` lines covering the file exactly). The checksums are recomputed from the files.
+    file must also agree with its index (`records` lines covering the file exactly). The checksums are
+    recomputed from the files.
     """
     path = Path(path)
     index = index_path(path) if compression == "none" else None
@@ -153,51 +147,7 @@ def existing_record_file(path: str | os.PathLike, records: int, compression: str
     return RecordFile.of(path, records, path, index, index)
 
 
-# ---------------------------------------------------------------------------- DALI index and framing
-def index_path(path: str | os.PathLike) -> Path:
-    """Where the DALI index of a record file lives: beside it, with `.idx` appended."""
-    path = Path(path)
-    return path.with_name(path.name + INDEX_SUFFIX)
-
-
-def index_entries(lengths: Iterable[int]) -> list[tuple[int, int]]:
-    """(offset, framed size) of each record in an uncompressed file, from the payload lengths."""
-    entries, offset = [], 0
-    for length in lengths:
-        entries.append((offset, length + FRAMING_BYTES))
-        offset += length + FRAMING_BYTES
-    return entries
-
-
-def index_text(lengths: Iterable[int]) -> str:
-    return "".join(f"{offset} {size}\n" for offset, size in index_entries(lengths))
-
-
-def read_index(path: str | os.PathLike) -> list[tuple[int, int]]:
-    """The (offset, size) pairs of a DALI index file."""
-    entries = []
-    for line in Path(path).read_text().splitlines():
-        offset, size = line.split()
-        entries.append((int(offset), int(size)))
-    return entries
-
-
-def read_framing(path: str | os.PathLike) -> list[tuple[int, int]]:
-    """(offset, framed size) of each record, read from the length headers of an uncompressed file."""
-    entries, offset = [], 0
-    with open(path, "rb") as f:
-        while header := f.read(8):
-            if len(header) < 8:
-                raise ValueError(f"{path}: truncated length header at byte {offset}")
-            length = int.from_bytes(header, "little")
-            entries.append((offset, length + FRAMING_BYTES))
-            offset += length + FRAMING_BYTES
-            f.seek(offset)
-    if offset != Path(path).stat().st_size:
-        raise ValueError(f"{path}: the last record ends at byte {offset}, past the end of the file")
-    return entries
-
-
+# ---------------------------------------------------------------------------- framing
 def _check_framing(path: Path, lengths: list[int]) -> None:
     # The index is computed from the payload lengths; make sure the writer framed them as assumed.
     expected = sum(lengths) + FRAMING_BYTES * len(lengths)
@@ -208,12 +158,6 @@ def _check_framing(path: Path, lengths: list[int]) -> None:
 
 
 # ---------------------------------------------------------------------------- staging
-def temp_path(path: str | os.PathLike) -> Path:
-    """The temporary name a file is written under before it is renamed to `path` (same directory)."""
-    path = Path(path)
-    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
-
-
 def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
     """Delete temporaries left in `directory` by an interrupted run; returns what was removed."""
     directory = Path(directory)

@@ -29,14 +29,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
-from common.cli import write_json_atomic
-from common.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
+from common.base.files import write_json_atomic
+from common.io.formats import cosmoflow as cosmo_format
+from common.io.formats import deepcam as deepcam_format
+from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
+from common.io.tfrecord import FramingError, data_crc_error, iter_frames, read_fully
 from data_prep import tfrecords
-from data_prep.crc32c import masked_crc32c
 
 # Problem kinds, in report order, with what each means.
 KINDS = {
@@ -55,10 +57,7 @@ KINDS = {
     "range": "values outside the range the format allows",
     "overlap": "the same file or sample is in two splits",
 }
-COSMO_TARGET_RANGE = (-1.0, 1.0)  # unitPar: cosmo-synth maps each parameter's prior range linearly onto it
-DEEPCAM_CLASSES = (0, 1, 2)  # background, tropical cyclone, atmospheric river
 CHUNK = 8 << 20
-HEADER_BYTES = 12  # uint64 length, masked CRC32C of the length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,58 +96,51 @@ class RecordSpec:
 
 def record_spec(manifest: Manifest) -> tuple[RecordSpec | None, list[Finding]]:
     """The record layout of the manifest's format, or None and the findings saying why it has none."""
-    where = MANIFEST_NAME
-    problems = []
     try:
         sample_dtype = np.dtype(manifest.sample_dtype).newbyteorder("<")
     except TypeError:
-        return None, [Finding("manifest", where, None, f"sample_dtype {manifest.sample_dtype!r}", "a numpy dtype")]
-    if manifest.format == "cosmoflow-tfrecord":
-        if manifest.sample_dtype != "int16" or len(manifest.sample_shape) != 4 or manifest.target_shape:
-            problems.append(Finding("manifest", where, None,
-                                    f"sample_dtype {manifest.sample_dtype!r}, sample_shape "
-                                    f"{list(manifest.sample_shape)}, target_shape {manifest.target_shape}",
-                                    "'int16' counts of shape [n, n, n, 4] and a vector target (no target_shape)"))
-        spec = RecordSpec("x", sample_dtype, manifest.sample_shape, "y", np.dtype("<f4"), (manifest.target_size,),
-                          True, _cosmo_values)
+        return None, [Finding("manifest", MANIFEST_NAME, None, f"sample_dtype {manifest.sample_dtype!r}",
+                              "a numpy dtype")]
+    if manifest.format == cosmo_format.FORMAT:
+        problem = cosmo_format.layout_problem(manifest)
+        spec = RecordSpec(cosmo_format.SAMPLE_KEY, sample_dtype, manifest.sample_shape, cosmo_format.TARGET_KEY,
+                          cosmo_format.STORED_TARGET_DTYPE, (manifest.target_size,), True, _cosmo_values)
     else:  # deepcam-tfrecord (load_manifest accepts no other format)
-        target_shape = manifest.target_shape or ()
-        if (manifest.sample_dtype != "float32" or len(manifest.sample_shape) != 3 or manifest.target_dtype != "uint8"
-                or tuple(target_shape) != tuple(manifest.sample_shape[:2])):
-            problems.append(Finding("manifest", where, None,
-                                    f"sample_dtype {manifest.sample_dtype!r}, sample_shape "
-                                    f"{list(manifest.sample_shape)}, target {manifest.target_dtype} {target_shape}",
-                                    "'float32' fields of shape [H, W, 16] and a 'uint8' [H, W] label map"))
-        spec = RecordSpec("data", sample_dtype, manifest.sample_shape, "label", np.dtype("u1"), tuple(target_shape),
-                          False, _deepcam_values)
-    return (None if problems else spec), problems
+        problem = deepcam_format.layout_problem(manifest)
+        spec = RecordSpec(deepcam_format.SAMPLE_KEY, sample_dtype, manifest.sample_shape, deepcam_format.TARGET_KEY,
+                          deepcam_format.STORED_TARGET_DTYPE, tuple(manifest.target_shape or ()), False,
+                          _deepcam_values)
+    if problem:
+        return None, [Finding("manifest", MANIFEST_NAME, None, *problem)]
+    return spec, []
 
 
 def _cosmo_values(x: np.ndarray, y: np.ndarray) -> list[tuple[str, str, str]]:
     problems = []
+    x_name, y_name = cosmo_format.SAMPLE_KEY, cosmo_format.TARGET_KEY
     if x.dtype.kind == "i" and (negative := np.flatnonzero(x < 0)).size:
         position = tuple(int(i) for i in np.unravel_index(negative[0], x.shape))
-        problems.append(("range", f"x holds {negative.size} negative counts (first {x.flat[negative[0]]} at "
-                         f"{position})", "particle counts >= 0"))
+        problems.append(("range", f"{x_name} holds {negative.size} negative counts (first {x.flat[negative[0]]} "
+                         f"at {position})", "particle counts >= 0"))
     if x.dtype.kind == "f":
-        problems += _non_finite("x", x)
-    problems += _non_finite("y", y)
-    low, high = COSMO_TARGET_RANGE
+        problems += _non_finite(x_name, x)
+    problems += _non_finite(y_name, y)
+    low, high = cosmo_format.TARGET_RANGE
     outside = np.isfinite(y) & ((y < low) | (y > high))
     if outside.any():
         values = ", ".join(f"{v:.7g}" for v in y.tolist())  # float32's digits, not float64's
-        problems.append(("range", f"y is [{values}]", f"targets in [{low:g}, {high:g}] (unitPar)"))
+        problems.append(("range", f"{y_name} is [{values}]", f"targets in [{low:g}, {high:g}] (unitPar)"))
     return problems
 
 
 def _deepcam_values(x: np.ndarray, y: np.ndarray) -> list[tuple[str, str, str]]:
-    problems = _non_finite("data", x)
-    bad = np.flatnonzero(~np.isin(y, DEEPCAM_CLASSES))
+    problems = _non_finite(deepcam_format.SAMPLE_KEY, x)
+    classes = deepcam_format.CLASSES
+    bad = np.flatnonzero(~np.isin(y, classes))
     if bad.size:
         position = tuple(int(i) for i in np.unravel_index(bad[0], y.shape))
-        problems.append(("range", f"label holds {bad.size} values outside {set(DEEPCAM_CLASSES)} (first "
-                         f"{y.flat[bad[0]]} at (h, w) = {position})",
-                         f"classes {', '.join(map(str, DEEPCAM_CLASSES))}"))
+        problems.append(("range", f"{deepcam_format.TARGET_KEY} holds {bad.size} values outside {set(classes)} "
+                         f"(first {y.flat[bad[0]]} at (h, w) = {position})", f"classes {', '.join(map(str, classes))}"))
     return problems
 
 
@@ -191,7 +183,7 @@ def check_example(payload: bytes, spec: RecordSpec) -> tuple[list[tuple[str, str
 
 
 def _example_proto():
-    tfrecords._tensorflow()  # quiet start-up; the generated class comes with TensorFlow
+    tfrecords.quiet_tensorflow()  # the generated class comes with TensorFlow
     from tensorflow.core.example import example_pb2
     return example_pb2
 
@@ -274,18 +266,6 @@ def _digest(sha256: str, xxh3_128: str | None) -> tuple[str, str, object]:
     return "sha256", sha256, hashlib.sha256()
 
 
-def _read(stream, n: int) -> bytes:
-    """Up to n bytes: fewer only at the end of the stream."""
-    parts, missing = [], n
-    while missing > 0:
-        part = stream.read(missing)
-        if not part:
-            break
-        parts.append(part)
-        missing -= len(part)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
 def _present(root: Path, rel: str, expected_bytes: int | None, findings: list[Finding]) -> int | None:
     """The size of listed file `rel`, or None (and a "missing" finding); a "size" finding when it differs."""
     try:
@@ -355,21 +335,21 @@ def check_record_file(root: Path, entry: FileEntry, spec: RecordSpec | None, com
 
 
 def _read_records(reader: _HashingReader, compressed: bool, scan: _Scan) -> None:
+    """Check every record's framing, CRCs and contents; a framing problem ends the file's records."""
     import gzip
     import zlib
     stream = gzip.GzipFile(fileobj=reader, mode="rb") if compressed else reader
     try:
-        for record, payload, stored_crc in _frames(stream, scan):
-            found_crc = masked_crc32c(payload)
-            if found_crc != stored_crc:
-                scan.add("crc", record, f"its {len(payload)} bytes have masked CRC32C {found_crc:#010x}",
-                         f"{stored_crc:#010x}, the CRC stored after them (the record's bytes changed)")
+        for frame in iter_frames(stream, scan.rel):
+            scan.frames.append((frame.offset, frame.size))
+            bad_crc = data_crc_error(frame, scan.rel)
+            if bad_crc is not None:
+                scan.add("crc", frame.number, bad_crc.found, bad_crc.expected)
             elif scan.spec is not None:
-                problems, sample_digest = check_example(payload, scan.spec)
-                for kind, found, expected in problems:
-                    scan.add(kind, record, found, expected)
-                if sample_digest is not None:
-                    scan.samples.append((record, sample_digest))
+                _check_payload(frame.number, frame.payload, scan)
+        scan.complete = True
+    except FramingError as err:
+        scan.add("framing", err.record, err.found, err.expected)
     except (OSError, EOFError, zlib.error) as err:  # a broken GZIP stream, or the disk failing
         scan.add("framing", None, f"reading stops after {len(scan.frames)} whole records: {err}",
                  "a readable file" + (" holding a complete GZIP stream" if compressed else ""))
@@ -378,37 +358,12 @@ def _read_records(reader: _HashingReader, compressed: bool, scan: _Scan) -> None
             stream.close()
 
 
-def _frames(stream, scan: _Scan) -> Iterator[tuple[int, bytes, int]]:
-    """(record number, payload, stored masked data CRC) of each record of a TFRecord stream.
-
-    Framing problems are added to `scan` and end the iteration: past a bad length, no record can be found.
-    """
-    offset = 0
-    while True:
-        record = len(scan.frames)
-        header = _read(stream, HEADER_BYTES)
-        if not header:
-            scan.complete = True
-            return
-        if len(header) < HEADER_BYTES:
-            scan.add("framing", record, f"the file ends {len(header)} bytes into the length header at byte {offset}",
-                     f"{HEADER_BYTES} bytes of length and length CRC")
-            return
-        length, stored = int.from_bytes(header[:8], "little"), int.from_bytes(header[8:], "little")
-        if masked_crc32c(header[:8]) != stored:
-            scan.add("framing", record, f"the length field at byte {offset} (reading {length}) fails its CRC "
-                     f"({masked_crc32c(header[:8]):#010x}, stored {stored:#010x})",
-                     "an intact length; the records after it cannot be located")
-            return
-        payload = _read(stream, length)
-        crc = _read(stream, 4) if len(payload) == length else b""
-        if len(crc) < 4:
-            scan.add("framing", record, f"the file ends {len(payload) + len(crc)} bytes after the length header of "
-                     f"the record at byte {offset}", f"{length} bytes of data and 4 of CRC, as its length field says")
-            return
-        scan.frames.append((offset, length + tfrecords.FRAMING_BYTES))
-        yield record, payload, int.from_bytes(crc, "little")
-        offset += length + tfrecords.FRAMING_BYTES
+def _check_payload(record: int, payload: bytes, scan: _Scan) -> None:
+    problems, sample_digest = check_example(payload, scan.spec)
+    for kind, found, expected in problems:
+        scan.add(kind, record, found, expected)
+    if sample_digest is not None:
+        scan.samples.append((record, sample_digest))
 
 
 def _check_index(root: Path, entry: FileEntry, scan: _Scan, counter: _Counter) -> None:
@@ -418,7 +373,7 @@ def _check_index(root: Path, entry: FileEntry, scan: _Scan, counter: _Counter) -
     kind, expected, digest = _digest(entry.index_sha256, entry.index_xxh3_128)
     with open(root / entry.index, "rb") as raw:
         reader = _HashingReader(raw, digest, counter)
-        text = _read(reader, (root / entry.index).stat().st_size + 1)
+        text = read_fully(reader, (root / entry.index).stat().st_size + 1)
     _check_digest(entry.index, kind, expected, digest.hexdigest(), scan.findings)
     lines = text.decode("utf-8", errors="replace").splitlines()
     bad = []

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from common.config import CheckpointConfig, DistConfig, MlperfConfig, RunConfig, StagedDataConfig, _check
+from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, RunConfig, StagedDataConfig,
+                                   TrainConfig, check)
 
 LOADERS = ("auto", "tfdata", "dali")
 NORMALIZATIONS = ("minmax", "meanstd")
@@ -32,14 +33,14 @@ class DeepCamDataConfig(StagedDataConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check(self.loader in LOADERS, "data.loader", self.loader, f"one of {list(LOADERS)}")
-        _check(self.normalization in NORMALIZATIONS, "data.normalization", self.normalization,
+        check(self.loader in LOADERS, "data.loader", self.loader, f"one of {list(LOADERS)}")
+        check(self.normalization in NORMALIZATIONS, "data.normalization", self.normalization,
                f"one of {list(NORMALIZATIONS)}")
-        _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
-        _check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
-        _check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")
-        _check(self.train_samples >= 0, "data.train_samples", self.train_samples, ">= 0 (0 accepts any count)")
-        _check(self.val_samples >= 0, "data.val_samples", self.val_samples, ">= 0 (0 accepts any count)")
+        check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, ">= 1")
+        check(self.read_threads >= 1, "data.read_threads", self.read_threads, ">= 1")
+        check(self.prefetch >= 1, "data.prefetch", self.prefetch, ">= 1")
+        check(self.train_samples >= 0, "data.train_samples", self.train_samples, ">= 0 (0 accepts any count)")
+        check(self.val_samples >= 0, "data.val_samples", self.val_samples, ">= 0 (0 accepts any count)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +53,12 @@ class DeepCamModelConfig:
     middle_blocks: int = 16  # Xception middle-flow blocks; 16 is the reference (fewer: quick smoke tests)
 
     def __post_init__(self):
-        _check(len(self.input_shape) == 3, "model.input_shape", list(self.input_shape), "[H, W, C]")
-        _check(all(s % 16 == 0 and s > 0 for s in self.input_shape[:2]), "model.input_shape",
+        check(len(self.input_shape) == 3, "model.input_shape", list(self.input_shape), "[H, W, C]")
+        check(all(s % 16 == 0 and s > 0 for s in self.input_shape[:2]), "model.input_shape",
                list(self.input_shape), "H and W positive multiples of 16 (output stride 16)")
-        _check(self.num_classes >= 2, "model.num_classes", self.num_classes, ">= 2")
-        _check(0 < self.width <= 4, "model.width", self.width, "in (0, 4]")
-        _check(self.middle_blocks >= 1, "model.middle_blocks", self.middle_blocks, ">= 1 (the reference has 16)")
+        check(self.num_classes >= 2, "model.num_classes", self.num_classes, ">= 2")
+        check(0 < self.width <= 4, "model.width", self.width, "in (0, 4]")
+        check(self.middle_blocks >= 1, "model.middle_blocks", self.middle_blocks, ">= 1 (the reference has 16)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +73,13 @@ class DeepCamOptimizerConfig:
     max_grad_norm: float = 1.0  # LAMB only: global gradient-norm clipping, as apex's FusedLAMB
 
     def __post_init__(self):
-        _check(self.name in ("LAMB", "AdamW", "Adam"), "optimizer.name", self.name, "LAMB, AdamW or Adam")
-        _check(self.lr > 0, "optimizer.lr", self.lr, "> 0")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
+        check(self.name in ("LAMB", "AdamW", "Adam"), "optimizer.name", self.name, "LAMB, AdamW or Adam")
+        check(self.lr > 0, "optimizer.lr", self.lr, "> 0")
+        check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
                list(self.betas), "two values in [0, 1)")
-        _check(self.eps > 0, "optimizer.eps", self.eps, "> 0")
-        _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, ">= 0")
-        _check(self.max_grad_norm > 0, "optimizer.max_grad_norm", self.max_grad_norm, "> 0")
+        check(self.eps > 0, "optimizer.eps", self.eps, "> 0")
+        check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, ">= 0")
+        check(self.max_grad_norm > 0, "optimizer.max_grad_norm", self.max_grad_norm, "> 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +95,15 @@ class DeepCamScheduleConfig:
     eta_min: float = 0.0
 
     def __post_init__(self):
-        _check(self.type in ("multistep", "cosine_annealing"), "schedule.type", self.type,
+        check(self.type in ("multistep", "cosine_annealing"), "schedule.type", self.type,
                "multistep or cosine_annealing")
-        _check(self.warmup_steps >= 0, "schedule.warmup_steps", self.warmup_steps, ">= 0")
-        _check(self.warmup_factor >= 1, "schedule.warmup_factor", self.warmup_factor, ">= 1")
-        _check(list(self.milestones) == sorted(set(self.milestones)) and all(m > 0 for m in self.milestones),
+        check(self.warmup_steps >= 0, "schedule.warmup_steps", self.warmup_steps, ">= 0")
+        check(self.warmup_factor >= 1, "schedule.warmup_factor", self.warmup_factor, ">= 1")
+        check(list(self.milestones) == sorted(set(self.milestones)) and all(m > 0 for m in self.milestones),
                "schedule.milestones", list(self.milestones), "strictly increasing positive steps")
-        _check(0 < self.decay_rate <= 1, "schedule.decay_rate", self.decay_rate, "in (0, 1]")
-        _check(self.t_max >= 1, "schedule.t_max", self.t_max, ">= 1")
-        _check(self.eta_min >= 0, "schedule.eta_min", self.eta_min, ">= 0")
+        check(0 < self.decay_rate <= 1, "schedule.decay_rate", self.decay_rate, "in (0, 1]")
+        check(self.t_max >= 1, "schedule.t_max", self.t_max, ">= 1")
+        check(self.eta_min >= 0, "schedule.eta_min", self.eta_min, ">= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,32 +114,27 @@ class DeepCamLossConfig:
     weight_power: float = -0.125
 
     def __post_init__(self):
-        _check(all(f > 0 for f in self.class_frequencies), "loss.class_frequencies",
+        check(all(f > 0 for f in self.class_frequencies), "loss.class_frequencies",
                list(self.class_frequencies), "all > 0")
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepCamTrainConfig:
-    """Epoch budget, batch size per rank, evaluation cadence and the quality target."""
+class DeepCamTrainConfig(TrainConfig):
+    """The shared train section with DeepCAM's defaults, an IoU target, and the reference's two extra keys."""
 
     max_epochs: int = 200
     local_batch_size: int = 2
     target: float = 0.82
-    eval_every: int = 1  # epochs between evaluations (the reference: every epoch)
-    eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead
     batchnorm_group_size: int = 1  # ranks whose batch-norm statistics are combined (1: per rank)
     gradient_accumulation_frequency: int = 1
 
     def __post_init__(self):
-        _check(self.max_epochs >= 1, "train.max_epochs", self.max_epochs, ">= 1")
-        _check(self.local_batch_size >= 1, "train.local_batch_size", self.local_batch_size, ">= 1")
-        _check(0 < self.target <= 1, "train.target", self.target, "in (0, 1]")
-        _check(self.eval_every >= 1, "train.eval_every", self.eval_every, ">= 1")
-        _check(self.eval_every_steps >= 0, "train.eval_every_steps", self.eval_every_steps, ">= 0")
-        _check(self.batchnorm_group_size == 1, "train.batchnorm_group_size", self.batchnorm_group_size,
-               "1 (batch-norm statistics across ranks are not implemented)")
-        _check(self.gradient_accumulation_frequency == 1, "train.gradient_accumulation_frequency",
-               self.gradient_accumulation_frequency, "1 (gradient accumulation is not implemented)")
+        super().__post_init__()
+        check(0 < self.target <= 1, "train.target", self.target, "in (0, 1]")
+        check(self.batchnorm_group_size == 1, "train.batchnorm_group_size", self.batchnorm_group_size,
+              "1 (batch-norm statistics across ranks are not implemented)")
+        check(self.gradient_accumulation_frequency == 1, "train.gradient_accumulation_frequency",
+              self.gradient_accumulation_frequency, "1 (gradient accumulation is not implemented)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,5 +151,5 @@ class DeepCamConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
 
     def __post_init__(self):
-        _check(len(self.loss.class_frequencies) == self.model.num_classes, "loss.class_frequencies",
+        check(len(self.loss.class_frequencies) == self.model.num_classes, "loss.class_frequencies",
                list(self.loss.class_frequencies), f"one frequency per class ({self.model.num_classes})")

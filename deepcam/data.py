@@ -7,7 +7,7 @@ where m is N // ranks rounded down to a multiple of the local batch (so fewer th
 samples are left out). An epoch is exactly a rank's m records, reshuffled every epoch when
 shuffling; every evaluation reads each rank's whole validation block. With data.stage_mode=node_share
 a rank reads instead its part of its node's share of the files, divided afresh every epoch
-(common/sharding.py). The datasets repeat and yield
+(common/io/sharding.py). The datasets repeat and yield
 (B, H, W, 16) float32 fields normalised per channel from the dataset's stats.h5, and (B, H, W)
 int32 labels. Both loaders give the same tensors when shuffling is off.
 """
@@ -22,21 +22,17 @@ from typing import Sequence
 
 import numpy as np
 
-from common.dist import DistEnv
-from common.errors import BenchError
-from common.hdf5 import open_file, reading
-from common.loader import checksums_wanted, resolve_loader
-from common.loop import Datasets
-from common.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_shard_files, check_split_counts,
-                             load_manifest, record_bytes)
-from common.sharding import dali_reader_sharding, local_files_dataset, node_share
+from common.base.errors import BenchError
+from common.io.datasets import Datasets
+from common.io.formats import TRAIN, VALIDATION
+from common.io.formats import deepcam as record_format
+from common.io.formats.deepcam import CHANNELS, FORMAT, STATS_AUX, STATS_NAME, read_stats
+from common.io.loader import checksums_wanted, resolve_loader
+from common.io.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_shard_files, check_split_counts,
+                                load_manifest, record_bytes)
+from common.io.sharding import dali_reader_sharding, local_files_dataset, node_share
+from common.runtime.dist import DistEnv
 from deepcam.config import DeepCamDataConfig
-
-FORMAT = "deepcam-tfrecord"
-CHANNELS = 16
-STATS_NAME = "stats.h5"
-STATS_KEYS = ("count", "mean", "sqmean", "minval", "maxval")  # group `climate`, each (CHANNELS,)
-TRAIN, VALIDATION = "train", "validation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +74,7 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
     """
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, image_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
-    stats_path = check_aux_file(manifest, "stats")
+    stats_path = check_aux_file(manifest, STATS_AUX)
     shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
@@ -117,11 +113,9 @@ def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: di
     if tuple(manifest.sample_shape) != tuple(image_shape):
         raise BenchError(f"{where}: samples have shape {list(manifest.sample_shape)} (H, W, C), but the config "
                          f"expects {list(image_shape)}; convert data of that size or change the config")
-    height, width, _ = manifest.sample_shape
-    found = (manifest.sample_dtype, manifest.target_shape, manifest.target_dtype)
-    if found != ("float32", (height, width), "uint8"):
-        raise BenchError(f"{where}: sample_dtype, target_shape, target_dtype are {found}, expected "
-                         f"('float32', {(height, width)}, 'uint8'); reconvert with deepcam-convert")
+    problem = record_format.layout_problem(manifest)
+    if problem:
+        raise BenchError(f"{where}: {problem[0]}, expected {problem[1]}; reconvert with deepcam-convert")
     check_split_counts(manifest, {split: expected[split] for split in (TRAIN, VALIDATION)}, where)
 
 
@@ -151,30 +145,6 @@ def _pieces(manifest: Manifest, split: str, first: int, count: int) -> tuple[Pie
 
 
 # ---------------------------------------------------------------------------- normalisation
-def read_stats(path: str | Path) -> dict[str, np.ndarray]:
-    """The per-channel statistics of a stats.h5 file: name -> (16,) float64, checked finite."""
-    import h5py
-    expected = ", ".join(f"climate/{k}" for k in STATS_KEYS)
-    with reading(path), open_file(path) as f:
-        group = f.get("climate")
-        if not isinstance(group, h5py.Group):
-            raise BenchError(f"{path}: no group 'climate' (found {sorted(f.keys(), key=str)}); expected "
-                             f"{expected}, each of shape ({CHANNELS},)")
-        stats = {}
-        for key in STATS_KEYS:
-            values = group.get(key)
-            if not isinstance(values, h5py.Dataset):
-                raise BenchError(f"{path}: no dataset 'climate/{key}' (found {sorted(group.keys(), key=str)}); "
-                                 f"expected {expected}, each of shape ({CHANNELS},)")
-            if values.shape != (CHANNELS,) or values.dtype.kind not in "iuf":
-                raise BenchError(f"{path}: climate/{key} is {values.dtype} with shape {values.shape}, expected "
-                                 f"({CHANNELS},) numbers, one per channel")
-            stats[key] = np.asarray(values[()], dtype=np.float64)
-            if not np.all(np.isfinite(stats[key])):
-                raise BenchError(f"{path}: climate/{key} is {stats[key].tolist()}, expected finite numbers")
-    return stats
-
-
 def normalization_constants(stats: dict[str, np.ndarray], kind: str,
                             where: str | Path = STATS_NAME) -> tuple[np.ndarray, np.ndarray]:
     """(shift, divisor), each (16,) float32, for x -> (x - shift) / divisor per channel.
@@ -244,15 +214,11 @@ def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, ba
 
 def _record_parser(sample_shape: Sequence[int]):
     import tensorflow as tf
-    features = {"data": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.string)}
-    height, width, channels = (int(s) for s in sample_shape)
+    features = record_format.tf_features()
 
     def parse(record):
-        example = tf.io.parse_single_example(record, features)
-        x = tf.io.decode_raw(example["data"], tf.float32, little_endian=True)
-        y = tf.io.decode_raw(example["label"], tf.uint8)
-        # Reshape fails on a record of the wrong size.
-        return tf.reshape(x, [height, width, channels]), tf.reshape(y, [height, width])
+        # (H, W, C) float32, (H, W) uint8; fails on a record of the wrong size
+        return record_format.tf_decode(tf.io.parse_single_example(record, features), sample_shape)
 
     return parse
 
@@ -304,20 +270,15 @@ def _block_indexes(shard: Shard) -> tuple[str, list[str]]:
 def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[int], cfg: DeepCamDataConfig,
                    batch: int, shuffle: bool, seed: int, device_id: int | None):
     import nvidia.dali.fn as fn
-    import nvidia.dali.tfrecord as tfrec
-    from nvidia.dali import pipeline_def, types
-    height, width, channels = sample_shape
+    from nvidia.dali import pipeline_def
 
     @pipeline_def(batch_size=batch, num_threads=cfg.read_threads, device_id=device_id, seed=seed,
                   prefetch_queue_depth=cfg.prefetch)
     def pipeline():
         record = fn.readers.tfrecord(
-            path=[p.path for p in shard.pieces], index_path=index_files,
-            features={"data": tfrec.FixedLenFeature((), tfrec.string, ""),
-                      "label": tfrec.FixedLenFeature((), tfrec.string, "")},
+            path=[p.path for p in shard.pieces], index_path=index_files, features=record_format.dali_features(),
             initial_fill=cfg.shuffle_buffer, name="reader", **dali_reader_sharding(shard.local, shuffle))
-        x = fn.reinterpret(record["data"], dtype=types.FLOAT, shape=[height, width, channels])  # (H, W, C)
-        y = fn.reinterpret(record["label"], dtype=types.UINT8, shape=[height, width])  # (H, W)
+        x, y = record_format.dali_decode(record, sample_shape)  # (H, W, C) float32, (H, W) uint8
         if device_id is not None:
             x, y = x.gpu(), y.gpu()
         return x, y
@@ -342,9 +303,8 @@ def read_error(cfg: DeepCamDataConfig, local_batch: int, dist: DistEnv, err: Exc
 def find_bad_record(paths: Sequence[str], manifest: Manifest) -> str | None:
     """The first problem in the record files `paths`: a bad frame or CRC, a foreign record, a wrong size."""
     import tensorflow as tf
-    height, width, channels = manifest.sample_shape
-    expected = {"data": height * width * channels * 4, "label": height * width}  # bytes per feature
-    features = {key: tf.io.FixedLenFeature([], tf.string) for key in expected}
+    expected = record_format.feature_bytes(manifest.sample_shape)
+    features = record_format.tf_features()
     compression = "GZIP" if manifest.compression == "gzip" else ""
     for path in paths:
         good = 0  # records read intact so far; the next one is the culprit
@@ -362,9 +322,8 @@ def find_bad_record(paths: Sequence[str], manifest: Manifest) -> str | None:
                     f"longer matches its sha256 in the manifest (data.verify_checksums=true finds such files "
                     f"up front): reconvert it")
         except tf.errors.InvalidArgumentError as bad:
-            return (f"{path}: record {good} is not a DeepCAM example with 'data' and 'label' bytes "
-                    f"({bad.message.splitlines()[0]})")
+            return f"{path}: record {good} is not {record_format.describe()} ({bad.message.splitlines()[0]})"
         except UnicodeDecodeError:  # TensorFlow quotes a payload that is no Example in its error, undecodable
-            return (f"{path}: record {good} is not a tf.train.Example (its bytes do not parse as one); expected a "
-                    f"DeepCAM example with 'data' and 'label' bytes")
+            return (f"{path}: record {good} is not a tf.train.Example (its bytes do not parse as one); expected "
+                    f"{record_format.describe()}")
     return None

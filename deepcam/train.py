@@ -1,47 +1,74 @@
 """Train DeepCAM to its quality target: `python deepcam/train.py CONFIG [key=value ...]`.
 
 Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
-mlperf.log (MLPerf HPC events, rank 0) and summary.json. Exit codes: 0 IoU target reached,
-1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss,
+mlperf.log (MLPerf HPC events, rank 0), summary.json and io_report.json. Exit codes: 0 IoU target
+reached, 1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss,
 75 stopped by SIGTERM or SIGUSR1 (after a checkpoint; resume with checkpoint.resume=true).
+With dist.elastic.enabled=true ranks may die or join (docs/faults.md).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 
-from common.app import Application, Built, run_application
-from common.dist import DistEnv
-from common.loop import Datasets
-from deepcam.data import build_datasets, files_read, read_error
+from common.base.cli import guarded
+from common.runtime.config import load_config
+from common.runtime.dist import init_distributed
+from common.runtime.loop import Trainee
+from common.runtime.run import Run, choose_strategy, parse_args
+from common.runtime.strategy import DataParallel
 from deepcam.config import DeepCamConfig
+from deepcam.data import build_datasets, files_read, read_error
+
+BENCHMARK = "deepcam"
 
 
-def build_everything(cfg: DeepCamConfig, dist: DistEnv) -> Built:
-    """Model, optimizer, step-based schedule and loss for this rank (in init: no data is read)."""
+def main(argv=None) -> int:
+    args = parse_args(__doc__, argv)
+    return guarded(lambda: train(args.config, args.overrides))
+
+
+def train(config: str, overrides: list[str]) -> int:
+    """One MLPerf run of DeepCAM; returns the exit code."""
+    cfg = load_config(config, overrides, DeepCamConfig)
+    dist = init_distributed(cfg.dist)
+    strategy = choose_strategy(cfg, dist)  # data parallel or elastic
+    stage_files = functools.partial(rank_files, cfg)
+    with Run.open(BENCHMARK, cfg, dist) as run:  # resume point, config.yaml, MLPerf log, stop signals
+        run.stage(stage_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
+        run.init_start()
+        trainee = build(cfg, strategy)  # model, optimizer, schedule, loss, metric: no data read in init
+        run.init_stop(strategy, hyperparameters(cfg))
+        run.start()  # run_start: the timed part
+        data_cfg = run.stage(stage_files, "in_run")
+        data = input_pipeline(cfg, data_cfg, strategy, run.input_seed())
+        run.input_ready(data)
+        result = run.fit(strategy, trainee, data,
+                         rebuild=lambda layout, seed: (build(cfg, layout), input_pipeline(cfg, data_cfg, layout, seed)),
+                         read_error=lambda err: read_error(data_cfg, cfg.train.local_batch_size, strategy.input_dist,
+                                                           err))
+    return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json
+
+
+def build(cfg: DeepCamConfig, strategy: DataParallel) -> Trainee:
+    """Model, optimizer, step-based schedule, weighted loss and IoU metric for this rank."""
     import keras
-    from deepcam.metrics import WeightedCrossEntropy, class_weights
+    from deepcam.metrics import MeanIoU, WeightedCrossEntropy, class_weights
     from deepcam.model import build_model
     from deepcam.optim import StepSchedule, build_optimizer
-    keras.utils.set_random_seed(cfg.run.seed + dist.rank)
+    keras.utils.set_random_seed(strategy.model_seed(cfg.run.seed))
     model = build_model(**dataclasses.asdict(cfg.model))
     steps = StepSchedule.from_config(cfg.optimizer, cfg.schedule)
     optimizer = build_optimizer(cfg.optimizer, steps.at_step(0))
     loss = WeightedCrossEntropy(class_weights(cfg.loss.class_frequencies, cfg.loss.weight_power))
-    return Built(model, optimizer, schedule=lambda data: steps.per_epoch(data.train_steps), extra={"loss": loss})
+    return Trainee(model, optimizer, loss, MeanIoU(cfg.model.num_classes),
+                   schedule_for=lambda data: steps.per_epoch(data.train_steps))
 
 
-def build_data(data_cfg, cfg: DeepCamConfig, dist: DistEnv) -> Datasets:
-    return build_datasets(data_cfg, cfg.model.input_shape, cfg.train.local_batch_size, dist, cfg.run.seed)
-
-
-def rank_files(cfg: DeepCamConfig, manifest, rank: int, ranks: int) -> list[str]:
-    return files_read(manifest, rank, ranks, cfg.train.local_batch_size)
-
-
-def mlperf_keys(cfg: DeepCamConfig, dist: DistEnv, built: Built) -> dict:
+def hyperparameters(cfg: DeepCamConfig) -> dict:
     """Every key the hpc 3.0.0 DeepCAM rules ask for in init (closed division checks their values); the
-    scale keys and, after run_start, the dataset sizes are logged by common.app."""
+    scale keys and, after run_start, the dataset sizes are logged by the run."""
     from deepcam.optim import mlperf_optimizer_keys
     return ({"seed": cfg.run.seed}
             | {"batchnorm_group_size": cfg.train.batchnorm_group_size,
@@ -49,22 +76,13 @@ def mlperf_keys(cfg: DeepCamConfig, dist: DistEnv, built: Built) -> dict:
             | mlperf_optimizer_keys(cfg.optimizer, cfg.schedule))
 
 
-def read_failure(cfg: DeepCamConfig, data_cfg, dist: DistEnv, err: Exception) -> Exception:
-    return read_error(data_cfg, cfg.train.local_batch_size, dist, err)
+def input_pipeline(cfg: DeepCamConfig, data_cfg, strategy: DataParallel, seed: int):
+    return build_datasets(data_cfg, cfg.model.input_shape, cfg.train.local_batch_size, strategy.input_dist, seed)
 
 
-def loss_and_metric(cfg: DeepCamConfig, built: Built):
-    from deepcam.metrics import MeanIoU
-    return built.extra["loss"], MeanIoU(cfg.model.num_classes)
-
-
-APP = Application(benchmark="deepcam", schema=DeepCamConfig, metric_name="iou", build=build_everything,
-                  build_data=build_data, rank_files=rank_files, mlperf_keys=mlperf_keys, loss_and_metric=loss_and_metric,
-                  read_error=read_failure, description=__doc__)
-
-
-def main(argv=None) -> int:
-    return run_application(APP, argv)
+def rank_files(cfg: DeepCamConfig, manifest, rank: int, ranks: int) -> list[str]:
+    """The dataset paths rank `rank` of `ranks` reads (what data.stage_mode=rank stages)."""
+    return files_read(manifest, rank, ranks, cfg.train.local_batch_size)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from common.cli import guarded
+from common.base.cli import guarded
 from jobs import __doc__ as DOC
 
 

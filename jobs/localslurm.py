@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from common.cli import guarded
-from common.errors import BenchError
+from common.base.cli import guarded
+from common.base.errors import BenchError
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scancel")
 

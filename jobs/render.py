@@ -13,7 +13,7 @@ import re
 import shlex
 from pathlib import Path
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from jobs.site import Site
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -229,7 +229,7 @@ def _single(site: Site, job: Job) -> list[str]:
             _command(launcher(site, job.nodes)) + f' "$PYTHON" "$SUITE_DIR/{job.bench}/train.py" "$CONFIG" \\',
             '    "${SETTINGS[@]}" "run.output_dir=$RUN_DIR" || rc=$?',
             "# exit 0: target reached, 1: not reached, 2: bad input, 3: non-finite loss; the log is checked in any case",
-            '"$DRIVER_PYTHON" -m common.compliance "$RUN_DIR" || true',
+            '"$DRIVER_PYTHON" -m common.campaign.compliance "$RUN_DIR" || true',
             'exit "$rc"']
 
 

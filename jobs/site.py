@@ -1,6 +1,6 @@
 """A site description: what a batch job on one system needs (jobs/sites/*.yaml; docs/jobs.md).
 
-The YAML is read into frozen dataclasses by common.config's builder: unknown keys and wrong types are
+The YAML is read into frozen dataclasses by common.runtime.config's builder: unknown keys and wrong types are
 errors naming the key. `check_site` then refuses what cannot make a working job (a scheduler without
 its launcher's essentials, a container without an image, paths that must be absolute).
 """
@@ -13,8 +13,8 @@ from typing import Literal
 
 import yaml
 
-from common.config import build
-from common.errors import BenchError
+from common.runtime.config import build
+from common.base.errors import BenchError
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
 SCHEDULERS = ("slurm", "lsf", "pbs", "pjsub", "local")

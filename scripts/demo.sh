@@ -11,7 +11,8 @@ DEMO_DIR=${DEMO_DIR:-demo}
 HOROVODRUN="$(dirname "$PY")/horovodrun"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 STAMP=$(date +%Y%m%d-%H%M%S)
-# Node-local directory the runs stage their data into (timed, as MLPerf HPC does); removed after each run.
+# Node-local directory below which each run stages its data (timed, as MLPerf HPC does) into a directory of
+# its own, removed after the run (STAGE_DIR itself is left alone).
 STAGE_DIR=${STAGE_DIR:-$DEMO_DIR/stage}
 runs=()
 failed=0
@@ -22,38 +23,34 @@ seconds_since() { echo $(( $(date +%s) - $1 )); }
 # shellcheck source=scripts/mini_data.sh
 source scripts/mini_data.sh
 
-demo_cosmoflow() {
-    local data="$DEMO_DIR/data/cosmo_mini" run="$DEMO_DIR/runs/cosmoflow-$STAMP" t0
+# demo_run NAME BENCH CONFIG DATA MAKE_DATA TARGET CHECK: generate DATA once, train BENCH with CONFIG, check the log.
+# Each run stages into a directory of its own below $STAGE_DIR, and only that directory is removed after it.
+demo_run() {
+    local name=$1 bench=$2 config=$3 data=$4 make_data=$5 target=$6 check=$7
+    local run="$DEMO_DIR/runs/$bench-$STAMP" stage="$STAGE_DIR/$bench-$STAMP" t0 t1 rc
     t0=$(date +%s)
-    cosmo_mini_data "$data" || return 1
-    say "CosmoFlow: training with horovodrun -np $NP to validation MAE < 0.124 (output: $run)"
-    local t1; t1=$(date +%s)
-    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" "$PY" cosmoflow/train.py cosmoflow/configs/cosmo_mini.yaml \
-        "data.dir=$data/tfrecords" "run.output_dir=$run" "data.stage_dir=$STAGE_DIR" data.stage_mode=node
-    local rc=$?
-    rm -rf "$STAGE_DIR"
+    "$make_data" "$data" || return 1
+    say "$name: training with horovodrun -np $NP to $target (output: $run)"
+    t1=$(date +%s)
+    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" "$PY" "$bench/train.py" "$config" \
+        "data.dir=$data/tfrecords" "run.output_dir=$run" "data.stage_dir=$stage" data.stage_mode=node
+    rc=$?
+    rm -rf "$stage"
     echo "training took $(seconds_since "$t1") s (exit $rc); data + training: $(seconds_since "$t0") s"
     runs+=("$run")
-    say "CosmoFlow: MLPerf compliance check (hpc 3.0.0)"
-    "$PY" -m common.compliance "$run" || rc=1
+    say "$name: MLPerf compliance check ($check)"
+    "$PY" -m common.campaign.compliance "$run" || rc=1
     return $rc
 }
 
+demo_cosmoflow() {
+    demo_run CosmoFlow cosmoflow cosmoflow/configs/cosmo_mini.yaml "$DEMO_DIR/data/cosmo_mini" cosmo_mini_data \
+        "validation MAE < 0.124" "hpc 3.0.0"
+}
+
 demo_deepcam() {
-    local data="$DEMO_DIR/data/deepcam_mini" run="$DEMO_DIR/runs/deepcam-$STAMP" t0
-    t0=$(date +%s)
-    deepcam_mini_data "$data" || return 1
-    say "DeepCAM: training with horovodrun -np $NP to IoU >= 0.82 (output: $run)"
-    local t1; t1=$(date +%s)
-    "$HOROVODRUN" -np "$NP" -H "localhost:$NP" "$PY" deepcam/train.py deepcam/configs/deepcam_mini.yaml \
-        "data.dir=$data/tfrecords" "run.output_dir=$run" "data.stage_dir=$STAGE_DIR" data.stage_mode=node
-    local rc=$?
-    rm -rf "$STAGE_DIR"
-    echo "training took $(seconds_since "$t1") s (exit $rc); data + training: $(seconds_since "$t0") s"
-    runs+=("$run")
-    say "DeepCAM: MLPerf compliance check (hpc 3.0.0, open division)"
-    "$PY" -m common.compliance "$run" || rc=1
-    return $rc
+    demo_run DeepCAM deepcam deepcam/configs/deepcam_mini.yaml "$DEMO_DIR/data/deepcam_mini" deepcam_mini_data \
+        "IoU >= 0.82" "hpc 3.0.0, open division"
 }
 
 for bench in "$@"; do
@@ -66,6 +63,6 @@ done
 
 if [ ${#runs[@]} -gt 0 ]; then
     say "Summary"
-    "$PY" -m common.summary "${runs[@]}" || failed=1
+    "$PY" -m common.runtime.summary "${runs[@]}" || failed=1
 fi
 exit $failed

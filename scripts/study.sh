@@ -47,5 +47,5 @@ for round in $(seq 1 "$SEEDS"); do
     done
 done
 say "analysis report in $REPORT_DIR"
-"$PY" -m common.analysis report "$STUDY_DIR"/b4 "$STUDY_DIR"/b8 "$STUDY_DIR"/b16 --out "$REPORT_DIR" \
+"$PY" -m common.campaign.analysis report "$STUDY_DIR"/b4 "$STUDY_DIR"/b8 "$STUDY_DIR"/b16 --out "$REPORT_DIR" \
     --predict cosmoflow:2:16 --predict cosmoflow:2:8 --predict cosmoflow:4:16

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from cosmoflow.config import CosmoModelConfig
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 
 JOB = "worker"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,17 +83,6 @@ def whole_groups(spatial: tuple[int, int], count: int, units: str, where: str) -
         raise BenchError(f"{where}: {count} {units} are not divisible by {parts} partitions (each group of "
                          f"{parts} holds one sample's blocks)")
     return count // parts
-
-
-def check_hybrid(cfg: Any, size: int) -> None:
-    """Every check of a hybrid run that needs no data: the cube's split (the mesh planner's own checks),
-    whole groups of ranks, and the data options the path supports. Raises BenchError."""
-    from cosmoflow.mesh.model import check_partitioning  # imports TensorFlow and Mesh-TF
-    check_partitioning(cfg.model, cfg.parallel.spatial)
-    group_layout(0, size, cfg.parallel.spatial)
-    if cfg.data.stage_dir and cfg.data.stage_mode == "node_share":
-        raise BenchError(f"data.stage_mode node_share with parallel.spatial {list(cfg.parallel.spatial)}: the "
-                         f"hybrid path reads through one rank per group; use data.stage_mode node or rank")
 
 
 def data_view(dist: Any, layout: GroupLayout) -> Any:

@@ -21,32 +21,76 @@ from typing import Any, Callable
 
 import numpy as np
 
-from common.app import Built
-from common.dist import DistEnv
-from common.loop import Metric, Steps, batch_sums
+from common.base.errors import BenchError
+from common.runtime.dist import DistEnv
+from common.runtime.loop import Metric, Steps, StepsFactory, Trainee, batch_sums
+from common.runtime.strategy import DataParallel
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
-from cosmoflow.mesh.groups import GroupLayout
+from cosmoflow.mesh.groups import GroupLayout, data_view, group_layout
 
 
-def hybrid_built(cfg: Any, dist: DistEnv, layout: GroupLayout, base: Built) -> Built:
-    """`base` (the Keras model, optimizer and schedule every rank keeps) trained through the group's mesh.
+class HybridStrategy(DataParallel):
+    """parallel.spatial = [pd, ph], pd * ph > 1: groups of pd * ph ranks each train one replica through Mesh-TF."""
 
-    Collective: every rank calls it (the cluster addresses are exchanged over Horovod).
-    """
-    cluster = start_group_cluster(dist, layout)
-    mesh = GroupMesh.build(cfg, layout, cluster, dist.threads) if layout.is_leader else None
-    if dist.is_root:
-        print(f"hybrid data x spatial: {layout.groups} data-parallel groups of {layout.group_size} ranks, each "
-              f"sample split {layout.name} (depth x height); rank r is task r % {layout.group_size} of group "
-              f"r // {layout.group_size}, whose first rank reads and drives the mesh", flush=True)
-    return dataclasses.replace(
-        base, steps=functools.partial(hybrid_steps, layout=layout, mesh=mesh), data_parallel_size=layout.groups,
-        summary=lambda: hybrid_summary(base.model, layout, dist), extra=base.extra | {"layout": layout})
+    name = "hybrid"
+
+    def __init__(self, cfg: Any, dist: DistEnv):
+        check_hybrid(cfg, dist.size)
+        super().__init__(dist)
+        self.layout = group_layout(dist.rank, dist.size, cfg.parallel.spatial)
+        self.mesh: GroupMesh | None = None
+
+    @property
+    def replicas(self) -> int:
+        return self.layout.groups
+
+    @property
+    def input_dist(self) -> DistEnv:
+        """One reader per group: rank = group, size = groups."""
+        return data_view(self.dist, self.layout)
+
+    @property
+    def reads(self) -> bool:
+        return self.layout.is_leader
+
+    @property
+    def saves_input_position(self) -> bool:
+        return False  # the groups' other ranks read nothing: a resume reseeds the input
+
+    def model_seed(self, seed: int) -> int:
+        return seed + self.layout.group
+
+    def prepare(self, cfg: Any) -> None:
+        """The group's TensorFlow cluster and, on its leader, the Mesh-TF graphs (collective)."""
+        cluster = start_group_cluster(self.dist, self.layout)
+        self.mesh = GroupMesh.build(cfg, self.layout, cluster, self.dist.threads) if self.layout.is_leader else None
+        layout = self.layout
+        if self.dist.is_root:
+            print(f"hybrid data x spatial: {layout.groups} data-parallel groups of {layout.group_size} ranks, each "
+                  f"sample split {layout.name} (depth x height); rank r is task r % {layout.group_size} of group "
+                  f"r // {layout.group_size}, whose first rank reads and drives the mesh", flush=True)
+
+    @property
+    def make_steps(self) -> StepsFactory:
+        return functools.partial(hybrid_steps, layout=self.layout, mesh=self.mesh)
+
+    def mlperf_keys(self) -> dict:
+        """The partitioning, logged beside the usual hyperparameters."""
+        return {"spatial_partitions": self.layout.name, "data_parallel_groups": self.layout.groups}
+
+    def summary(self, trainee: Trainee) -> dict:
+        return hybrid_summary(trainee.model, self.layout, self.dist)
 
 
-def mlperf_keys(layout: GroupLayout) -> dict:
-    """The partitioning, logged beside the usual hyperparameters."""
-    return {"spatial_partitions": layout.name, "data_parallel_groups": layout.groups}
+def check_hybrid(cfg: Any, size: int) -> None:
+    """Every check of a hybrid run that needs no data: the cube's split (the mesh planner's own checks),
+    whole groups of ranks, and the data options the path supports. Raises BenchError."""
+    from cosmoflow.mesh.model import check_partitioning  # imports TensorFlow and Mesh-TF
+    check_partitioning(cfg.model, cfg.parallel.spatial)
+    group_layout(0, size, cfg.parallel.spatial)
+    if cfg.data.stage_dir and cfg.data.stage_mode == "node_share":
+        raise BenchError(f"data.stage_mode node_share with parallel.spatial {list(cfg.parallel.spatial)}: the "
+                         f"hybrid path reads through one rank per group; use data.stage_mode node or rank")
 
 
 # ---------------------------------------------------------------------------- the group's cluster and mesh
@@ -102,10 +146,9 @@ class GroupMesh:
 
 
 # ---------------------------------------------------------------------------- steps
-def hybrid_steps(model: Any, optimizer: Any, loss_fn: Callable, metric: Metric, dist: DistEnv, *,
-                 layout: GroupLayout, mesh: GroupMesh | None) -> Steps:
+def hybrid_steps(trainee: Trainee, dist: DistEnv, *, layout: GroupLayout, mesh: GroupMesh | None) -> Steps:
     """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks)."""
-    runner = _HybridSteps(model, optimizer, loss_fn, metric, dist, layout, mesh)
+    runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
     return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close)
 
 

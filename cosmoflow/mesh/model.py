@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from cosmoflow.config import CosmoModelConfig
 from cosmoflow.mesh.groups import whole_groups
 from cosmoflow.mesh.shim import import_mtf

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from tests.fuzz.readers import UndecodableError
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "0") or 0)  # 0: each test's bounded count

@@ -53,8 +53,9 @@ def deepcam_snapshot(path: str) -> dict:
 
 def deepcam_stats(path: str) -> dict:
     """What the DeepCAM loader reads of stats.h5: the statistics and both normalisations' constants."""
-    from common.errors import BenchError
-    from deepcam.data import normalization_constants, read_stats
+    from common.base.errors import BenchError
+    from common.io.formats.deepcam import read_stats
+    from deepcam.data import normalization_constants
     stats = read_stats(path)
     summary = {"digest": _digest([stats[k] for k in sorted(stats)])}
     for kind in ("minmax", "meanstd"):
@@ -97,9 +98,9 @@ class UndecodableError(Exception):
 
 def app_records(app: str, root: str, shape: tuple, loader: str, verify: bool) -> dict:
     """One epoch of both splits read through the application's pipeline (unshuffled), a read failure turned
-    into the application's error as common/app.py does; a summary of the batches."""
+    into the application's error as common/runtime/app.py does; a summary of the batches."""
     import tensorflow as tf
-    from common.dist import DistEnv
+    from common.runtime.dist import DistEnv
     module, config = _app(app)
     cfg = config(dir=root, shuffle=False, loader=loader, verify_checksums=verify)
     dist = DistEnv()
@@ -114,7 +115,7 @@ def app_records(app: str, root: str, shape: tuple, loader: str, verify: bool) ->
         raise module.read_error(cfg, BATCH, dist, err) from None
     except UnicodeDecodeError as err:
         # What TensorFlow raises for a well-framed record that is no Example: its error message quotes the
-        # payload and cannot be decoded. common/app.py does not catch it yet (docs/fuzzing.md, open finding);
+        # payload and cannot be decoded. common/runtime/app.py does not catch it yet (docs/fuzzing.md, open finding);
         # counted apart so that the rest of the promise is still checked.
         raise UndecodableError(module.read_error(cfg, BATCH, dist, err)) from None
     summary = {"loader": data.loader, "digest": _digest(batches), "finite": all(np.isfinite(b).all() for b in
@@ -136,10 +137,14 @@ def _feature(spec, intact):
 
 def _bad_values(app: str, name: str, value):
     """The same size and type with values no converter writes: negative counts, NaN, a class id of 7."""
+    from common.io.formats import cosmoflow as cosmo_format
+    from common.io.formats import deepcam as deepcam_format
     if isinstance(value, bytes):
-        dtype = {"x": "<i2", "data": "<f4", "label": "u1"}[name]
+        dtype, bad = {cosmo_format.SAMPLE_KEY: (cosmo_format.STORED_SAMPLE_DTYPE, -5),
+                      deepcam_format.SAMPLE_KEY: (deepcam_format.STORED_SAMPLE_DTYPE, np.nan),
+                      deepcam_format.TARGET_KEY: (deepcam_format.STORED_TARGET_DTYPE, 7)}[name]
         array = np.frombuffer(value, dtype).copy()
-        array[len(array) // 2] = {"x": -5, "data": np.nan, "label": 7}[name]
+        array[len(array) // 2] = bad
         return array.tobytes()
     array = np.array(value, np.float32)
     array[0] = np.nan
@@ -155,12 +160,12 @@ def replace_record(app: str, root: str, rel: str, number: int, spec) -> None:
     (bad values of the right size), or a _feature spec; extra names are added as features.
     """
     import tensorflow as tf
-    from common.manifest import load_manifest, write_manifest
+    from common.io.manifest import load_manifest, write_manifest
+    from common.io.tfrecord import read_records
     from data_prep import tfrecords
     root_path = Path(root)
     manifest = load_manifest(root_path)
-    compression = "GZIP" if manifest.compression == "gzip" else ""
-    records = [r.numpy() for r in tf.data.TFRecordDataset(str(root_path / rel), compression_type=compression)]
+    records = [frame.payload for frame in read_records(root_path / rel, manifest.compression)]
     if "raw" in spec:
         records[number] = spec["raw"]
     else:

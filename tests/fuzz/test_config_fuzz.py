@@ -1,4 +1,4 @@
-"""Fuzzing the config loader (common/config.py with both applications' schemas).
+"""Fuzzing the config loader (common/runtime/config.py with both applications' schemas).
 
 Inputs: the shipped YAML configs with corrupted bytes or lines, their parsed form with one key set to a random
 YAML value (or a new key), and random dotted overrides. Promise: a frozen config of the schema's type, or a
@@ -17,7 +17,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.config import load_config, save_config
+from common.runtime.config import load_config, save_config
 from cosmoflow.config import CosmoConfig
 from deepcam.config import DeepCamConfig
 from tests.fuzz.harness import corruptions, fuzz, outcome_of, time_limit, timed

@@ -1,5 +1,5 @@
-"""Fuzzing the manifest reader (common/manifest.py: load_manifest and the file checks that follow it) and the
-pack.json reader (common/packing.py: load_pack).
+"""Fuzzing the manifest reader (common/io/manifest.py: load_manifest and the file checks that follow it) and the
+pack.json reader (common/io/packing.py: load_pack).
 
 Inputs: valid manifest.json / pack.json files with corrupted bytes, with one JSON value deleted, replaced by a
 random one (absurd numbers, other types, paths that leave the directory) or given another type, JSON nested
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.manifest import (MANIFEST_NAME, AuxFile, Manifest, SplitEntry, check_aux_file, check_split_files,
+from common.io.manifest import (MANIFEST_NAME, AuxFile, Manifest, SplitEntry, check_aux_file, check_split_files,
                              load_manifest, write_manifest, xxh3_128_file)
-from common.packing import PACK_NAME, load_pack
+from common.io.packing import PACK_NAME, load_pack
 from tests.fuzz.harness import corrupt_file, corruptions, fuzz, outcome_of, time_limit, timed
 from tests.unit.test_manifest import _record_file
 
@@ -53,7 +53,7 @@ def dataset(root: Path, kind: str) -> Path:
               "validation": SplitEntry(samples=3, files=(entries[2],))}
     if kind == "deepcam":
         (root / "stats.h5").write_bytes(bytes(range(200)))
-        from common.manifest import file_digests
+        from common.io.manifest import file_digests
         sha, xxh = file_digests(root / "stats.h5")
         manifest = Manifest(root=root, format="deepcam-tfrecord", version=1, sample_shape=(2, 3, 16),
                             sample_dtype="float32", target_size=6, target_shape=(2, 3), target_dtype="uint8",

@@ -1,6 +1,6 @@
 """Fuzzing the record parsers: CosmoFlow's and DeepCAM's TFRecord input pipelines (cosmoflow/data.py,
 deepcam/data.py) read as training reads them, through tf.data and through DALI, with a read failure turned into
-the application's error naming the file and record (`read_error`, as common/app.py does).
+the application's error naming the file and record (`read_error`, as common/runtime/app.py does).
 
 Inputs: tiny converted datasets (uncompressed with DALI indexes, and GZIP) with corrupted bytes in a record file
 (length, CRCs, payload; truncated or grown, which the manifest's sizes catch first), and record files rewritten
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.manifest import load_manifest
+from common.io.manifest import load_manifest
 from tests.fuzz import readers
 from tests.fuzz.harness import Isolated, corrupt_file, corruptions, fuzz, timed
 from tests.unit.test_cosmo_convert import convert as cosmo_convert, make_universes

@@ -23,9 +23,9 @@ os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
 
 import numpy as np
 
-from common.config import DistConfig
-from common.dist import DistEnv, init_distributed
-from common.loop import _make_train_step
+from common.runtime.config import DistConfig
+from common.runtime.dist import DistEnv, init_distributed
+from common.runtime.loop import make_train_step
 from cosmoflow.metrics import mse_loss
 from cosmoflow.model import build_model
 
@@ -67,7 +67,7 @@ def train(initial: list | None, xs, ys, dist: DistEnv, kind: str = "cosmoflow") 
             var.assign(value)
     dist.broadcast_variables(model.variables + optimizer.variables)
     start = [v.numpy() for v in model.trainable_variables]
-    step = _make_train_step(model, optimizer, loss, dist)
+    step = make_train_step(model, optimizer, loss, dist)
     for x, y in zip(xs, ys):
         step(x, y)
     return start, [v.numpy() for v in model.trainable_variables]

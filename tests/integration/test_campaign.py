@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from common.analysis.logs import load_runs
+from common.campaign.analysis.logs import load_runs
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 

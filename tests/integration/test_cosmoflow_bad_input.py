@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from common.manifest import sha256_file
+from common.io.manifest import sha256_file
 from cosmoflow import train
 from tests.conftest import REPO, run_cmd
 from tests.integration.cosmo_fixtures import make_dataset, write_config

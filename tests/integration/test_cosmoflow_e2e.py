@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from common.compliance import check_log
+from common.campaign.compliance import check_log
 from tests.conftest import REPO, horovodrun, run_cmd, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 
@@ -56,7 +56,7 @@ def test_single_process_run_reaching_its_target_passes_the_checker(dataset, tmp_
 
 
 def test_tfdata_and_dali_give_identical_batches(dataset):
-    from common.dist import DistEnv
+    from common.runtime.dist import DistEnv
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
     batches = {}
@@ -78,8 +78,8 @@ def test_tfdata_and_dali_give_identical_batches(dataset):
 
 @pytest.mark.parametrize("loader", ["tfdata", "dali"])
 def test_normalize_standardises_with_the_manifest_statistics(dataset, loader):
-    from common.dist import DistEnv
-    from common.manifest import load_manifest
+    from common.runtime.dist import DistEnv
+    from common.io.manifest import load_manifest
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
     stats = load_manifest(dataset).input_stats
@@ -95,9 +95,9 @@ def test_normalize_standardises_with_the_manifest_statistics(dataset, loader):
 
 
 def test_normalize_without_statistics_is_refused(dataset, tmp_path):
-    from common.dist import DistEnv
-    from common.errors import BenchError
-    from common.manifest import load_manifest, write_manifest
+    from common.runtime.dist import DistEnv
+    from common.base.errors import BenchError
+    from common.io.manifest import load_manifest, write_manifest
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
     copy = tmp_path / "data"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.compliance import check_log
+from common.campaign.compliance import check_log
 from tests.conftest import REPO, horovodrun, run_cmd, show
 
 pytestmark = pytest.mark.slow

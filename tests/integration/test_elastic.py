@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from common.checkpoint import check_checkpoint
-from common.compliance import check_log
-from common.procs import rank_process
+from common.runtime.checkpoint import check_checkpoint
+from common.campaign.compliance import check_log
+from common.base.procs import rank_process
 from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 
@@ -39,7 +39,7 @@ LOCAL_HOSTS = ("localhost:1", "127.0.0.1:1", f"{os.uname().nodename}:1")
 def _discovery_script(hosts):
     """A host discovery script that prints the lines of the file `hosts` (edited to add a host)."""
     script = hosts.parent / "discover.sh"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.elastic hosts {hosts}\n")
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.runtime.elastic hosts {hosts}\n")
     script.chmod(0o755)
     return script
 

@@ -13,8 +13,8 @@ import numpy as np
 import psutil
 import pytest
 
-from common.compliance import check_log
-from common.procs import rank_process
+from common.campaign.compliance import check_log
+from common.base.procs import rank_process
 from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, run_cmd, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from common.compliance import check_log
+from common.campaign.compliance import check_log
 from tests.conftest import REPO, horovodrun, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 

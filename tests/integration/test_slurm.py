@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.compliance import check_log
+from common.campaign.compliance import check_log
 from jobs.localslurm import local_slurm, submit
 from jobs.render import Job, render
 from jobs.site import load_site

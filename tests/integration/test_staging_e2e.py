@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from common.compliance import check_log
+from common.campaign.compliance import check_log
 from tests.conftest import REPO, horovodrun, run_cmd, show
 from tests.integration import cosmo_fixtures
 from tests.integration.test_deepcam_e2e import TINY as DEEPCAM_TINY
@@ -109,8 +109,8 @@ def test_a_staging_killed_with_sigkill_is_not_complete_and_resumes(tmp_path):
     import signal
     import subprocess
     import time
-    from common.manifest import MANIFEST_NAME
-    from common.staging import STAGED_NAME, TEMP_MARK, open_source, staged_dir
+    from common.io.manifest import MANIFEST_NAME
+    from common.io.staging import STAGED_NAME, TEMP_MARK, open_source, staged_dir
     from tests.unit.test_staging import make_dataset
     data = make_dataset(tmp_path / "data", file_bytes=8_000_000)  # 12 files of 8 MB: long enough to interrupt
     packed = pack(data, tmp_path / "packed", "--compression", "gzip", "--level", "1", "--archives", 1)

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.analysis import analyses, logs, predict, report
-from common.analysis.__main__ import main as analysis_main
-from common.errors import BenchError
+from common.campaign.analysis import analyses, logs, predict, report
+from common.campaign.analysis.__main__ import main as analysis_main
+from common.base.errors import BenchError
 from tests.unit.test_scoring import T0, write_log
 
 
@@ -145,7 +145,7 @@ def test_report_writes_html_with_embedded_figures_markdown_and_csv(tmp_path, cap
     runs = pd.read_csv(out / "runs.csv")
     assert len(runs) == 4 and runs["converged"].sum() == 3
     assert "4 runs, 28 epochs read" in capsys.readouterr().out
-    assert not list(tmp_path.glob(".report.tmp"))
+    assert not list(tmp_path.glob(".report.tmp*"))
 
 
 def test_the_runs_command_and_a_bad_target(tmp_path, capsys):

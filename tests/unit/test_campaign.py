@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from common import campaign
-from common.campaign import CampaignSpec, open_campaign, run_command, spec_from_args
-from common.errors import BenchError
+from common.campaign import run as campaign
+from common.campaign.run import CampaignSpec, open_campaign, run_command, spec_from_args
+from common.base.errors import BenchError
 
 
 def spec(**fields) -> CampaignSpec:
@@ -110,7 +110,8 @@ def test_code_version_names_modified_files_whole(tmp_path, monkeypatch):
         subprocess.run([*git, *args], check=True)
     (tmp_path / "common/a.py").write_text("2\n")
     (tmp_path / "other.py").write_text("2\n")
-    monkeypatch.setattr(campaign, "REPO", tmp_path)
-    version = campaign.code_version()
+    from common.base import version as version_module
+    monkeypatch.setattr(version_module, "REPO", tmp_path)
+    version = version_module.code_version()
     assert len(version["commit"]) == 40 and version["modified"] == ["common/a.py", "other.py"]
-    assert campaign.code_version(("common",))["modified"] == ["common/a.py"]
+    assert version_module.code_version(("common",))["modified"] == ["common/a.py"]

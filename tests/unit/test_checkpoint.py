@@ -6,13 +6,14 @@ import signal
 import numpy as np
 import pytest
 
-from common.checkpoint import (Checkpointer, Resume, check_checkpoint, list_checkpoints, newest_valid)
-from common.config import CheckpointConfig
-from common.dist import DistEnv
-from common.errors import BenchError
-from common.loop import Control, Datasets, FitOptions, fit
-from common.mllog import MLPerfLog
-from common.stopping import StopRequests
+from common.runtime.checkpoint import (Checkpointer, Resume, check_checkpoint, list_checkpoints, newest_valid)
+from common.runtime.config import CheckpointConfig
+from common.runtime.dist import DistEnv
+from common.base.errors import BenchError
+from common.io.datasets import Datasets
+from common.runtime.loop import Control, FitOptions, LoopContext, Trainee, fit
+from common.runtime.mllog import MLPerfLog
+from common.runtime.stopping import StopRequests
 from cosmoflow.metrics import MeanAbsoluteError, mse_loss
 
 STEPS, BATCH = 4, 2
@@ -53,9 +54,10 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10):
     control = Control(checkpointer=Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
                       resume=found, stop=stop, input_state=True)
     mlperf = MLPerfLog(out / "mlperf.log")
-    result = fit(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
-                 lambda epoch: 0.05 * (1 + epoch), _data(), DistEnv(), FitOptions(max_epochs=max_epochs, target=0.0),
-                 mlperf, log=lambda _m: None, control=control)
+    trainee = Trainee(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
+                      lambda _data: lambda epoch: 0.05 * (1 + epoch))
+    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=max_epochs, target=0.0),
+                                               control, log=lambda _m: None))
     mlperf.close()
     return result, [v.numpy() for v in model.variables]
 
@@ -98,9 +100,9 @@ def test_a_stop_without_checkpoints_on_signal_writes_none(tmp_path):
     cfg = CheckpointConfig(dir=str(tmp_path / "ckpt"), on_signal=False)
     control = Control(checkpointer=Checkpointer(cfg, str(tmp_path), DistEnv(), "cosmoflow", lambda _m: None),
                       stop=StopAt(2), input_state=True)
-    result = fit(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda epoch: 0.05, _data(),
-                 DistEnv(), FitOptions(max_epochs=3, target=0.0), MLPerfLog(tmp_path / "m.log", enabled=False),
-                 log=lambda _m: None, control=control)
+    trainee = Trainee(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda _data: lambda epoch: 0.05)
+    result = fit(trainee, _data(), LoopContext(DistEnv(), MLPerfLog(tmp_path / "m.log", enabled=False),
+                                               FitOptions(max_epochs=3, target=0.0), control, log=lambda _m: None))
     assert result.stopped and result.checkpoint == "" and "no checkpoint written" in result.reason
     assert list_checkpoints(tmp_path / "ckpt") == []
 
@@ -150,7 +152,7 @@ def test_keeps_the_newest_few_and_removes_stale_temporaries(tmp_path):
 
 def test_a_checkpoint_of_another_model_is_refused_with_the_variable(tmp_path):
     import keras
-    from common.checkpoint import restore_shared
+    from common.runtime.checkpoint import restore_shared
     _fit(tmp_path, 1)
     found = newest_valid(tmp_path / "ckpt")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5), keras.layers.BatchNormalization(),

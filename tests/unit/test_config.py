@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import load_config, save_config, to_dict
-from common.errors import BenchError
+from common.runtime.config import load_config, save_config, to_dict
+from common.base.errors import BenchError
 from cosmoflow.config import CosmoConfig
 from deepcam.config import DeepCamConfig
 

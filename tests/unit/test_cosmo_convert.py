@@ -14,8 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
-from common.errors import BenchError
-from common.manifest import check_split_files, load_manifest, xxh3_128_file
+from common.base.errors import BenchError
+from common.io.manifest import check_split_files, load_manifest, xxh3_128_file
+from common.io import tfrecord
 from data_prep import cosmo_convert, tfrecords
 
 
@@ -94,8 +95,8 @@ def test_index_matches_the_framing(inputs, tmp_path):
     convert(inputs, tmp_path, sample_size=2, val_universes=1)
     manifest = load_manifest(tmp_path)
     for entry in manifest.splits["train"].files + manifest.splits["validation"].files:
-        index = tfrecords.read_index(tmp_path / entry.index)
-        assert index == tfrecords.read_framing(tmp_path / entry.path)  # offsets of the length headers
+        index = tfrecord.read_index(tmp_path / entry.index)
+        assert index == tfrecord.read_framing(tmp_path / entry.path)  # offsets of the length headers
         assert len(index) == entry.records == 64
         assert index[-1][0] + index[-1][1] == entry.bytes
 

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from data_prep import cosmo_synth, cosmology
 from data_prep.__main__ import main
 from data_prep.cosmo_identify import least_squares_mae, subcube_dataset

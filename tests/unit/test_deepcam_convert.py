@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import xxhash
 
-from common.errors import BenchError
-from common.manifest import check_aux_file, check_split_files, load_manifest
+from common.base.errors import BenchError
+from common.io.manifest import check_aux_file, check_split_files, load_manifest
+from common.io import tfrecord
 from data_prep import deepcam_convert, tfrecords
 from data_prep.__main__ import main as data_prep_main
 
@@ -131,8 +132,8 @@ def test_index_matches_the_framing(inputs, tmp_path):
     convert(inputs, tmp_path, samples_per_file=3)
     manifest = load_manifest(tmp_path)
     for entry in manifest.splits["train"].files + manifest.splits["validation"].files:
-        index = tfrecords.read_index(tmp_path / entry.index)
-        assert index == tfrecords.read_framing(tmp_path / entry.path)
+        index = tfrecord.read_index(tmp_path / entry.index)
+        assert index == tfrecord.read_framing(tmp_path / entry.path)
         assert len(index) == entry.records and index[-1][0] + index[-1][1] == entry.bytes
 
 

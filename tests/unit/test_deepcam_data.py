@@ -10,12 +10,13 @@ import h5py
 import numpy as np
 import pytest
 
-from common.config import build
-from common.dist import DistEnv
-from common.errors import BenchError
+from common.runtime.config import build
+from common.runtime.dist import DistEnv
+from common.base.errors import BenchError
 from deepcam.config import DeepCamDataConfig
-from common.manifest import load_manifest
-from deepcam.data import build_datasets, find_bad_record, normalization_constants, read_error, read_stats, shard_split
+from common.io.manifest import load_manifest
+from common.io.formats.deepcam import read_stats
+from deepcam.data import build_datasets, find_bad_record, normalization_constants, read_error, shard_split
 from tests.unit.test_deepcam_convert import convert, make_dataset
 
 SAMPLE = (32, 48, 16)
@@ -223,8 +224,9 @@ def test_manifest_without_the_label_map_description(records, tmp_path):
         datasets(root)
     del obj["target_shape"]
     (root / "manifest.json").write_text(json.dumps(obj))
-    with pytest.raises(BenchError, match=r"target_shape, target_dtype are \('float32', None, None\), expected "
-                                         r"\('float32', \(32, 48\), 'uint8'\)"):
+    with pytest.raises(BenchError, match=r"manifest.json: sample_dtype 'float32', sample_shape \[32, 48, 16\], target "
+                                         r"None None, expected 'float32' fields of shape \[32, 48, 16\] and a "
+                                         r"'uint8' \[32, 48\] label map; reconvert with deepcam-convert"):
         datasets(root)
 
 

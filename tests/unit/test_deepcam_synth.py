@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from data_prep import climate_stats, climate_synth
 from data_prep.__main__ import main
 from data_prep.climate_labels import (CHANNEL, CLASSES, UNITS, VARIABLES, cyclone_length_km, detect_cyclones,

@@ -1,8 +1,8 @@
 """DistEnv without a launcher, thread derivation and Horovod settings from config."""
 import pytest
 
-from common import dist as dist_mod
-from common.config import DistConfig
+from common.runtime import dist as dist_mod
+from common.runtime.config import DistConfig
 
 
 def test_single_process_env(monkeypatch):

@@ -5,12 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from common.checkpoint import Progress
-from common.config import load_config
-from common.dist import DistEnv, horovod_environment
-from common.elastic import (Hooks, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
+from common.runtime.checkpoint import Progress
+from common.runtime.config import load_config
+from common.runtime.dist import DistEnv, horovod_environment
+from common.runtime.elastic import (Hooks, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
                             state_variables)
-from common.errors import BenchError
+from common.base.errors import BenchError
 from cosmoflow.config import CosmoConfig
 
 
@@ -122,9 +122,9 @@ def test_settings_elastic_runs_cannot_work_with_are_refused_by_name():
 
 
 def test_the_hybrid_path_refuses_elastic():
-    from cosmoflow.train import check
+    from cosmoflow.train import strategy_for
     with pytest.raises(BenchError, match=r"parallel.spatial=\[2, 1\]"):
-        check(_cfg("parallel.spatial=[2,1]"), DistEnv(size=2, horovod=True))
+        strategy_for(_cfg("parallel.spatial=[2,1]"), DistEnv(size=2, horovod=True))
 
 
 def test_elastic_runs_leave_the_cycle_time_at_horovods_default():

@@ -1,12 +1,12 @@
-"""common.hdf5: errors raised inside h5py become a BenchError naming the file; the reader's own pass through."""
+"""common.io.hdf5: errors raised inside h5py become a BenchError naming the file; the reader's own pass through."""
 from __future__ import annotations
 
 import h5py
 import numpy as np
 import pytest
 
-from common.errors import BenchError
-from common.hdf5 import open_file, raised_by_h5py, reading
+from common.base.errors import BenchError
+from common.io.hdf5 import open_file, raised_by_h5py, reading
 
 
 def _damaged(path, offset: int = 16, value: int = 0xFF):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from jobs.__main__ import main as jobs_main
 from jobs.render import Job, render
 from jobs.site import example_sites, load_site
@@ -41,7 +41,7 @@ def test_every_site_renders_every_job_and_it_passes_bash_and_shellcheck(site_nam
     assert f'"dist.fusion_threshold_mb={site.horovod.fusion_threshold_mb:g}"' in script
     assert "train.max_epochs=3" in script
     if kind == "one":
-        assert f'"$SUITE_DIR/{bench}/train.py"' in script and "common.compliance" in script
+        assert f'"$SUITE_DIR/{bench}/train.py"' in script and "common.campaign.compliance" in script
     else:
         count = "--runs 3" if kind == "runs" else "--instances 2"
         assert f"-m common.campaign run {bench}" in script and count in script and "--launcher" in script

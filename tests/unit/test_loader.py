@@ -1,10 +1,10 @@
-"""common.loader: data.loader=auto picks DALI only where DALI can read the records."""
+"""common.io.loader: data.loader=auto picks DALI only where DALI can read the records."""
 import dataclasses
 
 import pytest
 
-from common.errors import BenchError
-from common.loader import resolve_loader
+from common.base.errors import BenchError
+from common.io.loader import resolve_loader
 from tests.unit.test_sharding import manifest
 
 
@@ -27,14 +27,14 @@ def test_auto_falls_back_to_tf_data_for_gzip_or_unindexed_records():
 
 
 def test_checksums_are_checked_for_dali_unless_the_config_says_otherwise():
-    from common.loader import checksums_wanted
+    from common.io.loader import checksums_wanted
     assert checksums_wanted(None, "dali") and not checksums_wanted(None, "tfdata")
     assert checksums_wanted(True, "tfdata") and not checksums_wanted(False, "dali")
 
 
 def test_a_staged_copy_is_not_checked_again_unless_asked():
-    from common.app import staged_data_config
-    from common.staging import StageResult
+    from common.runtime.run import staged_data_config
+    from common.io.staging import StageResult
     from cosmoflow.config import CosmoDataConfig
     staged = StageResult(dir="/stage/x", mode="node", scope="node", source="/pfs/x", source_kind="plain",
                          compression="none", copied=True, checksum="xxh3_128")

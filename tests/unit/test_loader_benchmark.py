@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from common.manifest import FileEntry
+from common.io.manifest import FileEntry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import loader_throughput as lt  # noqa: E402  (a script beside harness.py, not a package)

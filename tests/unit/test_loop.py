@@ -4,9 +4,10 @@ import json
 import numpy as np
 import pytest
 
-from common.dist import DistEnv
-from common.loop import Datasets, FitOptions, fit
-from common.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
+from common.runtime.dist import DistEnv
+from common.io.datasets import Datasets
+from common.runtime.loop import FitOptions, LoopContext, Trainee, fit
+from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
 from cosmoflow.metrics import MeanAbsoluteError, mse_loss
 
 
@@ -25,8 +26,8 @@ def _fit(tmp_path, options):
     model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(), keras.layers.Dense(4)])
     mlperf = MLPerfLog(tmp_path / "mlperf.log")
     lines = []
-    result = fit(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda epoch: 0.05, _data(),
-                 DistEnv(), options, mlperf, log=lines.append)
+    trainee = Trainee(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda _data: lambda epoch: 0.05)
+    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, options, log=lines.append))
     mlperf.close()
     events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
     return result, events, lines
@@ -71,19 +72,19 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
     schedule, and its empty evaluation sums add nothing."""
     import keras
     import tensorflow as tf
-    from common.iostats import planned_reads
-    from common.loop import Steps, batch_sums
+    from common.io.iostats import planned_reads
+    from common.runtime.loop import Steps, batch_sums
     metric, calls = MeanAbsoluteError(), {"train": [], "evaluate": [], "closed": 0}
     empty = np.zeros((0, 4), np.float32)
 
-    def make_steps(model, optimizer, loss_fn, metric_, dist):
+    def make_steps(trainee, dist):
         def train(x, y):
             calls["train"].append((x, y))
             return tf.constant(0.5)
 
         def evaluate(x, y):
             calls["evaluate"].append((x, y))
-            return batch_sums(loss_fn, metric_, empty, empty)
+            return batch_sums(trainee.loss, trainee.metric, empty, empty)
 
         def close():
             calls["closed"] += 1
@@ -92,19 +93,20 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
     data = _data().without_input()
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
     mlperf = MLPerfLog(tmp_path / "mlperf.log")
-    result = fit(model, keras.optimizers.SGD(0.1), mse_loss, metric, lambda epoch: 0.05, data, DistEnv(),
-                 FitOptions(max_epochs=2, target=0.0), mlperf, log=lambda _line: None, make_steps=make_steps)
+    trainee = Trainee(model, keras.optimizers.SGD(0.1), mse_loss, metric, lambda _data: lambda epoch: 0.05)
+    result = fit(trainee, data, LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=2, target=0.0),
+                                            log=lambda _line: None), make_steps)
     mlperf.close()
     assert len(calls["train"]) == 2 * 4 and set(calls["train"]) == {(None, None)}
     assert len(calls["evaluate"]) == 2 * 4 and calls["closed"] == 1
     assert [h["loss"] for h in result.history] == [0.5, 0.5]
     assert result.history[-1]["val_samples_seen"] == 0  # the empty batches' sums are zeros, not NaN
-    assert planned_reads(data, result.history) == {"train_records": 0, "eval_records": 0, "bytes": 0,
+    assert planned_reads(data, result.history, reads=False) == {"train_records": 0, "eval_records": 0, "bytes": 0,
                                                    "files_opened": 0}
 
 
 def test_batch_sums_of_an_empty_batch_are_zeros():
-    from common.loop import batch_sums
+    from common.runtime.loop import batch_sums
     empty = np.zeros((0, 4), np.float32)
     np.testing.assert_array_equal(batch_sums(mse_loss, MeanAbsoluteError(), empty, empty).numpy(), np.zeros(7))
     y, pred = np.ones((2, 4), np.float32), np.full((2, 4), 1.5, np.float32)

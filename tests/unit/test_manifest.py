@@ -1,4 +1,4 @@
-"""common.manifest: load, validate and check a dataset directory against its manifest.json."""
+"""common.io.manifest: load, validate and check a dataset directory against its manifest.json."""
 from __future__ import annotations
 
 import hashlib
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from common import manifest as manifest_module
-from common.errors import BenchError
-from common.manifest import (FileEntry, Manifest, SplitEntry, check_split_files, load_manifest, sha256_file,
+from common.io import manifest as manifest_module
+from common.base.errors import BenchError
+from common.io.manifest import (FileEntry, Manifest, SplitEntry, check_split_files, load_manifest, sha256_file,
                              write_manifest)
 
 

@@ -6,11 +6,12 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from common.config import load_config
-from common.dist import DistEnv
-from common.errors import BenchError
+from common.runtime.config import load_config
+from common.runtime.dist import DistEnv
+from common.base.errors import BenchError
 from cosmoflow.config import CosmoConfig, CosmoModelConfig, ParallelConfig
-from cosmoflow.mesh.groups import check_hybrid, data_view, group_layout
+from cosmoflow.mesh.groups import data_view, group_layout
+from cosmoflow.mesh.hybrid import check_hybrid
 from tests.conftest import REPO
 
 MINI = REPO / "cosmoflow/configs/cosmo_mini.yaml"

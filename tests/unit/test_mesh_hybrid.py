@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from common.dist import DistEnv
-from common.loop import data_parallel_steps
+from common.runtime.dist import DistEnv
+from common.runtime.loop import Trainee, data_parallel_steps
 from cosmoflow.config import CosmoModelConfig
 from cosmoflow.metrics import MeanAbsoluteError, mse_loss
 from cosmoflow.mesh.groups import GroupLayout
@@ -51,9 +51,9 @@ def test_hybrid_steps_train_and_evaluate_as_the_keras_steps(group_mesh):
     from cosmoflow.mesh.hybrid import hybrid_steps, weights_digest
     (model, optimizer), (reference, ref_optimizer) = _keras(), _keras()
     assert weights_digest(model) == weights_digest(reference)
-    hybrid = hybrid_steps(model, optimizer, mse_loss, MeanAbsoluteError(), DistEnv(),
+    hybrid = hybrid_steps(Trainee(model, optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv(),
                           layout=GroupLayout(0, 2, (2, 1)), mesh=group_mesh)
-    plain = data_parallel_steps(reference, ref_optimizer, mse_loss, MeanAbsoluteError(), DistEnv())
+    plain = data_parallel_steps(Trainee(reference, ref_optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv())
     losses = []
     for x, y in _batches(3):
         losses.append((hybrid.train(x, y), float(plain.train(x, y))))
@@ -70,7 +70,7 @@ def test_a_rank_without_data_adds_nothing_and_applies_the_sum():
     from cosmoflow.mesh.hybrid import hybrid_steps, weights_digest
     model, optimizer = _keras()
     before = weights_digest(model)
-    helper = hybrid_steps(model, optimizer, mse_loss, MeanAbsoluteError(), DistEnv(),
+    helper = hybrid_steps(Trainee(model, optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv(),
                           layout=GroupLayout(1, 2, (2, 1)), mesh=None)
     # Alone (one process), the sum over ranks is its own zeros: the update changes nothing.
     assert helper.train(None, None) == 0.0 and weights_digest(model) == before
@@ -94,7 +94,7 @@ def test_with_dropout_training_masks_and_evaluation_sees_the_updated_weights_wit
     keras.utils.set_random_seed(0)
     model = build_model(**dataclasses.asdict(cfg))
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
-    steps = hybrid_steps(model, optimizer, mse_loss, MeanAbsoluteError(), DistEnv(), layout=GroupLayout(0, 2, (2, 1)),
+    steps = hybrid_steps(Trainee(model, optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv(), layout=GroupLayout(0, 2, (2, 1)),
                          mesh=group)
     (x, y), = _batches(1)
     # Training applies dropout: the same batch through the training graph gives other outputs. Checked on the

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from common.errors import BenchError
+from common.base.errors import BenchError
 from cosmoflow.config import CosmoModelConfig
 from cosmoflow.mesh.model import build_mesh_model, keras_weights, plan_layout, pooling_splits
 from tests.conftest import run_cmd, show

@@ -1,8 +1,10 @@
 """MLPerf log: rank 0 writes parseable :::MLLOG lines with the caller's location; others write nothing."""
 import json
 
-from common.config import MlperfConfig, OptimizerConfig, ScheduleConfig
-from common.mllog import MLPerfLog, dataset_keys, scale_keys, sgd_keys
+from common.runtime.config import MlperfConfig
+from common.runtime.mllog import MLPerfLog, dataset_keys, scale_keys
+from cosmoflow.config import OptimizerConfig, ScheduleConfig
+from cosmoflow.schedule import sgd_keys
 
 
 def _events(path):
@@ -26,7 +28,7 @@ def test_root_writes_events(tmp_path):
     assert by_key["submission_benchmark"]["value"] == "cosmoflow"
     assert by_key["opt_learning_rate_decay_boundary_epochs"]["value"] == [2]
     assert by_key["epoch_stop"]["metadata"]["epoch_num"] == 3
-    assert by_key["init_start"]["metadata"]["file"].endswith("test_mllog.py")  # the caller, not common/mllog.py
+    assert by_key["init_start"]["metadata"]["file"].endswith("test_mllog.py")  # the caller, not common/runtime/mllog.py
 
 
 def test_other_ranks_write_nothing(tmp_path):

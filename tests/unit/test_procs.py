@@ -1,12 +1,12 @@
-"""common.procs: finding a launched rank's process."""
+"""common.base.procs: finding a launched rank's process."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from common.errors import BenchError
-from common.procs import rank_process
+from common.base.errors import BenchError
+from common.base.procs import rank_process
 
 
 def test_finds_the_child_whose_rank_variable_matches():

@@ -1,8 +1,8 @@
 """Learning-rate schedule: linear scaling, warm-up and step decay at chosen epochs."""
 import pytest
 
-from common.config import OptimizerConfig, ScheduleConfig
-from common.schedule import LRSchedule
+from cosmoflow.config import OptimizerConfig, ScheduleConfig
+from cosmoflow.schedule import LRSchedule
 
 
 @pytest.fixture

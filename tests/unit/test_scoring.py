@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from common import campaign, scoring
-from common.campaign import CampaignSpec, open_campaign, run_dir
-from common.errors import BenchError
+from common.campaign import run as campaign, scoring
+from common.campaign.run import CampaignSpec, open_campaign, run_dir
+from common.base.errors import BenchError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "deepcam_mlperf.log"
 T0 = 1_800_000_000_000  # ms

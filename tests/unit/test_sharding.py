@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import BenchError
-from common.manifest import FileEntry, Manifest, SplitEntry
-from common.sharding import epoch_file_indices, local_files_dataset, node_share
+from common.base.errors import BenchError
+from common.io.manifest import FileEntry, Manifest, SplitEntry
+from common.io.sharding import epoch_file_indices, local_files_dataset, node_share
 
 
 def manifest(files: int, records: int = 4, val_files: int = 4) -> Manifest:
@@ -159,7 +159,7 @@ def _dali_epochs(paths, indexes, reader_args: dict, batch: int, epochs: int) -> 
 @pytest.mark.parametrize("local_size", [1, 2])
 def test_dali_reader_reads_every_sample_once_per_epoch_in_a_new_order(tmp_path, local_size):
     pytest.importorskip("nvidia.dali")
-    from common.sharding import dali_reader_sharding
+    from common.io.sharding import dali_reader_sharding
     paths, indexes = _numbered_records(tmp_path, files=4, per_file=8)
     runs = [_dali_epochs(paths, indexes, dali_reader_sharding(
         None if local_size == 1 else (rank, local_size, 5), shuffle=True), batch=4, epochs=4)

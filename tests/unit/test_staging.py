@@ -1,21 +1,26 @@
-"""common.staging and data_prep pack: identical copies, plans per mode, checksums, resumption, errors."""
+"""common.io.staging and data_prep pack: identical copies, plans per mode, checksums, resumption, errors."""
 import dataclasses
 import errno
+import io
 import json
-import platform
+import os
+import re
 import shutil
+import tarfile
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from common import nativecopy, staging
-from common.errors import BenchError
-from common.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, load_manifest, sha256_file,
+from common.io import pycopy, staging
+from common.base.errors import BenchError
+from common.io.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, load_manifest, sha256_file,
                              write_manifest, xxh3_128_file)
-from common.packing import PACK_NAME, load_pack
-from common.staging import Layout, open_source, plan, stage, staged_dir
+from common.io.packing import PACK_NAME, load_pack
+from common.io.staging import Layout, open_source, plan, stage, staged_dir
 from data_prep.__main__ import main as data_prep_main
 
 FILES = {"train": 8, "validation": 4}  # record files per split, 3 records each
@@ -93,10 +98,8 @@ def test_packed_and_plain_staging_give_the_dataset_byte_for_byte(dataset, tmp_pa
         record = json.loads((out / staging.STAGED_NAME).read_text())
         assert record["result"]["files"] == 2 * sum(FILES.values()) + 1 and result.files_reused == 0
         assert result.checksum == ("xxh3_128" if src == packed else "sha256")
-        # Native copies need xxh3 digests (packs record them, this old-style manifest does not) and no
-        # decompression.
-        assert result.copier == ("native" if src == packed and compression == "none" else "python")
-        assert result.reads == {"native": "read", "python": "stream" if src == packed else "mmap"}[result.copier]
+        assert result.copier == "python"
+        assert result.reads == ("stream" if src == packed and compression != "none" else "read")
         assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
     pack_info = load_pack(packed)
     assert pack_info.compression == compression and len(pack_info.archives) == 9  # 4 + 4 + aux
@@ -217,14 +220,14 @@ def test_plain_staging_verifies_xxh3_when_the_manifest_records_it(tmp_path):
         stage(open_source(src), node_plan(source), tmp_path / "bad", threads=1)
 
 
-@pytest.mark.parametrize("compression,copier,message", [
-    ("none", "native", r"checksum mismatch"),
-    ("none", "python", r"checksum mismatch"),
-    ("zstd", "python", r"corrupt (or truncated archive|zstd)|checksum mismatch"),
-    ("gzip", "python", r"corrupt or truncated archive|checksum mismatch"),
+@pytest.mark.parametrize("compression,method,message", [
+    ("none", "read", r"checksum mismatch"),
+    ("none", "mmap", r"checksum mismatch"),
+    ("none", "kernel", r"checksum mismatch"),
+    ("zstd", "read", r"corrupt (or truncated archive|zstd)|checksum mismatch"),
+    ("gzip", "read", r"corrupt or truncated archive|checksum mismatch"),
 ])
-def test_a_flipped_byte_in_an_archive_is_caught(dataset, tmp_path, monkeypatch, compression, copier, message):
-    monkeypatch.setattr(staging, "copier_for", lambda source: copier)
+def test_a_flipped_byte_in_an_archive_is_caught(dataset, tmp_path, compression, method, message):
     packed = pack(dataset, tmp_path / "packed", compression, 2)
     archive = next(packed.glob("train-00001-of-00002*"))
     data = bytearray(archive.read_bytes())
@@ -232,7 +235,7 @@ def test_a_flipped_byte_in_an_archive_is_caught(dataset, tmp_path, monkeypatch, 
     archive.write_bytes(bytes(data))
     source = open_source(packed)
     with pytest.raises(BenchError, match=message) as err:
-        stage(source, node_plan(source), tmp_path / "local", threads=1)
+        stage(source, node_plan(source), tmp_path / "local", threads=1, copier=pycopy.Copier(method=method))
     assert str(archive) in str(err.value)
     assert not (staged_dir(tmp_path / "local", source, "node") / MANIFEST_NAME).exists()
 
@@ -344,9 +347,8 @@ def test_result_figures():
     assert dataclasses.replace(result, copied=False).figures()["write_gb_per_second"] is None
 
 
-@pytest.mark.parametrize("copier", ["native", "python"])
-@pytest.mark.parametrize("method", staging.PLAIN_METHODS)
-def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_path, monkeypatch, method, copier):
+@pytest.mark.parametrize("method", pycopy.METHODS)
+def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_path, method):
     src = make_dataset(tmp_path / "src", xxh3=True)
     src.joinpath("train/part_000.tfrecord").write_bytes(b"")  # an empty file (manifest updated): copied too
     manifest = load_manifest(src)
@@ -357,11 +359,9 @@ def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_
         manifest.splits["train"], files=(emptied, *manifest.splits["train"].files[1:])))
     write_manifest(dataclasses.replace(manifest, splits=splits), src)
     (src / "train/stray.bin").write_bytes(b"x")  # not in the manifest: never staged, must not disturb
-    monkeypatch.setattr(staging, "plain_method", lambda source_fs: method)
-    monkeypatch.setattr(staging, "copier_for", lambda source: copier)
-    source = open_source(src)
-    result = stage(source, node_plan(source), tmp_path / "local", threads=2)
-    assert result.reads == (method if copier == "python" else "read") and result.copier == copier
+    source, copier = open_source(src), pycopy.Copier(method=method)
+    result = stage(source, node_plan(source), tmp_path / "local", threads=2, copier=copier)
+    assert (result.reads, result.copier) == (method, "python")
     assert result.source_fs == staging.filesystem_type(src) != ""
     assert result.dest_fs == staging.filesystem_type(tmp_path / "local") != ""
     assert_same_files(Path(result.dir), src, source.files)
@@ -371,42 +371,30 @@ def test_every_plain_copy_method_gives_the_files_and_catches_a_flipped_byte(tmp_
     data[-1] ^= 0x80
     victim.write_bytes(bytes(data))
     with pytest.raises(BenchError, match=r"part_003.tfrecord has xxh3_128 .*checksum mismatch"):
-        stage(open_source(src), node_plan(source), tmp_path / "again", threads=1)
+        stage(open_source(src), node_plan(source), tmp_path / "again", threads=1, copier=copier)
     assert not [p for p in (tmp_path / "again").rglob("*part_003*")]  # neither renamed nor left as temporary
 
 
-@pytest.mark.parametrize("source_fs,method", [("ext4", "mmap"), ("xfs", "mmap"), ("tmpfs", "mmap"),
-                                              ("lustre", "read"), ("nfs4", "read"), ("gpfs", "read"), ("", "read")])
-def test_plain_method_follows_the_source_file_system(source_fs, method):
-    assert staging.plain_method(source_fs) == method
+def test_the_default_copier_is_the_python_one_reading_into_a_buffer(tmp_path):
+    src = make_dataset(tmp_path / "src", xxh3=True)
+    source = open_source(src)
+    result = stage(source, node_plan(source), tmp_path / "a")
+    assert (result.copier, result.reads) == ("python", "read")
+    with pytest.raises(BenchError, match=r"copy method 'cat': expected one of \['read', 'mmap', 'kernel'\]"):
+        pycopy.Copier(method="cat")
 
 
-def test_the_native_copier_is_built_and_used_when_the_manifest_lists_xxh3(tmp_path, monkeypatch):
-    assert nativecopy.load() is not None, "run `python -m common.nativecopy --build` (scripts/setup.sh does)"
-    new = make_dataset(tmp_path / "new", xxh3=True)
-    assert staging.copier_for(open_source(new)) == "native"
-    assert staging.copier_for(open_source(make_dataset(tmp_path / "old", xxh3=False))) == "python"  # sha256 only
-    assert staging.copier_for(open_source(pack(new, tmp_path / "none", "none", 2))) == "native"
-    assert staging.copier_for(open_source(pack(new, tmp_path / "zstd", "zstd", 2))) == "python"  # decompresses
-    monkeypatch.setattr(nativecopy, "load", lambda: None)
-    assert staging.copier_for(open_source(tmp_path / "new")) == "python"
-    assert staging.copier_for(open_source(tmp_path / "none")) == "python"
-
-
-def test_an_uncompressed_pack_unpacked_natively_equals_the_python_unpack(dataset, tmp_path, monkeypatch):
+def test_every_copy_method_unpacks_an_uncompressed_pack_alike(dataset, tmp_path):
     source = open_source(pack(dataset, tmp_path / "packed", "none", 3))
-    native = stage(source, node_plan(source), tmp_path / "native", threads=2)
-    monkeypatch.setattr(staging, "copier_for", lambda source: "python")
-    python = stage(source, node_plan(source), tmp_path / "python", threads=2)
-    assert (native.copier, python.copier) == ("native", "python")
-    assert native.bytes_read == python.bytes_read == sum(a.bytes for a in source.pack.archives)
-    assert_same_files(Path(native.dir), dataset, source.files)
-    assert_same_files(Path(python.dir), dataset, source.files)
+    for method in pycopy.METHODS:
+        result = stage(source, node_plan(source), tmp_path / method, threads=2, copier=pycopy.Copier(method=method))
+        assert result.reads == method and result.bytes_read == sum(a.bytes for a in source.pack.archives)
+        assert_same_files(Path(result.dir), dataset, source.files)
 
 
 @pytest.fixture(params=["same file system", "tmpfs"])
 def copy_dest(request, tmp_path):
-    """Where native copies go: beside the source (ext4 here) or on /dev/shm (tmpfs)."""
+    """Where copies go: beside the source (ext4 here) or on /dev/shm (tmpfs, another file system)."""
     if request.param == "same file system":
         return tmp_path / "out"
     if not Path("/dev/shm").is_dir():
@@ -416,71 +404,54 @@ def copy_dest(request, tmp_path):
     return out
 
 
-def test_native_copy_of_a_byte_range_and_of_too_short_a_source(tmp_path, copy_dest):
+@pytest.mark.parametrize("method", pycopy.METHODS)
+def test_copy_of_a_byte_range_and_of_too_short_a_source(tmp_path, copy_dest, method):
     import xxhash
-    copier = nativecopy.load()
-    data = np.random.default_rng(3).integers(0, 256, staging.CHUNK + 9000, dtype=np.uint8).tobytes()
+    data = np.random.default_rng(3).integers(0, 256, 3 * pycopy.BUFFER_BYTES + 9000, dtype=np.uint8).tobytes()
     copy_dest.mkdir(exist_ok=True)
     src, dst = tmp_path / "archive.tar", copy_dest / "member"
     src.write_bytes(data)
     buffer = memoryview(bytearray(4096))  # as staging's per-thread buffer, here far smaller than the ranges
-    # Ranges inside one chunk and across chunks, at the end, empty, the whole file.
-    for offset, length in [(512, 1000), (5000, staging.CHUNK), (len(data) - 7, 7), (4096, 0), (0, len(data))]:
+    # Ranges inside one piece and across pieces, unaligned to pages, at the end, empty, the whole file.
+    for offset, length in [(512, 1000), (5000, pycopy.BUFFER_BYTES + 3), (len(data) - 7, 7), (4096, 0),
+                           (0, len(data))]:
         piece = data[offset:offset + length]
-        assert copier.copy(src, dst, buffer, offset, length) == \
+        assert pycopy.copy(src, dst, buffer, offset, length, method=method) == \
             (xxhash.xxh3_128(piece).hexdigest(), length)
         assert dst.read_bytes() == piece
     with pytest.raises(BenchError, match=rf"copying .*archive.tar to .*: the source has {len(data)} bytes, too few "
                                          rf"for 100 bytes from offset {len(data) - 50}; it is truncated"):
-        copier.copy(src, dst, buffer, len(data) - 50, 100)
+        pycopy.copy(src, dst, buffer, len(data) - 50, 100, method=method)
 
 
-def test_native_copy_gives_the_bytes_and_the_xxhash_digest_and_names_what_failed(tmp_path, copy_dest):
+@pytest.mark.parametrize("method", pycopy.METHODS)
+def test_copy_gives_the_bytes_and_the_digest_and_names_what_failed(tmp_path, copy_dest, method):
+    import hashlib
+
     import xxhash
-    copier = nativecopy.load()
-    data = np.random.default_rng(2).integers(0, 256, staging.CHUNK * 2 + 123, dtype=np.uint8).tobytes()
+    data = np.random.default_rng(2).integers(0, 256, pycopy.BUFFER_BYTES * 2 + 123, dtype=np.uint8).tobytes()
     copy_dest.mkdir(exist_ok=True)
     for content in (data, b"", b"x"):
         src, dst = tmp_path / "src.bin", copy_dest / "dst.bin"
         src.write_bytes(content)
-        dst.write_bytes(b"old, longer content to be truncated" * 10)
-        assert copier.copy(src, dst, bytearray(staging.CHUNK)) == (xxhash.xxh3_128(content).hexdigest(), len(content))
-        assert dst.read_bytes() == content
+        for buffer_bytes in (pycopy.BUFFER_BYTES, 1000):
+            dst.write_bytes(b"old, longer content to be truncated" * 10)
+            assert pycopy.copy(src, dst, bytearray(buffer_bytes), method=method) == \
+                (xxhash.xxh3_128(content).hexdigest(), len(content))
+            assert dst.read_bytes() == content
+        assert pycopy.copy(src, dst, bytearray(100), kind="sha256", method=method) == \
+            (hashlib.sha256(content).hexdigest(), len(content))
     with pytest.raises(BenchError, match=r"copying .*missing.bin to .*: cannot open the source: No such file"):
-        copier.copy(tmp_path / "missing.bin", tmp_path / "out.bin", bytearray(100))
+        pycopy.copy(tmp_path / "missing.bin", tmp_path / "out.bin", bytearray(100), method=method)
     with pytest.raises(BenchError, match=r"copying .*src.bin to .*no-dir/out.bin: cannot create the copy: No such"):
-        copier.copy(tmp_path / "src.bin", tmp_path / "no-dir" / "out.bin", bytearray(100))
+        pycopy.copy(tmp_path / "src.bin", tmp_path / "no-dir" / "out.bin", bytearray(100), method=method)
 
 
-def test_both_builds_of_the_copier_hash_alike(tmp_path):
-    """The set-up build (XXH3 dispatched at run time by libxxhash, on x86-64) and the fallback (XXH3 compiled
-    in from the header) give the xxhash package's digest, in pieces of any size."""
-    import xxhash
-    built = nativecopy.load()
-    assert built.hash_code.startswith("xxh3 ")
-    if platform.machine() == "x86_64":
-        assert "dispatched" in built.hash_code, "set-up should link libxxhash's run-time dispatch"
-    inline = nativecopy.header_only_build(tmp_path)
-    assert "compiled in" in inline.hash_code
-    data = np.random.default_rng(4).integers(0, 256, 3 * staging.NATIVE_CHUNK + 777, dtype=np.uint8).tobytes()
-    src = tmp_path / "src.bin"
-    src.write_bytes(data)
-    for copier in (built, inline):
-        for buffer_bytes in (staging.NATIVE_CHUNK, 1000):
-            assert copier.copy(src, tmp_path / "dst.bin", bytearray(buffer_bytes)) == \
-                (xxhash.xxh3_128(data).hexdigest(), len(data))
-    figures = nativecopy.speed(inline, mib=2, rounds=2, directory=str(tmp_path))
-    assert figures["gb"] == pytest.approx(4 * 2**20 / 1e9) and figures["gb_per_second"] > 0
-    assert figures["hash_code"] == inline.hash_code and not list(tmp_path.glob("stagecopy-speed-*"))
-
-
-def test_mapped_and_read_chunks_give_the_file_including_empty_ones(tmp_path):
+def test_read_chunks_give_the_stream_including_empty_ones(tmp_path):
     data = np.random.default_rng(1).integers(0, 256, staging.CHUNK * 2 + 123, dtype=np.uint8).tobytes()
     for content in (data, b""):
         path = tmp_path / "f"
         path.write_bytes(content)
-        with open(path, "rb", buffering=0) as f:
-            assert b"".join(bytes(c) for c in staging._mapped_chunks(f)) == content
         with open(path, "rb", buffering=0) as f:
             assert b"".join(bytes(c) for c in staging._read_chunks(f)) == content
 
@@ -490,29 +461,29 @@ def test_filesystem_type_is_that_of_the_longest_mount_point():
     assert staging.filesystem_type("/") != ""
 
 
-def test_a_native_batch_renames_what_it_checked_and_stops_at_the_first_bad_copy(tmp_path):
+@pytest.mark.parametrize("method", pycopy.METHODS)
+def test_a_batch_renames_what_it_checked_and_stops_at_the_first_bad_copy(tmp_path, method):
     import xxhash
-    copier = nativecopy.load()
     contents = [b"first file", b"second file", b"third file"]
     for i, data in enumerate(contents):
         (tmp_path / f"src{i}").write_bytes(data)
 
-    def rows(sizes, digests, sources=("src0", "src1", "src2")):
-        return [(str(tmp_path / s), 0, -1, str(tmp_path / f".out{i}.tmp"), str(tmp_path / f"out{i}"), size, digest)
-                for i, (s, size, digest) in enumerate(zip(sources, sizes, digests))]
+    def jobs(sizes, digests, sources=("src0", "src1", "src2")):
+        return [pycopy.Job(str(tmp_path / s), 0, -1, str(tmp_path / f".out{i}.tmp"), str(tmp_path / f"out{i}"), size,
+                           digest) for i, (s, size, digest) in enumerate(zip(sources, sizes, digests))]
 
     good = [xxhash.xxh3_128(d).hexdigest() for d in contents]
     sizes = [len(d) for d in contents]
-    assert copier.copy_batch(nativecopy.batch(rows(sizes, good)), bytearray(4)) is None  # buffer far smaller
+    assert pycopy.copy_batch(jobs(sizes, good), bytearray(4), method) is None  # buffer far smaller
     assert [(tmp_path / f"out{i}").read_bytes() for i in range(3)] == contents
     for out in tmp_path.glob("out*"):
         out.unlink()
-    wrong_size = copier.copy_batch(nativecopy.batch(rows([sizes[0], 99, sizes[2]], good)), bytearray(64))
+    wrong_size = pycopy.copy_batch(jobs([sizes[0], 99, sizes[2]], good), bytearray(64), method)
     assert (wrong_size.index, wrong_size.code, wrong_size.size, wrong_size.digest) == \
-        (1, nativecopy.SIZE_MISMATCH, sizes[1], good[1])
-    wrong_digest = copier.copy_batch(nativecopy.batch(rows(sizes, [good[0], good[0], good[2]])), bytearray(64))
-    assert (wrong_digest.index, wrong_digest.code, wrong_digest.digest) == (1, nativecopy.DIGEST_MISMATCH, good[1])
-    missing = copier.copy_batch(nativecopy.batch(rows(sizes, good, ("src0", "src1", "nothing"))), bytearray(64))
+        (1, pycopy.SIZE_MISMATCH, sizes[1], good[1])
+    wrong_digest = pycopy.copy_batch(jobs(sizes, [good[0], good[0], good[2]]), bytearray(64), method)
+    assert (wrong_digest.index, wrong_digest.code, wrong_digest.digest) == (1, pycopy.DIGEST_MISMATCH, good[1])
+    missing = pycopy.copy_batch(jobs(sizes, good, ("src0", "src1", "nothing")), bytearray(64), method)
     assert (missing.index, missing.code) == (2, errno.ENOENT) and "cannot open the source" in missing.message
     # The good copies before a failure are in place; the failed one is neither renamed nor left as temporary.
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("src")) == ["out0", "out1"]
@@ -539,14 +510,111 @@ def test_batches_shrink_so_threads_finish_together(monkeypatch):
     assert staging.batch_bytes(0, 2) == 1  # at least one file per batch all the same
 
 
-def test_a_plain_file_missing_from_a_native_batch_is_named(tmp_path):
+def test_a_plain_file_missing_from_a_batch_is_named(tmp_path):
     src = make_dataset(tmp_path / "src", xxh3=True)
     (src / "train/part_005.tfrecord").unlink()
     source = open_source(src)
-    assert staging.copier_for(source) == "native"
     with pytest.raises(BenchError, match=r"train/part_005.tfrecord: listed in the manifest but missing"):
         stage(source, node_plan(source), tmp_path / "local", threads=2)
     assert not list((tmp_path / "local").rglob(f"*{staging.TEMP_MARK}*"))
+
+
+# ---------------------------------------------------------------------------- tar headers (tarfile)
+def _pax_header(records: bytes) -> bytes:
+    """A pax extended header (type x) holding `records`, padded to whole blocks."""
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, len(records)
+    return info.tobuf(tarfile.USTAR_FORMAT) + records + bytes(-len(records) % 512)
+
+
+def _rewrite_archive(packed: Path, index: int, edit) -> Path:
+    """Archive `index` of a pack with its tar bytes replaced by edit(tar bytes), recompressed as the pack is,
+    and pack.json updated to its new size (what staging checks before reading it)."""
+    import zstandard
+    obj = json.loads((packed / PACK_NAME).read_text())
+    path = packed / obj["archives"][index]["path"]
+    compressed = obj["compression"] == "zstd"
+    tar = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes()) if compressed else \
+        path.read_bytes()
+    tar = edit(tar)
+    path.write_bytes(zstandard.ZstdCompressor().compress(tar) if compressed else tar)
+    obj["archives"][index]["bytes"] = path.stat().st_size
+    (packed / PACK_NAME).write_text(json.dumps(obj))
+    return path
+
+
+def _second_header(tar: bytes) -> int:
+    """The offset of the second member's header: after the first header and its data's whole blocks."""
+    size = tarfile.TarInfo.frombuf(tar[:512], "utf-8", "surrogateescape").size
+    return 512 + -(-size // 512) * 512
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("where", ["first", "second"])
+def test_a_pax_header_of_length_zero_ends_quickly_with_an_error_naming_the_archive(dataset, tmp_path, compression,
+                                                                                     where):
+    # "00 path=x": a record that claims no length at all. The hand-written pax parser staging had looped on
+    # it forever; tarfile rejects it.
+    packed = pack(dataset, tmp_path / "packed", compression, 2)
+    at = (lambda tar: 0) if where == "first" else _second_header
+    archive = _rewrite_archive(packed, 0, lambda tar: tar[:at(tar)] + _pax_header(b"00 path=x\n") + tar[at(tar):])
+    source, outcome = open_source(packed), []
+
+    def run():
+        try:
+            stage(source, node_plan(source), tmp_path / "local", threads=1)
+            outcome.append(None)
+        except BaseException as err:  # noqa: BLE001  (reported by the assertions below)
+            outcome.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    started = time.perf_counter()
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "staging did not end within 60 s on a pax header of length 0"
+    assert time.perf_counter() - started < 60
+    err = outcome[0]
+    assert isinstance(err, BenchError), repr(err)
+    assert str(archive) in str(err)
+    assert re.search(r"damaged tar header at byte \d+ of the (decompressed )?archive, "
+                     r"(before any member|after member \S+) \(.+\); expected a ustar or pax header", str(err)), err
+    assert not (staged_dir(tmp_path / "local", source, "node") / MANIFEST_NAME).exists()
+
+
+def test_a_header_failing_its_checksum_after_the_first_member_is_an_error_not_the_end(dataset, tmp_path):
+    # tarfile alone takes a bad header after the first member for the end of the archive and stops.
+    packed = pack(dataset, tmp_path / "packed", "none", 2)
+    first = load_pack(packed).archives[0].members[0].path
+
+    def spoil(tar: bytes) -> bytes:
+        at = _second_header(tar)
+        return tar[:at] + bytes([tar[at] ^ 0x01]) + tar[at + 1:]  # a name byte: the checksum no longer matches
+
+    archive = _rewrite_archive(packed, 0, spoil)
+    source = open_source(packed)
+    with pytest.raises(BenchError, match=rf"{archive}: damaged tar header at byte \d+ of the archive, after member "
+                                         rf"{first} \(bad checksum\); expected a ustar or pax header with a valid "
+                                         rf"checksum"):
+        stage(source, node_plan(source), tmp_path / "local", threads=1)
+
+
+def test_a_member_that_is_not_a_regular_file_is_named(dataset, tmp_path):
+    packed = pack(dataset, tmp_path / "packed", "none", 2)
+    directory = tarfile.TarInfo("train")
+    directory.type = tarfile.DIRTYPE
+    archive = _rewrite_archive(packed, 0, lambda tar: directory.tobuf(tarfile.PAX_FORMAT) + tar)
+    source = open_source(packed)
+    with pytest.raises(BenchError, match=rf"{archive}: member 'train' is not a regular file \(tar type b'5'\)"):
+        stage(source, node_plan(source), tmp_path / "local", threads=1)
+
+
+def test_a_compressed_archive_is_read_front_to_back_only():
+    stream = staging._ForwardStream(io.BytesIO(bytes(range(256)) * 100))
+    assert stream.read(10) == bytes(range(10)) and stream.tell() == 10
+    assert stream.seek(5, os.SEEK_CUR) == 15 and stream.read(1) == bytes([15])
+    assert stream.seek(25_000) == 25_000 and stream.seek(30_000) == 25_600  # past the end: stops there
+    with pytest.raises(OSError, match="read front to back: cannot seek from byte 25600 to 100"):
+        stream.seek(100)
 
 
 # ---------------------------------------------------------------------------- regressions found by fuzzing

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.manifest import MANIFEST_NAME
+from common.io import tfrecord
+from common.io.manifest import MANIFEST_NAME
 from data_prep import tfrecords, validate
 from data_prep.__main__ import main as data_prep_main
-from data_prep.crc32c import crc32c, masked_crc32c
 from tests.unit import test_cosmo_convert as cosmo
 from tests.unit import test_deepcam_convert as deepcam
 
@@ -77,7 +77,7 @@ def flip(path: Path, offset: int) -> None:
 
 def record_offset(data_dir: Path, rel: str, record: int) -> int:
     """Where record `record` of an uncompressed file starts (its length header), from the DALI index."""
-    return tfrecords.read_index(data_dir / (rel + ".idx"))[record][0]
+    return tfrecord.read_index(data_dir / (rel + ".idx"))[record][0]
 
 
 def rewrite_records(data_dir: Path, rel: str, change) -> None:
@@ -113,43 +113,6 @@ def edit_example(record: bytes, key: str, edit) -> bytes:
 
 def replace(records: list[bytes], index: int, record: bytes) -> list[bytes]:
     return [record if i == index else r for i, r in enumerate(records)]
-
-
-# ---------------------------------------------------------------------------- CRC32C
-def test_crc32c_check_value_and_a_plain_loop():
-    assert crc32c(b"123456789") == 0xE3069283
-    rng = np.random.default_rng(0)
-    for size in (0, 1, 3, 4, 5, 64, 65, 100, 4095, 4096, 4097, 70001, 1_000_003):
-        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        assert crc32c(data) == plain_crc32c(data), size
-
-
-def plain_crc32c(data: bytes) -> int:
-    """The textbook bit-at-a-time CRC32C, as an independent reference."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def test_masked_crc32c_equals_what_tensorflow_writes(tmp_path):
-    import tensorflow as tf
-    rng = np.random.default_rng(1)
-    payloads = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 100, 70001, 300_000)]
-    with tf.io.TFRecordWriter(str(tmp_path / "r.tfrecord")) as writer:
-        for payload in payloads:
-            writer.write(payload)
-    raw, offset = (tmp_path / "r.tfrecord").read_bytes(), 0
-    for payload in payloads:
-        length = raw[offset:offset + 8]
-        assert int.from_bytes(raw[offset + 8:offset + 12], "little") == masked_crc32c(length)
-        end = offset + 12 + len(payload)
-        assert raw[offset + 12:end] == payload
-        assert int.from_bytes(raw[end:end + 4], "little") == masked_crc32c(payload)
-        offset = end + 4
-    assert offset == len(raw)
 
 
 # ---------------------------------------------------------------------------- clean datasets

@@ -1,0 +1,67 @@
+"""Atomic file writes: write to a temporary name beside the target, then rename it into place, so that a
+half-written file (or directory) never looks finished.
+
+The temporary of `DIR/NAME` is `DIR/.NAME.tmp-PID`: hidden, in the same directory (so the rename is atomic on one
+file system) and named after the writing process, so that a tool can tell a killed run's leftovers from a live
+writer's, or delete them all before it starts again.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+TEMP_MARK = ".tmp-"
+
+
+def temp_path(final: str | os.PathLike) -> Path:
+    """The temporary name `final` is written under before it is renamed into place (same directory)."""
+    final = Path(final)
+    return final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `final` for the block to write (a file or a directory); rename it to
+    `final` when the block succeeds, remove it when the block raises.
+
+    A directory replaces an existing `final` directory whole (the old one is deleted just before the rename).
+    The parent directory is created when missing.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(final)
+    remove_path(tmp)  # a leftover of an earlier process that had this pid
+    try:
+        yield tmp
+        if tmp.is_dir() and not tmp.is_symlink() and final.is_dir():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        remove_path(tmp)  # still there only when the block or the rename failed
+
+
+def remove_path(path: str | os.PathLike) -> None:
+    """Delete a file, link or directory tree if it exists."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def write_json_atomic(obj: dict, path: str | os.PathLike, indent: int | None = 2) -> Path:
+    """Write JSON to a temporary name beside `path`, then rename it into place (`indent` None: compact, and
+    written by the C encoder, several times faster for large objects)."""
+    return write_text_atomic(json.dumps(obj, indent=indent, default=float) + "\n", path)
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
+    """Write `text` to a temporary name beside `path`, then rename it into place."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return path

@@ -1,0 +1,304 @@
+"""Benchmark campaigns: one benchmark run N times with distinct seeds (MLPerf HPC's time-to-train score), or
+M instances training at once (its throughput score), then the submission layout and the score.
+
+    python -m common.campaign run cosmoflow cosmoflow/configs/cosmo_mini.yaml --out campaigns/cosmo \\
+        [--runs 10] [--instances M] [--np 2] [--seed 1000] [--system NAME] [--stage-dir DIR] \\
+        [--launcher TEMPLATE] [--python PATH] [config overrides, e.g. data.dir=... train.local_batch_size=8]
+    python -m common.campaign score campaigns/cosmo
+
+`run` starts `<benchmark>/train.py` once per run through the launcher (default: this environment's
+horovodrun on localhost), run i with `run.seed=<seed + i>` and its own output directory
+`OUT/runs/run_<i>/` (config.yaml, mlperf.log, summary.json, train.log). With --instances M the M runs
+start together and share the allocation (throughput mode); else they run one after the other (default
+count: the rules' 10 for CosmoFlow, 5 for DeepCAM). A run is finished when its `campaign_run.json`
+exists; a campaign started again with the same arguments keeps the finished runs and continues (a run
+cut off half-way is moved to `OUT/runs/aborted/` and run again with its seed; a throughput campaign
+restarts its round, as the instances must train together). A larger --runs extends a sequential
+campaign; any other difference from the arguments it was started with is refused. When every run is done the campaign is scored (common/campaign/scoring.py).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.base.cli import guarded
+from common.base.files import write_json_atomic
+from common.base.errors import BenchError
+from common.base.version import REPO
+from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, CampaignSpec, RunRecord, load_record,
+                                   load_spec, open_campaign, run_dir)
+
+PROGRESS_SECONDS = 60  # how often a running training's newest epoch line is shown
+
+
+# ---------------------------------------------------------------------------- one run
+def run_command(spec: CampaignSpec, out: Path, index: int) -> list[str]:
+    """The launcher, the benchmark's train.py with the config, the overrides, the run's seed and directory."""
+    try:
+        launcher = spec.launcher.format(np=spec.ranks, run=index, python=Path(sys.executable).parent)
+    except (KeyError, IndexError) as err:
+        raise BenchError(f"launcher {spec.launcher!r}: unknown placeholder {err}; it may use {{np}}, {{run}} and "
+                         f"{{python}}") from None
+    extra = [f"data.stage_dir={stage_path(spec, out, index)}"] if spec.stage_dir else []
+    return [*shlex.split(launcher), spec.python or sys.executable, str(REPO / spec.benchmark / "train.py"), spec.config,
+            *spec.overrides, *extra, f"run.seed={spec.seed_of(index)}", f"run.output_dir={run_dir(out, index)}"]
+
+
+def stage_path(spec: CampaignSpec, out: Path, index: int) -> Path:
+    return Path(spec.stage_dir) / f"{out.resolve().name}-run_{index:03d}"
+
+
+def start_run(spec: CampaignSpec, out: Path, index: int) -> tuple[subprocess.Popen, list[str], float]:
+    """Start run `index` in its own process group, its output in train.log; a half-written directory of
+    an earlier attempt is moved to runs/aborted/ first."""
+    directory = run_dir(out, index)
+    if directory.exists():
+        aborted = out / "runs" / "aborted" / f"{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        aborted.parent.mkdir(parents=True, exist_ok=True)
+        directory.rename(aborted)
+        print(f"  {directory.name}: an unfinished earlier attempt moved to {aborted}", flush=True)
+    directory.mkdir(parents=True)
+    command = run_command(spec, out, index)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+           "PYTHONUNBUFFERED": "1"}
+    with open(directory / "train.log", "wb") as log:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc, command, time.time()
+
+
+def finish_run(spec: CampaignSpec, out: Path, index: int, code: int, command: list[str], started: float) -> RunRecord:
+    """Record a run that ended (its summary's status), and remove its staged data."""
+    directory = run_dir(out, index)
+    summary = directory / "summary.json"
+    status = json.loads(summary.read_text()).get("status", "unknown") if summary.is_file() else "crashed"
+    record = RunRecord(index=index, seed=spec.seed_of(index), exit_code=code, wall_seconds=time.time() - started,
+                       started=started, command=tuple(command), status=status)
+    _remove_staged(spec, out, [index])
+    write_json_atomic(dataclasses.asdict(record), directory / RUN_RECORD)
+    return record
+
+
+def _remove_staged(spec: CampaignSpec, out: Path, indices: list[int]) -> None:
+    """Free the node-local copies of runs that ended or were stopped (--stage-dir)."""
+    for index in indices if spec.stage_dir else []:
+        shutil.rmtree(stage_path(spec, out, index), ignore_errors=True)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate the runs still going, and every process they started: launchers such as horovodrun put
+    their workers in process groups of their own, so the launcher's group alone does not reach them.
+    What ignores SIGTERM for 20 s is killed."""
+    import psutil
+    family = []
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                family += psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+            os.killpg(proc.pid, signal.SIGTERM)
+    for member in family:
+        try:
+            member.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(family, timeout=20)
+    for member in alive:
+        member.kill()
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---------------------------------------------------------------------------- campaigns
+def run_campaign(spec: CampaignSpec, out: Path) -> list[RunRecord]:
+    """Run what is left of the campaign; returns every run's record."""
+    open_campaign(out, spec)
+    if spec.mode == "throughput":
+        return _run_together(spec, out)
+    return _run_one_by_one(spec, out)
+
+
+def _run_one_by_one(spec: CampaignSpec, out: Path) -> list[RunRecord]:
+    records, t0, ran = [], time.time(), 0
+    for index in range(spec.count):
+        done = load_record(out, index)
+        if done:
+            print(f"run {index + 1}/{spec.count} (seed {done.seed}): done earlier, {done.status}", flush=True)
+            records.append(done)
+            continue
+        proc, command, started = start_run(spec, out, index)
+        print(f"run {index + 1}/{spec.count} (seed {spec.seed_of(index)}): started, log "
+              f"{run_dir(out, index) / 'train.log'}", flush=True)
+        try:
+            code = _wait_all([proc], out, [index])[0]
+        except BaseException:
+            _stop([proc])
+            _remove_staged(spec, out, [index])
+            raise
+        records.append(finish_run(spec, out, index, code, command, started))
+        ran += 1
+        print(f"run {index + 1}/{spec.count}: {describe_run(out, records[-1])}; {_eta(t0, ran, spec.count - index - 1)}",
+              flush=True)
+    return records
+
+
+def _run_together(spec: CampaignSpec, out: Path) -> list[RunRecord]:
+    records = [load_record(out, i) for i in range(spec.count)]
+    if all(records):
+        print(f"all {spec.count} instances done earlier", flush=True)
+        return records
+    print(f"starting {spec.count} instances together, {spec.ranks} ranks each", flush=True)
+    started = [start_run(spec, out, i) for i in range(spec.count)]
+    procs = [p for p, _, _ in started]
+    try:
+        codes = _wait_all(procs, out, list(range(spec.count)))
+    except BaseException:
+        _stop(procs)
+        _remove_staged(spec, out, list(range(spec.count)))
+        raise
+    return [finish_run(spec, out, i, code, command, t) for i, (code, (_, command, t)) in enumerate(zip(codes, started))]
+
+
+def _wait_all(procs: list[subprocess.Popen], out: Path, indices: list[int]) -> list[int]:
+    """Wait for the runs `indices`, saying when each ends and, every PROGRESS_SECONDS, where each stands (the
+    last progress line of its train.log)."""
+    codes: list[int | None] = [None] * len(procs)
+    shown: dict[int, str] = {}
+    last = time.time()
+    while None in codes:
+        for i, proc in enumerate(procs):
+            if codes[i] is None and proc.poll() is not None:
+                codes[i] = proc.returncode
+                if len(procs) > 1:
+                    print(f"  instance {i + 1}/{len(procs)} ended (exit {proc.returncode}); "
+                          f"{codes.count(None)} still training", flush=True)
+        if time.time() - last >= PROGRESS_SECONDS:
+            last = time.time()
+            for i, index in enumerate(indices):
+                line = progress_line(run_dir(out, index) / "train.log")
+                if codes[i] is None and line and line != shown.get(i):
+                    shown[i] = line
+                    print(f"  run_{index:03d}: {line}", flush=True)
+        time.sleep(1.0)
+    return codes
+
+
+def progress_line(log: Path) -> str:
+    """The newest epoch line a training printed to `log` (launcher prefixes removed), or ""."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [re.sub(r"^(\[\d+,\d+\]<std(out|err)>:)+", "", line).strip()
+             for line in re.split(r"[\r\n]+", tail)]
+    return next((line for line in reversed(lines) if line.startswith("epoch")), "")
+
+
+def describe_run(out: Path, record: RunRecord) -> str:
+    """One line: status, time to train and final metric from the run's summary, wall time."""
+    summary = run_dir(out, record.index) / "summary.json"
+    wall = f"{record.wall_seconds / 60:.1f} min wall"
+    if not summary.is_file():
+        return f"crashed (exit {record.exit_code}, no summary.json; see train.log), {wall}"
+    s = json.loads(summary.read_text())
+    metric = s.get("final_metric")
+    metric_text = f"{s.get('metric_name', 'metric')} {metric:.4f}" if isinstance(metric, (int, float)) else "no metric"
+    return (f"{s.get('status')}, time to train {s.get('time_to_train_seconds', float('nan')):.1f} s, "
+            f"{s.get('epochs')} epochs, {metric_text}, {wall}")
+
+
+def _eta(t0: float, ran: int, left: int) -> str:
+    elapsed = time.time() - t0
+    return f"campaign {elapsed / 60:.1f} min so far, about {elapsed / ran * left / 60:.0f} min left" if left else \
+        f"campaign done in {elapsed / 60:.1f} min"
+
+
+# ---------------------------------------------------------------------------- command line
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m common.campaign", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run (or resume) a campaign, then score it")
+    run.add_argument("benchmark", choices=BENCHMARKS)
+    run.add_argument("config", help="the benchmark's YAML config")
+    run.add_argument("overrides", nargs="*", help="dotted config overrides (not run.seed / run.output_dir)")
+    run.add_argument("--out", required=True, help="the campaign directory")
+    run.add_argument("--runs", type=int, default=0, help="sequential runs (default: the rules' 10 / 5)")
+    run.add_argument("--instances", type=int, default=0, help="throughput mode: this many runs at once")
+    run.add_argument("--np", type=int, default=2, help="ranks per run (default 2)")
+    run.add_argument("--seed", type=int, default=1000, help="run i uses seed + i (default 1000)")
+    run.add_argument("--system", default="local", help="the system's name in the submission layout")
+    run.add_argument("--system-file", help="a system description JSON whose fields replace the detected ones")
+    run.add_argument("--stage-dir", default="", help="node-local directory; each run stages below it")
+    run.add_argument("--python", default="", help="the trainings' interpreter, e.g. a container's python "
+                                                   "(default: this one)")
+    run.add_argument("--launcher", default=DEFAULT_LAUNCHER,
+                     help="how a run is launched; {np}, {run} and {python} are filled in (default: %(default)s)")
+    score = sub.add_parser("score", help="(re)write the submission layout and the score of a campaign")
+    score.add_argument("out", help="the campaign directory")
+    score.add_argument("--system-file", help="a system description JSON whose fields replace the detected ones")
+    # Overrides may also follow the options (argparse alone would refuse positionals after them).
+    args, extra = parser.parse_known_args(argv)
+    unknown = [e for e in extra if e.startswith("-") or "=" not in e or args.command != "run"]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def spec_from_args(args: argparse.Namespace) -> CampaignSpec:
+    if args.runs and args.instances:
+        raise BenchError(f"--runs {args.runs} and --instances {args.instances}: give one (sequential runs, or "
+                         f"that many instances at once)")
+    return CampaignSpec(benchmark=args.benchmark, config=args.config, overrides=tuple(args.overrides),
+                        mode="throughput" if args.instances else "time_to_train",
+                        runs=args.instances or args.runs, ranks=args.np, seed=args.seed, system=args.system,
+                        launcher=args.launcher, stage_dir=args.stage_dir, python=args.python)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    """A scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the running trainings are stopped."""
+    raise SystemExit(128 + signum)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+    def run() -> int:
+        from common.campaign.scoring import score_campaign
+        out = Path(args.out)
+        if args.command == "run":
+            spec = spec_from_args(args)
+            if not Path(spec.config).is_file():
+                raise BenchError(f"config {spec.config}: no such file")
+            print(f"campaign {out}: {spec.benchmark}, {spec.count} runs "
+                  f"{'at once' if spec.mode == 'throughput' else 'one after the other'}, {spec.ranks} ranks each",
+                  flush=True)
+            run_campaign(spec, out)
+        result = score_campaign(out, system_file=args.system_file)
+        return 0 if result.valid else 1
+
+    return guarded(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

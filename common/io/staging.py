@@ -1,0 +1,711 @@
+"""Data staging: copy a dataset from the shared file system to node-local storage before training.
+
+The source is a plain dataset directory (`manifest.json` and its files) or a packed one (`pack.json`
+and compressed tar archives made by `python -m data_prep pack`). Three modes say what is staged:
+
+- `rank`: every rank stages the files it reads itself (its shard of each split) into its own
+  directory; nothing is shared between the ranks of a node.
+- `node`: local rank 0 of every node stages the whole dataset once; the node's other ranks wait.
+- `node_share`: local rank 0 of node n stages the node's share (files n, n+N, ... of each split, see
+  common/io/sharding.py); the node's ranks divide it between them afresh every epoch.
+
+Files are copied (or unpacked, streaming, one archive per thread) under temporary names beside
+their final ones by the copier (common/io/pycopy.py: plain files, and the byte ranges of the members of
+uncompressed archives; compressed archives are read through Python's decompressors and the standard
+library's `tarfile`). Their checksum is checked while they are written (xxh3-128 from pack.json or
+manifest.json; sha256 for files of a manifest written before converters recorded xxh3-128), and only
+then are they renamed.
+The dataset's manifest.json is written last and a `.staged.json` record after it, so a killed
+staging never leaves a directory a later run takes for complete. A rerun starts afresh (every byte
+counted in the staging time) or, with `reuse`, keeps the files that were finished and stages the
+rest. Free space is checked before the first byte is copied.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.thread  # noqa: F401  (loaded lazily otherwise: inside the timed staging)
+import dataclasses
+import errno
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable, Iterable
+
+from common.io import pycopy
+from common.base.files import write_json_atomic, write_text_atomic
+from common.base.errors import BenchError
+from common.io.manifest import MANIFEST_NAME, Manifest, load_manifest
+from common.io.packing import PACK_NAME, Member, Pack, dataset_files, load_pack
+from common.io.sharding import node_share_files
+
+MODES = ("rank", "node", "node_share")
+STAGED_NAME = ".staged.json"
+TEMP_MARK = ".stage-tmp-"
+CHUNK = 4 << 20  # bytes per read of a decompressed archive stream
+# Files per call of the copier, and their most bytes: few calls (little interpreter work and lock traffic
+# between the threads) yet small enough to share out evenly and update the progress bar. A batch is also
+# at most 1/BATCH_SHARE of a thread's share of the bytes, so that when the last batch is handed out the
+# other threads have little left: with 64 MiB batches, DeepCAM's 1 GB on two threads left one thread idle
+# for up to a batch (~30 ms of a 0.3 s staging).
+BATCH_FILES, BATCH_BYTES, BATCH_SHARE = 32, 64 << 20, 16
+SPACE_MARGIN = 64 << 20  # free bytes left over at the destination after staging
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where this rank sits: rank, ranks, local rank, ranks per node, node index and node count."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    node: int = 0
+    nodes: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What staging reads: a plain dataset directory or a packed one, and the dataset's manifest."""
+
+    root: Path
+    manifest: Manifest
+    pack: Pack | None
+
+    @property
+    def kind(self) -> str:
+        return "packed" if self.pack else "plain"
+
+    @property
+    def compression(self) -> str:
+        return self.pack.compression if self.pack else "none"
+
+    @functools.cached_property
+    def files(self) -> dict[str, Member]:
+        """Every stageable file by its dataset path, with the size and checksums it must have."""
+        if self.pack:
+            return {path: member for path, (_, member) in self.pack.members().items()}
+        return dataset_files(self.manifest)
+
+    @functools.cached_property
+    def manifest_text(self) -> str:
+        """The manifest's JSON text, compact with sorted keys (made once: CosmoFlow's lists thousands of
+        files): what names the staged directory and what staging writes there."""
+        return json.dumps(self.manifest.to_dict(), sort_keys=True)
+
+
+def open_source(path: str | os.PathLike) -> Source:
+    """The dataset at `path`: a directory with manifest.json (plain) or pack.json (packed)."""
+    root = Path(path)
+    if (root / PACK_NAME).is_file():
+        pack = load_pack(root)
+        return Source(root=root, manifest=pack.manifest(), pack=pack)
+    if not root.is_dir():
+        raise BenchError(f"{root}: dataset directory not found (expected {MANIFEST_NAME} or {PACK_NAME} in it)")
+    if not (root / MANIFEST_NAME).is_file():
+        raise BenchError(f"{root}: neither {MANIFEST_NAME} (a converted dataset) nor {PACK_NAME} (a packed one); "
+                         f"its conversion or packing did not finish, or this is not a dataset")
+    return Source(root=root, manifest=load_manifest(root), pack=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one rank's staging does."""
+
+    mode: str
+    scope: str  # the staged directory's name below the dataset's: node, node-0000-of-0002, rank-00001-of-00004
+    files: tuple[str, ...]  # dataset paths staged into it
+    copies: bool  # False: another rank of this node stages it (this rank waits)
+    node_bytes: int  # bytes all of this node's staging writes (for the free-space check)
+
+
+RankFiles = Callable[[Manifest, int, int], Iterable[str]]  # (manifest, rank, ranks) -> dataset paths it reads
+
+
+def plan(source: Source, mode: str, layout: Layout, rank_files: RankFiles) -> Plan:
+    """The plan of this rank; `rank_files` says which files a rank reads (the application's sharding)."""
+    if mode not in MODES:
+        raise BenchError(f"data.stage_mode {mode!r}: expected one of {list(MODES)}")
+    manifest, files = source.manifest, source.files
+    aux = [a.path for a in manifest.aux_files.values()]
+    if mode == "node":
+        chosen, scope = list(files), "node"
+        node_bytes = _bytes(files, chosen)
+    elif mode == "node_share":
+        chosen = aux + [p for split in manifest.splits for e in
+                        node_share_files(manifest, split, layout.node, layout.nodes) for p in _with_index(e)]
+        scope = f"node-{layout.node:04d}-of-{layout.nodes:04d}"
+        node_bytes = _bytes(files, chosen)
+    else:
+        def of_rank(rank: int) -> list[str]:
+            return aux + list(rank_files(manifest, rank, layout.size))
+        chosen, scope = of_rank(layout.rank), f"rank-{layout.rank:05d}-of-{layout.size:05d}"
+        first = layout.node * layout.local_size  # ranks are numbered node by node
+        node_bytes = sum(_bytes(files, of_rank(r)) for r in range(first, min(first + layout.local_size, layout.size)))
+    unknown = sorted(set(chosen) - set(files))
+    if unknown:
+        raise BenchError(f"{source.root}: the files to stage include {unknown[0]}, which the source does not hold")
+    return Plan(mode=mode, scope=scope, files=tuple(sorted(set(chosen))), node_bytes=node_bytes,
+                copies=mode == "rank" or layout.local_rank == 0)
+
+
+def _with_index(entry) -> list[str]:
+    return [entry.path] + ([entry.index] if entry.index else [])
+
+
+def _bytes(files: dict[str, Member], chosen: Iterable[str]) -> int:
+    return sum(files[p].bytes for p in set(chosen) if p in files)
+
+
+def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str) -> Path:
+    """`stage_root/<format>-<first 12 hex digits of the manifest's sha256>/<scope>`."""
+    digest = hashlib.sha256(source.manifest_text.encode()).hexdigest()[:12]
+    return Path(stage_root) / f"{source.manifest.format}-{digest}" / scope
+
+
+# ---------------------------------------------------------------------------- in a training run
+def check_unstaged_source(data_cfg) -> None:
+    """A packed dataset cannot be read in place: it needs data.stage_dir."""
+    if (Path(data_cfg.dir) / PACK_NAME).is_file():
+        raise BenchError(f"data.dir {data_cfg.dir} is a packed dataset ({PACK_NAME}); set data.stage_dir to a "
+                         f"node-local directory to unpack it into, or point data.dir at the unpacked dataset")
+
+
+def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False) -> "StageResult":
+    """Stage data_cfg.dir into data_cfg.stage_dir on the ranks the mode picks; the others wait.
+
+    Collective: every rank calls it. When any staging rank fails, every rank raises its error
+    (rather than waiting forever or reading a partial copy).
+    """
+    source = open_source(data_cfg.dir)
+    layout = Layout(rank=dist.rank, size=dist.size, local_rank=dist.local_rank, local_size=dist.local_size,
+                    node=dist.node, nodes=dist.num_nodes)
+    t0 = time.perf_counter()
+    the_plan, result, error = None, None, None
+    try:
+        the_plan = plan(source, data_cfg.stage_mode, layout, rank_files)
+        if the_plan.copies:
+            result = stage(source, the_plan, data_cfg.stage_dir, threads=data_cfg.stage_threads,
+                           reuse=data_cfg.stage_reuse, progress=progress)
+    except BenchError as err:
+        error = f"rank {dist.rank}: {err}"
+    failures = [e for e in dist.gather_object(error) if e]  # also the barrier the waiting ranks need
+    if failures:
+        raise BenchError(failures[0] + (f" (and {len(failures) - 1} more ranks failed)" if len(failures) > 1 else ""))
+    return result or wait_result(source, the_plan, data_cfg.stage_dir, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------- result
+@dataclasses.dataclass
+class StageResult:
+    """What one rank's staging did, for the MLPerf log, the I/O report and the run summary."""
+
+    dir: str
+    mode: str
+    scope: str
+    source: str
+    source_kind: str  # plain or packed
+    compression: str
+    copied: bool  # False: this rank waited for its node's stager
+    files: int = 0  # staged by this rank (reused ones excluded)
+    files_reused: int = 0
+    bytes_written: int = 0  # uncompressed bytes written
+    bytes_read: int = 0  # bytes read from the source (compressed archives: their size)
+    archives: int = 0
+    seconds: float = 0.0
+    threads: int = 0
+    checksum: str = ""  # what every file was verified with: xxh3_128 (packed) or sha256 (plain)
+    source_fs: str = ""  # file system type of the source directory ("" when unknown)
+    dest_fs: str = ""  # file system type of the staged directory ("" when unknown)
+    reads: str = ""  # how the source was read: the copier's method (read, mmap, kernel) or stream (compressed)
+    copier: str = "python"  # who copied and hashed (common/io/pycopy.py)
+
+    def figures(self) -> dict:
+        d = dataclasses.asdict(self)
+        seconds = max(self.seconds, 1e-9)
+        d["write_gb_per_second"] = self.bytes_written / seconds / 1e9 if self.copied else None
+        d["read_gb_per_second"] = self.bytes_read / seconds / 1e9 if self.copied else None
+        d["compression_ratio"] = self.bytes_written / self.bytes_read if self.bytes_read else None
+        return d
+
+
+# ---------------------------------------------------------------------------- staging
+def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads: int = 0, reuse: bool = False,
+          progress: bool = False, copier: pycopy.Copier | None = None) -> StageResult:
+    """Copy or unpack the plan's files into their staged directory; returns what was done.
+
+    Only the ranks whose plan says `copies` call this; the others wait and call `wait_result`.
+    `copier` copies plain files and the members of uncompressed archives (default: common/io/pycopy.py's
+    `read` method, the fastest of its methods on every file system measured: benchmarks/copier_compare.py).
+    Raises BenchError for too little free space, a missing or truncated archive, a corrupt archive
+    member and a checksum mismatch, naming the file and the figures.
+    """
+    dest = staged_dir(stage_root, source, the_plan.scope)
+    threads = threads or _cores()
+    result = StageResult(dir=str(dest), mode=the_plan.mode, scope=the_plan.scope, source=str(source.root),
+                         source_kind=source.kind, compression=source.compression, copied=True, threads=threads,
+                         checksum=_checksum_kinds(source, the_plan))
+    t0 = time.perf_counter()
+    files = source.files
+    done = _prepare(dest, files, the_plan, reuse)
+    todo = [p for p in the_plan.files if p not in done]
+    _check_space(dest, the_plan, files, todo)
+    bar = _progress_bar(sum(files[p].bytes for p in todo), progress, the_plan.scope)
+    try:
+        result.source_fs, result.dest_fs = filesystem_type(source.root), filesystem_type(dest)
+        copier = copier or pycopy.Copier()
+        result.copier, result.reads = copier.name, read_method(copier, source)
+        if source.pack:
+            result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar, copier)
+        else:
+            result.bytes_read = _copy_plain(source, todo, dest, threads, bar, copier)
+    finally:
+        bar.close()
+    # The dataset's manifest, now describing `dest` (loaded and validated from the source already; compact:
+    # CosmoFlow's lists thousands of files, and indenting it is done in Python, tens of milliseconds).
+    write_text_atomic(source.manifest_text + "\n", dest / MANIFEST_NAME)
+    result.files, result.files_reused = len(todo), len(done)
+    result.bytes_written = sum(files[p].bytes for p in todo)
+    result.seconds = time.perf_counter() - t0
+    write_json_atomic({"plan": dataclasses.asdict(the_plan), "result": result.figures()}, dest / STAGED_NAME)
+    return result
+
+
+def _checksum_kinds(source: Source, the_plan: Plan) -> str:
+    files = source.files
+    return "+".join(sorted({checksum_of(files[p])[0] for p in the_plan.files}))
+
+
+def wait_result(source: Source, the_plan: Plan, stage_root: str | os.PathLike, seconds: float) -> StageResult:
+    """The result on a rank that waited `seconds` for its node's stager (which must have finished)."""
+    dest = staged_dir(stage_root, source, the_plan.scope)
+    if not (dest / STAGED_NAME).is_file():
+        raise BenchError(f"{dest}: the node's staging rank finished but {STAGED_NAME} is missing; is "
+                         f"data.stage_dir node-local storage that all ranks of the node see?")
+    return StageResult(dir=str(dest), mode=the_plan.mode, scope=the_plan.scope, source=str(source.root),
+                       source_kind=source.kind, compression=source.compression, copied=False, seconds=seconds)
+
+
+def _prepare(dest: Path, files: dict[str, Member], the_plan: Plan, reuse: bool) -> set[str]:
+    """Make `dest` ready; returns the planned files already complete there (only with `reuse`)."""
+    if not reuse:
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        return set()
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / STAGED_NAME).unlink(missing_ok=True)
+    (dest / MANIFEST_NAME).unlink(missing_ok=True)
+    for tmp in [p for p in dest.rglob(f"*{TEMP_MARK}*") if p.is_file()]:
+        tmp.unlink()
+    # A file with its final name was renamed only after its checksum matched.
+    return {p for p in the_plan.files if (dest / p).is_file() and (dest / p).stat().st_size == files[p].bytes}
+
+
+def _check_space(dest: Path, the_plan: Plan, files: dict[str, Member], todo: list[str]) -> None:
+    need = sum(files[p].bytes for p in todo)
+    if the_plan.mode == "rank":  # the node's other ranks stage at the same time
+        need = max(need, the_plan.node_bytes - _bytes(files, set(the_plan.files) - set(todo)))
+    free = shutil.disk_usage(dest).free
+    if free < need + SPACE_MARGIN:
+        raise BenchError(f"{dest}: {free / 1e9:.2f} GB free, but staging needs {need / 1e9:.2f} GB "
+                         f"({len(todo)} files, data.stage_mode={the_plan.mode}) plus {SPACE_MARGIN >> 20} MiB to "
+                         f"spare; free space there or choose another data.stage_dir")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------- plain copies
+def read_method(copier: pycopy.Copier, source: Source) -> str:
+    """How the source's bytes are read: by the copier's method, or "stream" through a decompressor."""
+    return "stream" if source.compression != "none" else copier.method
+
+
+def _copy_plain(source: Source, todo: list[str], dest: Path, threads: int, bar, copier: pycopy.Copier) -> int:
+    """Copy the plain files `todo` in batches, one batch per call of the copier, on `threads` threads."""
+    files, root = source.files, str(source.root)
+    _make_dirs(dest, todo)
+
+    def copy_batch(paths: list[str]) -> int:
+        _copy_jobs(copier, dest, [(f"{root}/{p}", 0, -1, files[p], f"{root}/{p}") for p in paths], bar)
+        return sum(files[p].bytes for p in paths)
+
+    return sum(_run_threads(copy_batch, _batches(todo, files, threads), threads))
+
+
+def _batches(paths: list[str], files: dict[str, Member], threads: int = 1) -> list[list[str]]:
+    """`paths` in runs of at most BATCH_FILES files and `batch_bytes` bytes (at least one file each)."""
+    limit = batch_bytes(sum(files[p].bytes for p in paths), threads)
+    out, run, size = [], [], 0
+    for p in paths:
+        if run and (len(run) == BATCH_FILES or size + files[p].bytes > limit):
+            out.append(run)
+            run, size = [], 0
+        run.append(p)
+        size += files[p].bytes
+    return out + [run] if run else out
+
+
+def batch_bytes(total: int, threads: int) -> int:
+    """The most bytes of one batch of the copier when `threads` threads share `total` bytes (see BATCH_SHARE)."""
+    return max(1, min(BATCH_BYTES, total // (max(threads, 1) * BATCH_SHARE)))
+
+
+def _make_dirs(dest: Path, paths: Iterable[str]) -> None:
+    """Every directory the staged `paths` go into, made once before the copies (not once per file)."""
+    for d in sorted({os.path.dirname(p) for p in paths}):  # strings: pathlib costs ~10 ms per 1,000 files
+        os.makedirs(os.path.join(dest, d), exist_ok=True)
+
+
+CopyJob = tuple[str, int, int, Member, str]  # source path, offset, length (-1: to its end), member, where
+
+
+def _copy_jobs(copier: pycopy.Copier, dest: Path, jobs: list[CopyJob], bar) -> None:
+    """Copy, hash, check and rename `jobs` in one call of the copier; their directories must exist.
+    Raises BenchError for the first that failed, as `_check_copy` words a wrong size or checksum."""
+    tag, batch = f"{TEMP_MARK}{os.getpid()}-{threading.get_ident()}", []
+    for src, offset, length, member, _ in jobs:
+        head, name = os.path.split(f"{dest}/{member.path}")
+        kind, digest = checksum_of(member)
+        batch.append(pycopy.Job(src, offset, length, f"{head}/.{name}{tag}", f"{head}/{name}", member.bytes, digest,
+                                kind))
+    failure = copier.copy_batch(batch, _buffer(copier.buffer_bytes))
+    bar.update(sum(m.bytes for _, _, _, m, _ in jobs[:len(jobs) if failure is None else failure.index]))
+    if failure is None:
+        return
+    src, _, _, member, where = jobs[failure.index]
+    if failure.code in (pycopy.SIZE_MISMATCH, pycopy.DIGEST_MISMATCH):
+        _check_copy(failure.size, failure.digest, member, where)
+    if failure.code == errno.ENOENT and not os.path.exists(src):
+        raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
+    raise BenchError(f"{where}: copying {member.path} to {dest}: {failure.message} (errno {failure.code})")
+
+
+def filesystem_type(path: str | os.PathLike) -> str:
+    """The type of the file system holding `path` (the longest mount point above it), "" when unknown."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    target, best, kind = os.path.realpath(path), "", ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind
+
+
+def _read_chunks(stream):
+    """The stream's bytes, read into this thread's buffer piece by piece (each view valid until the next)."""
+    buffer = _buffer()
+    while got := stream.readinto(buffer):
+        yield buffer[:got]
+
+
+def _run_threads(function, jobs: list, threads: int) -> list:
+    """function(job) for every job on `threads` threads; the first error is raised after the rest stop."""
+    if threads <= 1 or len(jobs) <= 1:
+        return [function(job) for job in jobs]
+    with concurrent.futures.ThreadPoolExecutor(min(threads, len(jobs))) as pool:
+        futures = [pool.submit(function, job) for job in jobs]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+def _write_verified(chunks, dest: Path, member: Member, where: str, bar) -> None:
+    """Write `chunks` (views of the file's bytes) to dest/member.path through a temporary name, checking
+    size and checksum before the rename."""
+    final, tmp = _temp_path(dest, member)
+    kind, _ = checksum_of(member)
+    digest, size = pycopy.hasher(kind), 0
+    try:
+        with open(tmp, "wb", buffering=0) as out:
+            for chunk in chunks:
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+                bar.update(len(chunk))
+        _check_copy(size, digest.hexdigest(), member, where)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _temp_path(dest: Path, member: Member) -> tuple[Path, Path]:
+    """The final path of a member and the temporary name it is written under (per process and thread)."""
+    final = dest / member.path
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return final, final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
+
+
+def _check_copy(size: int, digest: str, member: Member, where: str) -> None:
+    kind, expected = checksum_of(member)
+    if size != member.bytes:
+        raise BenchError(f"{where}: {member.path} has {size} bytes, the manifest says {member.bytes}; the "
+                         f"source is truncated or was changed")
+    if digest != expected:
+        raise BenchError(f"{where}: {member.path} has {kind} {digest}, the source lists {expected}; "
+                         f"the source is corrupt (checksum mismatch), nothing was renamed")
+
+
+def checksum_of(member: Member) -> tuple[str, str]:
+    """(kind, expected hex digest): xxh3-128 when the pack or manifest recorded it, else sha256."""
+    return ("xxh3_128", member.xxh3_128) if member.xxh3_128 else ("sha256", member.sha256)
+
+
+_local = threading.local()
+
+
+def _buffer(size: int = CHUNK) -> memoryview:
+    """This thread's reusable read buffer of `size` bytes."""
+    buffers = _local.__dict__.setdefault("buffers", {})
+    if size not in buffers:
+        buffers[size] = memoryview(bytearray(size))
+    return buffers[size]
+
+
+# ---------------------------------------------------------------------------- archives
+def _unpack(source: Source, todo: list[str], dest: Path, threads: int, bar,
+            copier: pycopy.Copier) -> tuple[int, int]:
+    """Unpack the archives holding `todo`, one per thread; returns (archives read, their bytes).
+
+    The standard library's `tarfile` reads the headers. The members of uncompressed archives are copied by
+    `copier` from their byte ranges of the archive; those of compressed ones are read from the decompressed
+    stream, once, front to back."""
+    wanted = set(todo)
+    archives = [a for a in source.pack.archives if any(m.path in wanted for m in a.members)]
+    _make_dirs(dest, todo)
+
+    def unpack(archive) -> int:
+        path = source.root / archive.path
+        if not path.is_file():
+            raise BenchError(f"{path}: archive listed in {source.root / PACK_NAME} is missing")
+        size = path.stat().st_size
+        if size != archive.bytes:
+            raise BenchError(f"{path}: {size} bytes, {PACK_NAME} says {archive.bytes}; the archive is truncated "
+                             f"or was changed, repack the dataset")
+        _unpack_archive(path, archive, source.compression, wanted, dest, bar, copier)
+        return size
+
+    return len(archives), sum(_run_threads(unpack, archives, threads))
+
+
+@dataclasses.dataclass
+class _Unpacking:
+    """One archive being unpacked: where, what pack.json lists in it, what is wanted, what was found."""
+
+    path: Path
+    members: dict[str, Member]
+    wanted: set[str]
+    found: set[str] = dataclasses.field(default_factory=set)
+    current: str | None = None  # the member being read
+    last: str | None = None  # the last member read to its end
+
+
+def _unpack_archive(path: Path, archive, compression: str, wanted: set[str], dest: Path, bar,
+                    copier: pycopy.Copier) -> None:
+    """Unpack the `wanted` members of one archive, streaming, and check that it holds exactly the members
+    pack.json lists for it. Raises BenchError naming the archive, the member and what was expected."""
+    state = _Unpacking(path, {m.path: m for m in archive.members}, wanted)
+    try:
+        with open(path, "rb") as raw, _decompressed(raw, compression) as stream:
+            if compression == "none":
+                with _open_tar(raw) as tar:
+                    _copy_members(tar, state, dest, bar, copier)
+            else:
+                forward = _ForwardStream(stream)
+                with _open_tar(forward) as tar:
+                    _stream_members(tar, forward, state, dest, bar)
+    except BenchError:
+        raise
+    except _DamagedHeader as err:
+        where = f"byte {err.offset} of the {'decompressed ' if compression != 'none' else ''}archive, " + \
+            (f"after member {state.last}" if state.last else "before any member")
+        raise BenchError(f"{path}: damaged tar header at {where} ({err.reason}); expected a ustar or pax header "
+                         f"with a valid checksum, or the end-of-archive block; repack the dataset") from None
+    except Exception as err:  # OSError, EOFError, tarfile.ReadError, zlib.error, zstandard.ZstdError, ...
+        what = f"while reading member {state.current}" if state.current else "between members"
+        raise BenchError(f"{path}: corrupt or truncated archive {what} ({type(err).__name__}: {err}); "
+                         f"repack the dataset") from None
+    missing = sorted(set(state.members) - state.found)
+    if missing:
+        raise BenchError(f"{path}: member {missing[0]} listed in {PACK_NAME} is missing from the archive "
+                         f"({len(missing)} missing); repack the dataset")
+
+
+def _copy_members(tar: tarfile.TarFile, state: _Unpacking, dest: Path, bar, copier: pycopy.Copier) -> None:
+    """The wanted members of an uncompressed archive, copied by `copier` from their byte ranges of it, a
+    batch per call; tarfile reads the headers and seeks over the data."""
+    jobs, where = [], str(state.path)
+    for info in _listed_members(tar, state):
+        if info.name in state.wanted:
+            jobs.append((where, info.offset_data, info.size, state.members[info.name], where))
+            if len(jobs) == BATCH_FILES or sum(job[2] for job in jobs) >= BATCH_BYTES:
+                _copy_jobs(copier, dest, jobs, bar)
+                jobs = []
+    if jobs:
+        _copy_jobs(copier, dest, jobs, bar)
+
+
+def _stream_members(tar: tarfile.TarFile, stream: "_ForwardStream", state: _Unpacking, dest: Path, bar) -> None:
+    """The wanted members of a compressed archive, read straight from the decompressed `stream` that `tar`
+    reads the headers from (tarfile skips the rest: padding and unwanted members). Reading the data here
+    rather than through `tar.extractfile` saves a copy of every byte (5-10% of the CPU time of unpacking a
+    zstd archive, measured here)."""
+    for info in _listed_members(tar, state):
+        if info.name in state.wanted:
+            _write_verified(_read_chunks(_Bounded(stream, info.size)), dest, state.members[info.name],
+                            str(state.path), bar)
+
+
+def _listed_members(tar: tarfile.TarFile, state: _Unpacking):
+    """Each member of `tar` (named by its normalised path), which must be a regular file that pack.json
+    lists for this archive; `state` records it as found once the caller is done with it."""
+    for info in tar:
+        name = PurePosixPath(info.name).as_posix()
+        state.current = name
+        if not info.isreg():
+            raise BenchError(f"{state.path}: member {name!r} is not a regular file (tar type {info.type!r}); "
+                             f"expected only the files {PACK_NAME} lists")
+        if name not in state.members:
+            raise BenchError(f"{state.path}: holds {name!r}, which {PACK_NAME} does not list for this archive")
+        info.name = name
+        yield info
+        state.found.add(name)
+        state.current, state.last = None, name
+
+
+def _open_tar(fileobj) -> tarfile.TarFile:
+    """tarfile reading the headers of an archive (the file, or its decompressed `_ForwardStream`) in order.
+
+    Not tarfile's stream mode ("r|"): that copies every byte through its own buffer twice more, 10-25%
+    more CPU time than reading the member data straight from the stream, measured here."""
+    return tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_StrictTarInfo)
+
+
+class _ForwardStream:
+    """A decompressed archive as tarfile reads it: `read`, `tell`, and `seek` forward only (by reading and
+    discarding), so that it is read once, front to back. Seeking back is an error, never a silent re-read."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream, self.position = stream, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        got = self.stream.readinto(buffer)
+        self.position += got
+        return got
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        target = offset + (self.position if whence == os.SEEK_CUR else 0)
+        if whence not in (os.SEEK_SET, os.SEEK_CUR) or target < self.position:
+            raise OSError(errno.ESPIPE, f"a compressed archive is read front to back: cannot seek from byte "
+                                        f"{self.position} to {target} (whence {whence})")
+        buffer = _buffer()
+        while self.position < target and self.readinto(buffer[:min(len(buffer), target - self.position)]):
+            pass
+        return self.position
+
+
+class _DamagedHeader(Exception):
+    """A tar header that tarfile rejects, at byte `offset` of the tar stream."""
+
+    def __init__(self, offset: int, reason: str):
+        super().__init__(f"byte {offset}: {reason}")
+        self.offset, self.reason = offset, reason
+
+
+class _StrictTarInfo(tarfile.TarInfo):
+    """tarfile's TarInfo, except that a damaged header is an error: `TarFile.next` takes one after the first
+    member (a failed checksum, a broken pax header, the archive ending without its end-of-archive block)
+    for the end of the archive and stops silently."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile):
+        offset = tar.fileobj.tell()
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.EOFHeaderError:  # the end-of-archive block: the archive is complete
+            raise
+        except tarfile.HeaderError as err:
+            raise _DamagedHeader(offset, str(err) or type(err).__name__) from None
+
+
+class _Bounded:
+    """The next `size` bytes of a stream, read with `readinto`; a short stream is an error."""
+
+    def __init__(self, stream, size: int):
+        self.stream, self.left = stream, size
+
+    def readinto(self, buffer) -> int:
+        if self.left == 0:
+            return 0
+        view = memoryview(buffer)[:min(len(buffer), self.left)]
+        got = self.stream.readinto(view)
+        if not got:
+            raise EOFError(f"the archive ends {self.left} bytes before the end of the member")
+        self.left -= got
+        return got
+
+
+class _decompressed:
+    """A readable stream of the archive's tar bytes (context manager)."""
+
+    def __init__(self, raw: BinaryIO, compression: str):
+        self.raw, self.compression, self.stream = raw, compression, None
+
+    def __enter__(self):
+        if self.compression == "zstd":
+            import zstandard
+            self.stream = zstandard.ZstdDecompressor().stream_reader(self.raw, read_size=CHUNK, closefd=False)
+        elif self.compression == "gzip":
+            import gzip
+            self.stream = gzip.GzipFile(fileobj=self.raw, mode="rb")
+        else:
+            return self.raw
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.stream is not None:
+            self.stream.close()
+        return False
+
+
+class _NoProgress:
+    """The bar of a staging that shows none (no tqdm import inside the timed staging: 50-70 ms here)."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool, scope: str):
+    if not enabled:
+        return _NoProgress()
+    from tqdm import tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"staging {scope}",
+                file=sys.stderr, mininterval=2.0)

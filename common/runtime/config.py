@@ -1,0 +1,305 @@
+"""Typed configuration: frozen dataclasses per section, YAML files, dotted overrides.
+
+A config file maps sections to dataclasses; each application declares its own root type
+(for example `CosmoConfig`) whose fields are section dataclasses. `load_config` reads the
+YAML, applies `section.key=value` overrides from the command line, rejects unknown keys
+with the list of valid ones, checks types, and returns a frozen object. `save_config`
+writes the resolved config back as YAML into a run's output directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Sequence, TypeVar
+
+import yaml
+
+from common.base.errors import BenchError
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------- shared sections
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Where a run writes and how it is seeded."""
+
+    name: str = "run"
+    output_dir: str = "runs/${run.name}"
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """Elastic Horovod training: ranks may leave and join (common/runtime/elastic.py, docs/faults.md)."""
+
+    enabled: bool = False  # run under hvd.elastic.run; launch with horovodrun --host-discovery-script
+    commit_every_steps: int = 10  # commit the in-memory state every this many steps (and at every epoch end)
+
+    def __post_init__(self):
+        check(self.commit_every_steps >= 1, "dist.elastic.commit_every_steps", self.commit_every_steps, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistConfig:
+    """Distributed runtime: threads per rank and Horovod's knobs (applied before hvd.init)."""
+
+    threads_per_rank: int = 0  # 0: cores available to this process / ranks on this node
+    inter_op_threads: int = 2
+    onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS; TF 2.18 leaves it off on some x86 CPUs (4x slower Conv3D)
+    fusion_threshold_mb: float = 64.0  # HOROVOD_FUSION_THRESHOLD
+    cycle_time_ms: float = 1.0  # HOROVOD_CYCLE_TIME
+    hierarchical_allreduce: bool = False  # HOROVOD_HIERARCHICAL_ALLREDUCE
+    hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER; None: as hierarchical_allreduce
+    elastic: ElasticConfig = dataclasses.field(default_factory=ElasticConfig)
+
+    def __post_init__(self):
+        check(self.threads_per_rank >= 0, "dist.threads_per_rank", self.threads_per_rank, ">= 0")
+        check(self.inter_op_threads >= 1, "dist.inter_op_threads", self.inter_op_threads, ">= 1")
+        check(self.fusion_threshold_mb >= 0, "dist.fusion_threshold_mb", self.fusion_threshold_mb, ">= 0")
+        check(self.cycle_time_ms > 0, "dist.cycle_time_ms", self.cycle_time_ms, "> 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Epoch budget, batch size per rank and the quality target."""
+
+    max_epochs: int = 64
+    local_batch_size: int = 4
+    target: float = 0.124
+    eval_every: int = 1  # epochs between evaluations
+    eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead (inside epochs too)
+
+    def __post_init__(self):
+        check(self.max_epochs >= 1, "train.max_epochs", self.max_epochs, ">= 1")
+        check(self.local_batch_size >= 1, "train.local_batch_size", self.local_batch_size, ">= 1")
+        check(self.eval_every >= 1, "train.eval_every", self.eval_every, ">= 1")
+        check(self.eval_every_steps >= 0, "train.eval_every_steps", self.eval_every_steps, ">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints, resuming, and what the scheduler's stop signals do (common/runtime/checkpoint.py, docs/faults.md)."""
+
+    dir: str = ""  # "": <run.output_dir>/checkpoints
+    every_epochs: int = 0  # a checkpoint at the end of every this many epochs; 0: none on that schedule
+    every_minutes: float = 0.0  # one at the first epoch end this many minutes after the last; 0: none
+    keep: int = 3  # the newest this many are kept
+    # SIGTERM / SIGUSR1 always stop a run after the current step (run_stop aborted, exit 75); with this set,
+    # a checkpoint of that step is written first
+    on_signal: bool = True
+    input_state: bool = True  # save each rank's tf.data iterator (exact resume; DALI's cannot be saved)
+    resume: bool = False  # continue from the newest valid checkpoint (from scratch when there is none)
+
+    def __post_init__(self):
+        check(self.every_epochs >= 0, "checkpoint.every_epochs", self.every_epochs, ">= 0")
+        check(self.every_minutes >= 0, "checkpoint.every_minutes", self.every_minutes, ">= 0")
+        check(self.keep >= 1, "checkpoint.keep", self.keep, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class MlperfConfig:
+    """Submission metadata written into the MLPerf log."""
+
+    division: str = "closed"
+    org: str = "hpc-sciml-bench"
+    platform: str = "cpu-2core"
+    status: str = "onprem"
+    log_file: str = "mlperf.log"
+
+    def __post_init__(self):
+        check(self.division in ("closed", "open"), "mlperf.division", self.division, "'closed' or 'open'")
+        check(self.status in ("onprem", "cloud", "preview", "research"), "mlperf.status", self.status,
+               "one of onprem, cloud, preview, research")
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedDataConfig:
+    """The data-section keys every application shares: where the dataset is and how it is staged
+    to node-local storage before training (common/io/staging.py, docs/staging.md)."""
+
+    dir: str = ""  # a converted dataset (manifest.json) or a packed one (pack.json), on the shared file system
+    stage_dir: str = ""  # node-local directory to stage into, e.g. /tmp or /dev/shm; "" reads data.dir directly
+    # rank: each rank stages the files it reads; node: local rank 0 stages everything once per node;
+    # node_share: local rank 0 stages the node's 1/nodes share, which the node's ranks reshuffle every epoch.
+    stage_mode: Literal["rank", "node", "node_share"] = "node"
+    # in_run: staging is timed, between run_start and the first epoch (MLPerf HPC up to v2.0);
+    # before_run: staging precedes init_start, outside the timed run (allowed since v3.0).
+    stage_timing: Literal["in_run", "before_run"] = "in_run"
+    stage_threads: int = 0  # files or archives copied in parallel by a staging rank; 0: its cores
+    stage_reuse: bool = False  # keep files an earlier staging finished (the staging time then covers less)
+    # Check the xxh3-128 (older manifests: sha256) of every file a rank reads, before training. None (auto,
+    # the default): when DALI reads the files in place, since its reader checks no record CRC and a changed
+    # byte can crash it; not for tf.data (it checks every record's CRC) or staged data (staging verified it).
+    verify_checksums: bool | None = None
+
+    def __post_init__(self):
+        check(self.stage_threads >= 0, "data.stage_threads", self.stage_threads, ">= 0 (0: the rank's cores)")
+
+
+def check(ok: bool, key: str, value: Any, expected: str) -> None:
+    """Raise BenchError naming the config key, its value and what was expected, unless `ok`."""
+    if not ok:
+        raise BenchError(f"config key {key} = {value!r}: expected {expected}")
+
+
+# ---------------------------------------------------------------------------- loading
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), schema: type[T] = None) -> T:
+    """Read YAML at `path`, apply `a.b=value` overrides, and build a frozen `schema` instance."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"config file {path} does not exist")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchError(f"config file {path} is not readable UTF-8 text ({err})") from None
+    raw = _parse_yaml(text, f"config file {path}")
+    raw = {} if raw is None else raw  # an empty file: every default
+    if not isinstance(raw, dict):
+        raise BenchError(f"config file {path}: expected a mapping of sections, found {type(raw).__name__}")
+    for item in overrides:
+        _apply_override(raw, item)
+    try:
+        return _expand_refs(build(schema, raw))
+    except BenchError as err:
+        raise BenchError(f"{path}: {err}") from None
+
+
+def _apply_override(raw: dict, item: str) -> None:
+    if "=" not in item:
+        raise BenchError(f"override {item!r}: expected the form section.key=value")
+    dotted, text = item.split("=", 1)
+    keys = dotted.strip().split(".")
+    node = raw
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise BenchError(f"override {item!r}: {key} is not a section")
+    node[keys[-1]] = _parse_yaml(text, f"override {item!r}") if text.strip() else ""
+
+
+def _parse_yaml(text: str, what: str) -> Any:
+    """yaml.safe_load, with a BenchError naming `what` for text that is not YAML (or nests too deeply)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise BenchError(f"{what} is not valid YAML: {err}") from None
+    except RecursionError:
+        raise BenchError(f"{what}: YAML nested too deeply to be a config") from None
+
+
+def build(schema: type[T], raw: Any, prefix: str = "") -> T:
+    """Build dataclass `schema` from nested dicts, rejecting unknown keys and wrong types.
+
+    `prefix` is the dotted path of this section ("" for the root), used in messages.
+    """
+    where = f"section {prefix.rstrip('.')}" if prefix else "the top level"
+    if not isinstance(raw, dict):
+        raise BenchError(f"{where}: expected a mapping for {schema.__name__}, found {raw!r}")
+    hints = typing.get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    unknown = sorted((str(k) for k in raw if k not in names))  # YAML keys may be numbers, booleans, null
+    if unknown:
+        raise BenchError(f"{where}: unknown key(s) {', '.join(prefix + k for k in unknown)}; "
+                         f"valid keys: {', '.join(names)}")
+    values = {name: _coerce(hints[name], raw[name], prefix + name) for name in names if name in raw}
+    return schema(**values)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value if value is not None else {}, prefix=key + ".")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        return _coerce(next(a for a in args if a is not type(None)), value, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        (item_tp, *_rest) = typing.get_args(tp)
+        return tuple(_coerce(item_tp, v, key) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise BenchError(f"config key {key} = {value!r}: expected a mapping")
+        key_tp, value_tp = typing.get_args(tp)
+        return {_coerce(key_tp, k, f"{key}.{k}"): _coerce(value_tp, v, f"{key}.{k}") for k, v in value.items()}
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise BenchError(f"config key {key} = {value!r}: expected one of {list(typing.get_args(tp))}")
+        return value
+    return _coerce_scalar(tp, value, key)
+
+
+def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
+    if tp is float:
+        return _finite_float(value, key)
+    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if tp in (int, float, str, bool) and not (isinstance(value, tp) and (tp is bool or not isinstance(value, bool))):
+        raise BenchError(f"config key {key} = {value!r}: expected a value of type {tp.__name__}")
+    return value
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """A float field's value: a number, or a string YAML 1.1 left unparsed (1e12 without a dot); NaN and
+    infinities are refused (no setting means them, and they would pass the range checks unnoticed)."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise BenchError(f"config key {key} = {value!r}: expected a value of type float")
+    try:
+        number = float(number)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise BenchError(f"config key {key} = {value!r}: expected a finite number")
+    return number
+
+
+def _expand_refs(cfg: T) -> T:
+    """Expand `${section.key}` references in string fields (used by run.output_dir)."""
+    flat = {f"{s}.{k}": v for s, sec in to_dict(cfg).items() if isinstance(sec, dict) for k, v in sec.items()}
+
+    def expand(obj):
+        if dataclasses.is_dataclass(obj):
+            changes = {f.name: expand(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+            return dataclasses.replace(obj, **changes)
+        if isinstance(obj, str) and "${" in obj:
+            for ref, val in flat.items():
+                obj = obj.replace("${" + ref + "}", str(val))
+        return obj
+
+    return expand(cfg)
+
+
+# ---------------------------------------------------------------------------- saving
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict (tuples as lists) of a config dataclass, for YAML and JSON."""
+    def plain(obj):
+        if isinstance(obj, (list, tuple)):
+            return [plain(v) for v in obj]
+        if isinstance(obj, dict):
+            return {k: plain(v) for k, v in obj.items()}
+        return obj
+    return plain(dataclasses.asdict(cfg))
+
+
+def save_config(cfg: Any, output_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
+    """Write the resolved config as YAML into `output_dir` (temporary name, then rename)."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / name
+    tmp = out / f".{name}.tmp-{os.getpid()}"
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,213 @@
+"""The distributed runtime: the only module that imports Horovod.
+
+`init_distributed(cfg.dist)` returns a frozen `DistEnv`. Under horovodrun (or mpirun/srun
+with an MPI launcher) it sets Horovod's tensor-fusion, cycle-time and hierarchical-allreduce
+environment before `hvd.init()`; otherwise it returns a single-process env whose collectives
+are identities, so every tool also runs plainly. It also pins one GPU per local rank when
+GPUs exist and sets TensorFlow's CPU thread pools from the cores and ranks per node.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Sequence
+
+from common.runtime.config import DistConfig
+
+# Launchers set one of these in every rank's environment.
+_LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def launched_distributed() -> bool:
+    """True when this process was started by horovodrun, mpirun or srun with MPI."""
+    return any(v in os.environ for v in _LAUNCHER_RANK_VARS)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistEnv:
+    """Rank layout plus the few collectives the training loop needs."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    node: int = 0  # this rank's node (Horovod's cross rank)
+    threads: int = 1
+    gpu: bool = False
+    horovod: bool = False
+    settings: dict = dataclasses.field(default_factory=dict)
+    # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor
+    # allreduce, allgather and broadcast, so grouped allreduces become one allreduce per tensor.
+    elastic: bool = False
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.size // max(1, self.local_size))
+
+    def allreduce_gradients(self, grads: Sequence[Any]) -> list:
+        """Average gradients over ranks in one grouped (fused) allreduce; call inside tf.function."""
+        if not self.horovod or self.size == 1:
+            return list(grads)
+        return self._allreduce_each(grads, "Average")
+
+    def _allreduce_each(self, tensors: Sequence[Any], op: str) -> list:
+        """One grouped allreduce, or (elastic mode) one allreduce per tensor."""
+        import horovod.tensorflow as hvd
+        if self.elastic:
+            return [hvd.allreduce(t, op=getattr(hvd, op)) for t in tensors]
+        return hvd.grouped_allreduce(list(tensors), op=getattr(hvd, op))
+
+    def average(self, value: Any, name: str | None = None) -> Any:
+        """Average a tensor over ranks (identity on one process)."""
+        if not self.horovod or self.size == 1:
+            return value
+        import horovod.tensorflow as hvd
+        return hvd.allreduce(value, op=hvd.Average, name=name)
+
+    def sum(self, value: Any, name: str | None = None) -> Any:
+        """Sum a tensor over ranks (identity on one process)."""
+        if not self.horovod or self.size == 1:
+            return value
+        import horovod.tensorflow as hvd
+        return hvd.allreduce(value, op=hvd.Sum, name=name)
+
+    def sum_grouped(self, values: Sequence[Any]) -> list:
+        """Sum each tensor over ranks in one grouped (fused) allreduce (identities on one process)."""
+        if not self.horovod or self.size == 1:
+            return list(values)
+        return self._allreduce_each(values, "Sum")
+
+    def average_variables(self, variables: Sequence[Any]) -> None:
+        """Replace each variable (e.g. batch-norm running statistics) by its mean over ranks."""
+        if not self.horovod or self.size == 1 or not variables:
+            return
+        means = self._allreduce_each([v.value for v in variables], "Average")
+        for var, mean in zip(variables, means):
+            var.assign(mean)
+
+    def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
+        """Overwrite `variables` (Keras 3 or tf.Variables) with rank 0's values."""
+        if not self.horovod or self.size == 1:
+            return
+        import horovod.tensorflow as hvd
+        hvd.broadcast_variables([_tf_variable(v) for v in variables], root_rank=root_rank)
+
+    def gather_object(self, obj: Any) -> list:
+        """Every rank's picklable `obj`, in rank order, on every rank."""
+        if not self.horovod or self.size == 1:
+            return [obj]
+        import horovod.tensorflow as hvd
+        return hvd.allgather_object(obj)
+
+    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
+        """Rank 0's picklable object on every rank."""
+        if not self.horovod or self.size == 1:
+            return obj
+        import horovod.tensorflow as hvd
+        return hvd.broadcast_object(obj, root_rank=root_rank)
+
+    def barrier(self) -> None:
+        """Return when every rank has called it (an allreduce of one scalar; horovod.tensorflow has no barrier)."""
+        if self.horovod and self.size > 1:
+            import horovod.tensorflow as hvd
+            import tensorflow as tf
+            hvd.allreduce(tf.zeros(()), op=hvd.Sum, name="barrier")
+
+
+def current_layout(env: DistEnv) -> DistEnv:
+    """`env` with the rank layout Horovod has now (after an elastic reset re-initialised it), elastic set."""
+    import horovod.tensorflow as hvd
+    return dataclasses.replace(env, rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                               local_size=hvd.local_size(), node=hvd.cross_rank(), elastic=True)
+
+
+def _tf_variable(v: Any) -> Any:
+    """The tf.Variable behind a Keras 3 variable (Horovod needs the TF object)."""
+    inner = getattr(v, "value", v)
+    return inner if hasattr(inner, "assign") else v
+
+
+def horovod_environment(cfg: DistConfig) -> dict[str, str]:
+    """Horovod settings from config as the environment variables hvd.init() reads.
+
+    Elastic runs leave HOROVOD_CYCLE_TIME at Horovod's default: with it and HOROVOD_FUSION_THRESHOLD both set,
+    the hvd.init() of an elastic reset crashed with a segmentation fault here (Horovod 0.28.1, Gloo)."""
+    settings = {
+        "HOROVOD_FUSION_THRESHOLD": str(int(cfg.fusion_threshold_mb * 1024 * 1024)),
+        "HOROVOD_CYCLE_TIME": f"{cfg.cycle_time_ms:g}",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1" if cfg.hierarchical_allreduce else "0",
+        "HOROVOD_HIERARCHICAL_ALLGATHER": "1" if (cfg.hierarchical_allreduce if cfg.hierarchical_allgather is None
+                                                  else cfg.hierarchical_allgather) else "0",
+    }
+    if cfg.elastic.enabled:
+        del settings["HOROVOD_CYCLE_TIME"]
+    return settings
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (respects affinity masks set by the launcher)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(cfg: DistConfig, local_size: int) -> int:
+    """Intra-op threads for one rank: configured, or the node's cores shared by its ranks."""
+    if cfg.threads_per_rank > 0:
+        return cfg.threads_per_rank
+    return max(1, available_cores() // max(1, local_size))
+
+
+def init_distributed(cfg: DistConfig) -> DistEnv:
+    """Start Horovod when launched by a parallel launcher, configure TF devices and threads."""
+    # Must precede the first TensorFlow import (Horovod's included) to take effect.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if cfg.onednn else "0")
+    # float32 means float32: oneDNN may otherwise compute fp32 convolutions in bf16 on CPUs
+    # with AMX. A site that wants that trade sets ONEDNN_DEFAULT_FPMATH_MODE=BF16 itself.
+    os.environ.setdefault("ONEDNN_DEFAULT_FPMATH_MODE", "STRICT")
+    settings = {}
+    if launched_distributed():
+        settings = horovod_environment(cfg)
+        os.environ.update(settings)
+        import horovod.tensorflow as hvd
+        hvd.init()
+        layout = dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                      local_size=hvd.local_size(), node=hvd.cross_rank(), horovod=True)
+    else:
+        layout = dict(rank=0, size=1, local_rank=0, local_size=1, horovod=False)
+    threads = threads_per_rank(cfg, layout["local_size"])
+    gpu = _configure_tensorflow(threads, cfg.inter_op_threads, layout["local_rank"])
+    return DistEnv(threads=threads, gpu=gpu, settings=settings, **layout)
+
+
+def _configure_tensorflow(threads: int, inter_op: int, local_rank: int) -> bool:
+    """Pin one GPU per local rank if any; set CPU thread pools. Returns whether a GPU is used."""
+    import tensorflow as tf
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError:  # TF already initialised (e.g. a second run in one test process)
+        pass
+    return bool(gpus)
+
+
+def describe(env: DistEnv) -> str:
+    """One line for the log: layout, threads and Horovod settings."""
+    hv = env.settings
+    if not env.horovod:
+        return f"single process, {env.threads} CPU threads, {'GPU' if env.gpu else 'CPU'}"
+    fusion = int(hv["HOROVOD_FUSION_THRESHOLD"]) / 2**20
+    return (f"horovod: {env.size} ranks on {env.num_nodes} node(s), {env.local_size} per node, "
+            f"{env.threads} CPU threads per rank, {'GPU per rank' if env.gpu else 'CPU'}; "
+            f"fusion threshold {fusion:g} MiB, cycle time {hv.get('HOROVOD_CYCLE_TIME', 'default')} ms, "
+            f"hierarchical allreduce {'on' if hv['HOROVOD_HIERARCHICAL_ALLREDUCE'] == '1' else 'off'}")

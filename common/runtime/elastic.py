@@ -1,0 +1,340 @@
+"""Elastic Horovod training: ranks may die or join, the others roll back to the last commit and go on.
+
+With `dist.elastic.enabled=true`, under `horovodrun --min-np/--max-np --host-discovery-script`, the run's
+fit() goes under `hvd.elastic.run`. The in-memory state (`ElasticState`) holds numpy snapshots of the model
+and optimizer variables (the learning rate left out: it is set from the schedule every step), each rank's
+non-trainable variables (after a reset every rank takes rank 0's) and the training `Progress`; it is
+committed every `dist.elastic.commit_every_steps` steps and at every epoch end. Each (re)start rebuilds
+what depends on the rank layout: a new `DistEnv` from Horovod, the model, optimizer and learning-rate schedule
+for the new global batch, the input pipelines for the new rank and size (reseeded per reset), and freshly
+traced steps whose allreduces are per tensor (the only failures hvd.elastic.run recognises). The interrupted
+epoch continues from the fraction of its steps done, in steps of the new layout (`convert_progress`).
+
+This module imports `horovod.tensorflow.elastic` (for `ObjectState` and `run`) besides common/runtime/dist.py, the
+other module that imports Horovod. `python -m common.runtime.elastic hosts FILE` is a host discovery script
+(docs/faults.md).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from common.base.errors import BenchError
+from common.runtime.checkpoint import Progress
+from common.runtime.dist import DistEnv, current_layout
+from common.runtime.loop import FitResult, Trainee, fit
+from common.runtime.strategy import DataParallel, Rebuild, reseeded
+
+
+
+# ---------------------------------------------------------------------------- refusals
+def check_elastic(cfg: Any, dist: DistEnv) -> None:
+    """Before any work: the settings elastic training cannot run with; raises BenchError naming them."""
+    if not cfg.dist.elastic.enabled:
+        return
+    if not dist.horovod:
+        raise BenchError("dist.elastic.enabled=true needs Horovod's elastic launcher: horovodrun -np N --min-np M "
+                         "--host-discovery-script SCRIPT ... (docs/faults.md); this process was not launched by it")
+    if cfg.data.stage_dir and cfg.data.stage_mode == "rank":
+        raise BenchError(f"dist.elastic.enabled=true with data.stage_mode='rank' (data.stage_dir="
+                         f"{cfg.data.stage_dir!r}): after a reset a rank's staged shard is not the one its new rank "
+                         f"reads; read data.dir directly (data.stage_dir='')")
+    if cfg.data.stage_dir:
+        raise BenchError(f"dist.elastic.enabled=true with data.stage_dir={cfg.data.stage_dir!r} (data.stage_mode="
+                         f"{cfg.data.stage_mode!r}): staging's collectives at the start would hang a worker that "
+                         f"joins later; elastic runs read data.dir directly (data.stage_dir='')")
+    ckpt = cfg.checkpoint
+    if ckpt.every_epochs or ckpt.every_minutes or ckpt.resume:
+        raise BenchError(f"dist.elastic.enabled=true with checkpoint.every_epochs={ckpt.every_epochs}, "
+                         f"checkpoint.every_minutes={ckpt.every_minutes}, checkpoint.resume="
+                         f"{str(ckpt.resume).lower()}: elastic runs keep their state in memory and cannot write "
+                         f"periodic checkpoints or resume from one yet; set them to 0 and false")
+    if getattr(cfg.data, "uneven_files", "drop") == "refuse" and dist.is_root:
+        print("note: dist.elastic.enabled=true with data.uneven_files=refuse: a reset to a rank count that does "
+              "not divide the dataset's files ends the run; data.uneven_files=drop lets it go on", flush=True)
+
+
+# ---------------------------------------------------------------------------- the state
+def state_variables(model: Any, optimizer: Any) -> list:
+    """The variables an elastic commit snapshots: the model's and the optimizer's, without the learning rate."""
+    return list(model.variables) + [v for v in optimizer.variables if _name(v) != "learning_rate"]
+
+
+def _name(v: Any) -> str:
+    return str(getattr(v, "name", "")).split("/")[-1].split(":")[0]
+
+
+def snapshot(variables: list) -> list[np.ndarray]:
+    """Copies of the variables' values."""
+    return [np.array(v.numpy()) for v in variables]
+
+
+def assign(variables: list, arrays: list[np.ndarray]) -> None:
+    """Assign a snapshot to `variables`, which must match it one for one."""
+    if len(arrays) != len(variables):
+        raise BenchError(f"elastic state: {len(arrays)} arrays in the snapshot, the model and optimizer have "
+                         f"{len(variables)} variables")
+    for i, (var, value) in enumerate(zip(variables, arrays)):
+        if tuple(var.shape) != value.shape:
+            raise BenchError(f"elastic state: array {i} has shape {value.shape}, variable {_name(var)} has "
+                             f"{tuple(var.shape)}")
+        var.assign(value)
+
+
+def convert_progress(progress: Progress, old_steps: int, new_steps: int) -> Progress:
+    """`progress` counted in epochs of `old_steps` steps, in epochs of `new_steps` (another rank count).
+
+    The epoch's fraction done is kept: step s of S becomes round(s * S' / S) of S', the partial loss sum
+    scaled with it, its seconds kept (they trained that fraction); a commit at an epoch end (step 0) stays one."""
+    if old_steps == new_steps or progress.step == 0:
+        return progress
+    step = min(new_steps, round(progress.step * new_steps / old_steps))
+    partial = dict(progress.partial)
+    if "loss_sum" in partial:
+        partial["loss_sum"] = partial["loss_sum"] * step / progress.step
+    return dataclasses.replace(progress, step=step, partial=partial)
+
+
+def _horovod_elastic():
+    import horovod.tensorflow.elastic as hvd_elastic
+    return hvd_elastic
+
+
+def new_state(bcast_object: Callable | None = None, get_rank: Callable | None = None) -> "ElasticState":
+    """The state of a fresh run, synchronised through Horovod's broadcast_object (or the functions given)."""
+    if bcast_object is None:
+        import horovod.tensorflow as hvd
+        bcast_object, get_rank = hvd.broadcast_object, hvd.rank
+    return _state_class()(bcast_object, get_rank, weights=None, progress=None, steps_per_epoch=0, resets=[])
+
+
+_STATE_CLASS = None
+
+
+def _state_class() -> type:
+    """ElasticState, defined on first use so that importing this module does not import Horovod."""
+    global _STATE_CLASS
+    if _STATE_CLASS is None:
+        _STATE_CLASS = type("ElasticState", (_horovod_elastic().ObjectState, _StateMethods), {})
+    return _STATE_CLASS
+
+
+class _StateMethods:
+    """An `hvd.elastic.ObjectState` whose attributes are `weights` (numpy snapshot or None), `progress` (a Progress
+    as a dict, or None), `steps_per_epoch` (of the layout that committed it) and `resets` (one dict each);
+    save/restore/sync are ObjectState's: copies on commit, rollback on a failure, rank 0's by broadcast_object."""
+
+    def record(self, weights: list[np.ndarray], progress: Progress, steps_per_epoch: int) -> None:
+        """Set the attributes a commit saves (then call commit())."""
+        self.weights = weights
+        self.progress = dataclasses.asdict(progress)
+        self.steps_per_epoch = steps_per_epoch
+
+    def start(self, steps_per_epoch: int) -> Progress:
+        """Where a (re)start with `steps_per_epoch` steps per epoch begins."""
+        if self.progress is None:
+            return Progress()
+        return convert_progress(Progress(**self.progress), self.steps_per_epoch, steps_per_epoch)
+
+
+# ---------------------------------------------------------------------------- the driver
+@dataclasses.dataclass
+class Reset:
+    """One membership change as rank 0 saw it."""
+
+    size: int
+    epoch: int
+    step: int  # the step of `epoch` the run rolled back to, in steps of the new layout
+    seconds_lost: float  # from the failure's detection (or the host change's notice) to the first step after
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Hooks:
+    """fit()'s hooks (common/runtime/loop.LoopHooks) for one elastic (re)start."""
+
+    def __init__(self, state, steps_per_epoch: int, every: int, on_first_step: Callable[[], None]):
+        self.state, self.steps_per_epoch, self.every = state, steps_per_epoch, every
+        self.on_first_step = on_first_step
+        self.model = self.optimizer = None
+
+    def start(self) -> Progress:
+        return self.state.start(self.steps_per_epoch)
+
+    def restore(self, model, optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        if self.state.weights is not None:
+            assign(state_variables(model, optimizer), self.state.weights)
+
+    def after_step(self, epoch: int, step: int, running: dict, history: list[dict]) -> None:
+        if self.on_first_step is not None:
+            self.on_first_step()
+            self.on_first_step = None
+        if step % self.every == 0 and step < self.steps_per_epoch:
+            # The epoch's training seconds so far go with the commit, so that its throughput after a reset
+            # counts the time of the steps before it too (the reset itself is reported as seconds_lost).
+            partial = {"loss_sum": running["loss"] * step}
+            if "train_seconds" in running:
+                partial["seconds"] = running["train_seconds"]
+            self._commit(Progress(epoch, step, [dict(h) for h in history], partial))
+
+    def epoch_done(self, progress: Progress) -> None:
+        self._commit(progress)
+
+    def _commit(self, progress: Progress) -> None:
+        self.state.record(snapshot(state_variables(self.model, self.optimizer)), progress, self.steps_per_epoch)
+        self.state.commit()  # also raises HostsUpdatedInterrupt on every rank when hosts were added or removed
+
+
+@dataclasses.dataclass
+class Attempt:
+    """What one (re)start trains: its rank layout, its input and the fit() that runs it with the hooks."""
+
+    dist: DistEnv
+    data: Any  # Datasets
+    fit: Callable[[Any], Any]  # (Hooks) -> FitResult
+
+
+class ElasticStrategy(DataParallel):
+    """Data parallel under hvd.elastic.run: every (re)start rebuilds the trainee and the input for its layout."""
+
+    name = "elastic"
+
+    def __init__(self, cfg: Any, dist: DistEnv):
+        check_elastic(cfg, dist)
+        super().__init__(dist)
+        self.every = cfg.dist.elastic.commit_every_steps
+        self.seed = cfg.run.seed
+        self.driver: Driver | None = None
+
+    def fit(self, trainee: Trainee, data: Any, run: Any, rebuild: Rebuild) -> FitResult:
+        """fit() under hvd.elastic.run; `run` (common/runtime/run.py) follows the layout of each (re)start."""
+        first = [(self.dist, trainee, data)]
+
+        def attempt(now: DistEnv, seed_offset: int) -> Attempt:
+            # A new input order after each reset (the offset is the committed step, the same on every rank).
+            ours, data_now = _reuse_or_rebuild(first, now, seed_offset, lambda s: rebuild(s, reseeded(self.seed, seed_offset)))
+            self.dist = now
+            run.follow(now, ours, data_now)
+            ctx = run.loop_context(self, data_now)
+            return Attempt(now, data_now, lambda hooks: fit(ours, data_now, dataclasses.replace(ctx, hooks=hooks),
+                                                            self.make_steps))
+
+        self.driver = Driver(self.dist, self.every, attempt, run.mlperf, functools.partial(print, flush=True))
+        return self.driver.run()
+
+    def summary(self, trainee: Trainee) -> dict:
+        return {"elastic": self.driver.summary()} if self.driver else {}
+
+
+def _reuse_or_rebuild(first: list, now: DistEnv, seed_offset: int, rebuild: Callable) -> tuple:
+    """The run's trainee and input for a first start on the layout they were built for, else new ones (rank 0's
+    weights are broadcast either way)."""
+    if first:
+        init, trainee, data = first.pop()
+        if _placement(init) == _placement(now) and not seed_offset:
+            return trainee, data
+    return rebuild(DataParallel(now))
+
+
+def _placement(dist: DistEnv) -> tuple:
+    return dist.rank, dist.size, dist.local_rank, dist.local_size, dist.node
+
+
+class Driver:
+    """Runs fit() under hvd.elastic.run; `attempt(dist, seed_offset)` builds one (re)start's pieces."""
+
+    def __init__(self, dist: DistEnv, every: int, attempt: Callable[[DistEnv, int], Attempt], mlperf,
+                 log: Callable[[str], None] = print):
+        self.dist, self.every, self.make_attempt, self.mlperf, self.log = dist, every, attempt, mlperf, log
+        self.detected: float | None = None
+        self.last: Attempt | None = None
+        self.resets: list[dict] = []  # this process's record (the state's may lose one in a rollback)
+        self.state = None
+
+    def run(self):
+        """The FitResult of the elastic run (every rank); `self.last` holds the last (re)start's pieces."""
+        self.state = new_state()
+        return _horovod_elastic().run(self._train)(self.state)
+
+    def _train(self, state):
+        dist = current_layout(self.dist)
+        self.mlperf.follow_root(dist.is_root)
+        restart = self.last is not None or state.progress is not None
+        # The input order is reseeded by the committed position, which every rank agrees on after the sync.
+        attempt = self.make_attempt(dist, 0 if state.progress is None else 1 + _global_step(state))
+        self.last = attempt
+        start = state.start(attempt.data.train_steps)
+        on_first_step = self._noted_reset(state, dist, start) if restart else None
+        hooks = Hooks(state, attempt.data.train_steps, self.every, on_first_step)
+        try:
+            return attempt.fit(hooks)
+        except Exception:
+            self.detected = time.time()  # a failed collective or a host change: the reset begins
+            raise
+
+    def _noted_reset(self, state, dist: DistEnv, start: Progress) -> Callable[[], None]:
+        """What the first step after a reset does: log it (rank 0) and add it to the state's list."""
+        detected = self.detected or time.time()
+
+        def note():
+            reset = Reset(dist.size, start.epoch, start.step, round(time.time() - detected, 3))
+            state.resets = list(state.resets) + [reset.as_dict()]
+            self.resets.append(reset.as_dict())
+            self.mlperf.event("elastic_reset", reset.as_dict())
+            if dist.is_root:
+                self.log(f"elastic reset: {dist.size} ranks, rolled back to epoch {start.epoch} step "
+                         f"{start.step}; {reset.seconds_lost:.2f} s from the failure to this step")
+        return note
+
+    def summary(self) -> dict:
+        """summary.json's `elastic` field: the resets this process saw, or the state's when it saw fewer
+        (a rank 0 that took over from a dead one)."""
+        resets = max(self.resets, list(self.state.resets if self.state else []), key=len)
+        return {"resets": len(resets), "sizes": [self.dist.size] + [r["size"] for r in resets],
+                "seconds_lost": [r["seconds_lost"] for r in resets], "events": resets}
+
+
+def _global_step(state) -> int:
+    return Progress(**state.progress).global_step(max(1, state.steps_per_epoch))
+
+
+# ---------------------------------------------------------------------------- host discovery
+def read_hosts(path: Path) -> list[str]:
+    """The `host:slots` lines of a hosts file (blank lines and # comments skipped); raises BenchError."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchError(f"{path}: not a readable hosts file ({err})") from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, slots = line.partition(":")
+        if not name or not slots.isdigit() or int(slots) < 1:
+            raise BenchError(f"{path}: line {number} is {line!r}, expected host:slots such as localhost:1")
+        hosts.append(line)
+    return hosts
+
+
+def main(argv=None) -> int:
+    from common.base.cli import guarded
+    parser = argparse.ArgumentParser(description="Elastic Horovod helpers (docs/faults.md).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    hosts = sub.add_parser("hosts", help="print the host:slots lines of FILE (a --host-discovery-script)")
+    hosts.add_argument("file", type=Path)
+    args = parser.parse_args(argv)
+    return guarded(lambda: print("\n".join(read_hosts(args.file))) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The steps of an MLPerf run, which each application's train.py calls in order.
+
+    run = Run.open(benchmark, cfg, dist)   # resume point, resolved config.yaml, MLPerf log, stop signals
+    run.stage(rank_files, "before_run")    # data.stage_timing=before_run: staging precedes init
+    run.init_start()                       # init_start and the submission keys
+    ... the application builds its model, optimizer, schedule, loss and metric (no data read)
+    run.init_stop(strategy, keys)          # scale keys and hyperparameters, init_stop
+    run.start()                            # run_start (and resumed_from_checkpoint)
+    data_cfg = run.stage(rank_files, "in_run")   # staging_start .. staging_stop when timed in the run
+    ... the application builds its input pipelines
+    run.input_ready(data)                  # train_samples, eval_samples
+    result = run.fit(strategy, trainee, data, rebuild, read_error)   # the epochs, then run_stop
+    run.finish(strategy, result)           # io_report.json, summary.json; the exit code
+
+The `Run` carries what every step and the training loop share: the config, the DistEnv (an elastic run's
+changes with it), the MLPerf log, the resume point, the stop signals, staging and the I/O counters.
+Exit codes: 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite loss, 75 stopped
+by a signal (a checkpoint of where it stopped written). Faults and resuming: docs/faults.md.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from common.io.datasets import Datasets
+from common.io.iostats import IOCounters, io_report, write_io_report
+from common.io.manifest import Manifest
+from common.io.staging import StageResult, check_unstaged_source, stage_for_run
+from common.runtime.checkpoint import Checkpointer, Resume, find_resume
+from common.runtime.config import save_config
+from common.runtime.dist import DistEnv, describe
+from common.runtime.elastic import ElasticStrategy
+from common.runtime.loop import Control, FitOptions, FitResult, LoopContext, Trainee
+from common.runtime.mllog import MLPerfLog, dataset_keys, scale_keys
+from common.runtime.stopping import StopRequests
+from common.runtime.strategy import DataParallel, Rebuild, reseeded
+from common.runtime.summary import exit_code, run_summary, write_summary
+
+# What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
+ATTEMPT_FILES = ("summary.json", "io_report.json")
+RankFiles = Callable[[Manifest, int, int], list]  # (manifest, rank, ranks) -> the paths that rank reads
+
+
+def parse_args(description: str, argv=None) -> argparse.Namespace:
+    """`train.py CONFIG [key=value ...]`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="YAML config, e.g. <benchmark>/configs/*.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides such as train.max_epochs=4")
+    return parser.parse_args(argv)
+
+
+def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
+    """Data parallel, or elastic data parallel with dist.elastic.enabled (checked before any work)."""
+    return ElasticStrategy(cfg, dist) if cfg.dist.elastic.enabled else DataParallel(dist)
+
+
+def root_log(dist: DistEnv) -> Callable[..., None]:
+    """print (flushed) on rank 0, nothing elsewhere."""
+    return functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
+
+
+class Run:
+    """One run on this rank, from its output directory to its summary."""
+
+    def __init__(self, benchmark: str, cfg: Any, dist: DistEnv, resume: Resume | None, mlperf: MLPerfLog):
+        self.benchmark, self.cfg, self.dist, self.resume, self.mlperf = benchmark, cfg, dist, resume, mlperf
+        self.stop = StopRequests()
+        self.staging: StageResult | None = None
+        self.io: IOCounters | None = None
+        self.run_start = 0.0
+        self.time_to_train = 0.0
+        self.trainee: Trainee | None = None
+        self.data: Datasets | None = None
+
+    @classmethod
+    def open(cls, benchmark: str, cfg: Any, dist: DistEnv) -> "Run":
+        """Find the checkpoint to resume (archiving the attempt it ends), save config.yaml, open the MLPerf log."""
+        out = Path(cfg.run.output_dir)
+        # (An elastic run resumes no checkpoint, and a worker joining it must not wait in a collective here.)
+        resume = None if cfg.dist.elastic.enabled else find_resume(cfg.checkpoint, cfg.run.output_dir, dist,
+                                                                    benchmark, root_log(dist))
+        if dist.is_root:
+            if resume:
+                archive_attempt(out, cfg.mlperf.log_file, resume.progress.attempt)
+            save_config(cfg, out)
+        return cls(benchmark, cfg, dist, resume, MLPerfLog(out / cfg.mlperf.log_file, enabled=dist.is_root))
+
+    def __enter__(self) -> "Run":
+        self.stop.install()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop.uninstall()
+        self.mlperf.close()
+
+    @property
+    def log(self) -> Callable[..., None]:
+        return root_log(self.dist)
+
+    # ------------------------------------------------------------------------ the steps, in order
+    def stage(self, rank_files: RankFiles, timing: str) -> Any:
+        """Stage data.dir into data.stage_dir when data.stage_timing is `timing`; returns the data section the
+        input pipelines read. The in-run call also starts the I/O counters of the training phase."""
+        data = self.cfg.data
+        if not data.stage_dir and timing == "before_run":
+            check_unstaged_source(data)
+        elif data.stage_dir and data.stage_timing == timing:
+            self.staging = self._stage(rank_files)
+        if timing == "in_run":
+            self.io = IOCounters.start()
+        return staged_data_config(data, self.staging)
+
+    def init_start(self) -> None:
+        self.mlperf.start("init_start")
+        self.mlperf.submission(self.benchmark, self.cfg.mlperf, cache_cleared=False)
+        self.log(f"{self.benchmark}: {describe(self.dist)}; writing to {self.cfg.run.output_dir}")
+
+    def init_stop(self, strategy: DataParallel, hyperparameters: dict) -> None:
+        """The scale keys, the hyperparameters and the strategy's keys, then init_stop."""
+        scale = scale_keys(nodes=self.dist.num_nodes, accelerators_per_node=self.dist.local_size if self.dist.gpu
+                           else 0, global_batch_size=self.cfg.train.local_batch_size * strategy.replicas)
+        self.mlperf.events(scale | hyperparameters | strategy.mlperf_keys())
+        self.mlperf.end("init_stop")
+
+    def start(self) -> None:
+        """run_start: the timed part begins."""
+        self.run_start = time.time()
+        self.mlperf.start("run_start")
+        if self.resume:
+            progress = self.resume.progress
+            self.mlperf.event("resumed_from_checkpoint", {
+                "checkpoint": self.resume.path.name, "epoch": progress.epoch, "step": progress.step,
+                "attempt": progress.attempt + 1, "earlier_seconds": round(progress.earlier_seconds, 3)})
+            self.log(f"resuming from {self.resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
+
+    def input_seed(self) -> int:
+        """The seed of the input order: the run's, or a new one per attempt when a resumed run cannot restore
+        the input position (no iterator state saved, or another rank count), so that it does not replay the
+        first epochs' order."""
+        resume = self.resume
+        if resume is None or (resume.input_state and resume.ranks == self.dist.size):
+            return self.cfg.run.seed
+        return reseeded(self.cfg.run.seed, resume.progress.attempt)
+
+    def input_ready(self, data: Datasets) -> None:
+        self.mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
+
+    def fit(self, strategy: DataParallel, trainee: Trainee, data: Datasets, rebuild: Rebuild,
+            read_error: Callable[[Exception], Exception]) -> FitResult:
+        """Train with the strategy, then run_stop; a failure to read the data becomes `read_error(err)`."""
+        import tensorflow as tf
+        self.follow(self.dist, trainee, data)
+        try:
+            result = strategy.fit(trainee, data, self, rebuild)
+        # UnicodeDecodeError: TensorFlow quoting the raw bytes of a record that is no tf.train.Example.
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError,
+                UnicodeDecodeError) as err:
+            if self.dist.elastic and "Horovod" in str(err):
+                raise  # a failed collective: hvd.elastic.run resets
+            self.mlperf.end("run_stop", status="aborted")
+            raise read_error(err) from None
+        self.mlperf.end("run_stop", status=result.status)
+        self.time_to_train = time.time() - self.run_start
+        self.io.stop(self.data, result.history, strategy.reads)
+        return result
+
+    def finish(self, strategy: DataParallel, result: FitResult) -> int:
+        """io_report.json and summary.json (rank 0; collectives on every rank); returns the exit code."""
+        report = io_report(self.io, self.staging, result.history, self.dist)  # collective
+        extra = strategy.summary(self.trainee)  # collective too
+        out = Path(self.cfg.run.output_dir)
+        if self.dist.is_root:
+            summary = run_summary(self, result, self.trainee.metric.name, strategy.replicas) | extra | {"io": report}
+            write_io_report(report, out)
+            write_summary(summary | self._attempt_summary(result), out)
+            self.log(f"{result.status}: {result.reason}; time to train {self.time_to_train:.1f} s; summary in "
+                     f"{out}/summary.json")
+        # A rank that exits non-zero (target not reached) makes mpirun kill the others: wait for rank 0's summary.
+        self.dist.barrier()
+        return exit_code(result)
+
+    # ------------------------------------------------------------------------ what the loop and strategies use
+    def follow(self, dist: DistEnv, trainee: Trainee, data: Datasets) -> None:
+        """The layout, trainee and input being trained (an elastic run's change at every reset)."""
+        self.dist, self.trainee, self.data = dist, trainee, data
+
+    def loop_context(self, strategy: DataParallel, data: Datasets) -> LoopContext:
+        """What fit() needs from this run: the options, checkpoints, resuming and stop signals."""
+        cfg = self.cfg
+        options = FitOptions(max_epochs=cfg.train.max_epochs, target=cfg.train.target,
+                             eval_every=cfg.train.eval_every, eval_every_steps=cfg.train.eval_every_steps)
+        ckpt = cfg.checkpoint
+        checkpointer = (Checkpointer(ckpt, cfg.run.output_dir, self.dist, self.benchmark, self.log)
+                        if ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal else None)
+        # The input position is saved only when every rank reads its own tf.data stream.
+        control = Control(checkpointer=checkpointer, resume=self.resume, stop=self.stop, run_start=self.run_start,
+                          input_state=ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position)
+        return LoopContext(self.dist, self.mlperf, options, control, self.log)
+
+    def _stage(self, rank_files: RankFiles) -> StageResult:
+        """Stage the dataset to data.stage_dir between staging_start and staging_stop."""
+        data = self.cfg.data
+        self.log(f"staging {data.dir} to {data.stage_dir} (data.stage_mode={data.stage_mode})")
+        self.mlperf.start("staging_start")
+        staging = stage_for_run(data, self.dist, rank_files, progress=self.dist.is_root)
+        self.mlperf.end("staging_stop", staging_seconds=staging.seconds, staged_bytes=staging.bytes_written)
+        self.log(f"staged into {staging.dir}: {staging.files} files, {staging.bytes_written / 1e9:.3f} GB in "
+                 f"{staging.seconds:.2f} s on rank 0" + ("" if staging.copied else " (waiting for its node's stager)"))
+        return staging
+
+    def _attempt_summary(self, result: FitResult) -> dict:
+        """The summary fields of a resumed run (or of one that stopped on a signal)."""
+        fields = {}
+        if self.resume:
+            progress = self.resume.progress
+            fields |= {"attempt": progress.attempt + 1, "resumed_from": {
+                "checkpoint": str(self.resume.path), "epoch": progress.epoch, "step": progress.step},
+                "time_to_train_all_attempts_seconds": progress.earlier_seconds + self.time_to_train}
+        if result.stopped:
+            fields |= {"stopped": True, "checkpoint": result.checkpoint}
+        return fields
+
+
+def staged_data_config(data_cfg, staging: StageResult | None):
+    """The data section the input pipelines read: the staged copy when there is one, whose files staging
+    has just verified, so that data.verify_checksums unset (auto) does not check them a second time."""
+    if staging is None:
+        return data_cfg
+    verify = False if data_cfg.verify_checksums is None else data_cfg.verify_checksums
+    return dataclasses.replace(data_cfg, dir=staging.dir, verify_checksums=verify)
+
+
+def archive_attempt(out: Path, log_file: str, attempt: int) -> None:
+    """Move what attempt `attempt` left in `out` (its MLPerf log and summaries) to out/attempts/<attempt>/."""
+    names = [n for n in (log_file, *ATTEMPT_FILES) if (out / n).is_file()]
+    if not names:
+        return
+    dest = out / "attempts" / str(attempt)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        os.replace(out / name, dest / name)

@@ -1,0 +1,115 @@
+"""The run summary (summary.json) that campaigns and reports read, and exit codes.
+
+`python -m common.runtime.summary RUN_DIR [RUN_DIR ...]` prints a table of finished runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import statistics
+from pathlib import Path
+from typing import Any
+
+from common.base.cli import guarded
+from common.base.files import write_json_atomic
+from common.runtime.config import to_dict
+from common.base.errors import BenchError
+from common.runtime.loop import FitResult
+from common.runtime.mllog import RUN_SUCCESS
+from common.runtime.stopping import EXIT_STOPPED
+
+EXIT_TARGET_NOT_REACHED = 1
+EXIT_NON_FINITE_LOSS = 3
+
+
+def exit_code(result: FitResult) -> int:
+    if result.status == RUN_SUCCESS:
+        return 0
+    if result.stopped:
+        return EXIT_STOPPED
+    return EXIT_NON_FINITE_LOSS if "non-finite" in result.reason else EXIT_TARGET_NOT_REACHED
+
+
+def throughput(history: list[dict]) -> dict:
+    """Training samples/s: all epochs, and steady state (epochs after the first, which traces)."""
+    rates = [h["samples_per_second"] for h in history if math.isfinite(h.get("samples_per_second", math.nan))]
+    steady = rates[1:] or rates
+    return {"samples_per_second_first_epoch": rates[0] if rates else None,
+            "samples_per_second_steady": statistics.mean(steady) if steady else None}
+
+
+def run_summary(run: Any, result: FitResult, metric_name: str, replicas: int) -> dict:
+    """The run's summary.json; `run`: the common/runtime/run.Run (benchmark, cfg, dist, data, time_to_train);
+    `replicas`: the data-parallel replicas (the strategy's)."""
+    benchmark, cfg, dist, data, time_to_train = run.benchmark, run.cfg, run.dist, run.data, run.time_to_train
+    return {
+        "benchmark": benchmark,
+        "status": result.status,
+        "reason": result.reason,
+        "time_to_train_seconds": time_to_train,
+        "epochs": result.epochs,
+        "metric_name": metric_name,
+        "final_metric": result.metric,
+        "target": cfg.train.target,
+        **throughput(result.history),
+        "ranks": dist.size,
+        "nodes": dist.num_nodes,
+        "threads_per_rank": dist.threads,
+        "gpu": dist.gpu,
+        "horovod": dist.settings,
+        "global_batch_size": data.local_batch_size * replicas,
+        "train_samples": data.train_samples,
+        "eval_samples": data.val_samples,
+        "loader": data.loader or cfg.data.loader,  # the one data.loader (auto, tfdata, dali) resolved to
+        "history": result.history,
+        "config": to_dict(cfg),
+    }
+
+
+def write_summary(summary: dict, output_dir: str | Path) -> Path:
+    return write_json_atomic(summary, Path(output_dir) / "summary.json")
+
+
+def read_run(run_dir: str | Path) -> dict:
+    """summary.json of a run plus its compliance.json when present."""
+    run_dir = Path(run_dir)
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise BenchError(f"{path} does not exist: the run in {run_dir} did not finish")
+    summary = json.loads(path.read_text())
+    compliance = run_dir / "compliance.json"
+    summary["compliance"] = json.loads(compliance.read_text()) if compliance.is_file() else None
+    return summary
+
+
+def format_table(runs: list[dict]) -> str:
+    header = ("benchmark", "status", "time to train", "staging", "epochs", "final metric", "samples/s", "ranks",
+              "compliance")
+    rows = [header] + [_row(r) for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _row(r: dict) -> tuple[str, ...]:
+    comp = r.get("compliance")
+    verdict = "not run" if comp is None else ("SUCCESS" if comp["passed"] else "FAILED")
+    div = r["config"]["mlperf"]["division"]
+    rate = r.get("samples_per_second_steady")
+    staging = (r.get("io") or {}).get("staging")
+    staged = f"{staging['seconds']:.1f} s, {staging['write_gb_per_second']:.2f} GB/s" if staging else "-"
+    return (r["benchmark"], r["status"], f"{r['time_to_train_seconds']:.1f} s", staged, str(r["epochs"]),
+            f"{r['metric_name']} {r['final_metric']:.4f} (target {r['target']})" if r["final_metric"] is not None
+            else "-", f"{rate:.1f}" if rate else "-", str(r["ranks"]), f"{verdict} ({div})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Print a table of finished runs.")
+    parser.add_argument("run_dirs", nargs="+")
+    args = parser.parse_args(argv)
+    return guarded(lambda: print(format_table([read_run(d) for d in args.run_dirs])) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
