@@ -17,7 +17,7 @@ from common.runtime.config import load_config
 from common.runtime.dist import init_distributed
 from common.runtime.loop import Trainee
 from common.runtime.run import Run, choose_strategy, parse_args
-from common.runtime.strategy import DataParallel
+from common.runtime.strategy import DataParallel, Rebuild
 from deepcam.config import DeepCamConfig
 from deepcam.data import build_datasets, files_read, read_error
 
@@ -44,8 +44,8 @@ def train(config: str, overrides: list[str]) -> int:
         data_cfg = run.stage(stage_files, "in_run")
         data = input_pipeline(cfg, data_cfg, strategy, run.input_seed())
         run.input_ready(data)
-        result = run.fit(strategy, trainee, data,
-                         rebuild=lambda layout, seed: (build(cfg, layout), input_pipeline(cfg, data_cfg, layout, seed)),
+        rebuild = Rebuild(trainee=functools.partial(build, cfg), input=functools.partial(input_pipeline, cfg, data_cfg))
+        result = run.fit(strategy, trainee, data, rebuild,  # (elastic runs rebuild both for each new rank layout)
                          read_error=lambda err: read_error(data_cfg, cfg.train.local_batch_size, strategy.input_dist,
                                                            err))
     return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json

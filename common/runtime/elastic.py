@@ -217,11 +217,11 @@ class ElasticStrategy(DataParallel):
 
     def fit(self, trainee: Trainee, data: Any, run: Any, rebuild: Rebuild) -> FitResult:
         """fit() under hvd.elastic.run; `run` (common/runtime/run.py) follows the layout of each (re)start."""
-        first = [(self.dist, trainee, data)]
+        first = [(self.dist, trainee, data, self.seed)]
 
         def attempt(now: DistEnv, seed_offset: int) -> Attempt:
             # A new input order after each reset (the offset is the committed step, the same on every rank).
-            ours, data_now = _reuse_or_rebuild(first, now, seed_offset, lambda s: rebuild(s, reseeded(self.seed, seed_offset)))
+            ours, data_now = _reuse_or_rebuild(first, now, reseeded(self.seed, seed_offset), rebuild)
             self.dist = now
             run.follow(now, ours, data_now)
             ctx = run.loop_context(self, data_now)
@@ -235,14 +235,20 @@ class ElasticStrategy(DataParallel):
         return {"elastic": self.driver.summary()} if self.driver else {}
 
 
-def _reuse_or_rebuild(first: list, now: DistEnv, seed_offset: int, rebuild: Callable) -> tuple:
-    """The run's trainee and input for a first start on the layout they were built for, else new ones (rank 0's
-    weights are broadcast either way)."""
-    if first:
-        init, trainee, data = first.pop()
-        if _placement(init) == _placement(now) and not seed_offset:
-            return trainee, data
-    return rebuild(DataParallel(now))
+def _reuse_or_rebuild(first: list, now: DistEnv, seed: int, rebuild: Rebuild) -> tuple:
+    """The trainee and input of a (re)start on layout `now`, with input seed `seed`. The first start keeps the
+    trainee built in init when the replica count is the same, and the input too when the layout and the seed
+    are. A worker that joins a running job must keep its model: built a second time there, its variables'
+    broadcast did not match the other ranks' and the join hung (tests/integration/test_elastic.py)."""
+    layout = DataParallel(now)
+    if not first:
+        return rebuild.trainee(layout), rebuild.input(layout, seed)
+    init, trainee, data, init_seed = first.pop()
+    if init.size != now.size:
+        trainee = rebuild.trainee(layout)
+    if _placement(init) != _placement(now) or seed != init_seed:
+        data = rebuild.input(layout, seed)
+    return trainee, data
 
 
 def _placement(dist: DistEnv) -> tuple:

@@ -9,7 +9,7 @@
     data_cfg = run.stage(rank_files, "in_run")   # staging_start .. staging_stop when timed in the run
     ... the application builds its input pipelines
     run.input_ready(data)                  # train_samples, eval_samples
-    result = run.fit(strategy, trainee, data, rebuild, read_error)   # the epochs, then run_stop
+    result = run.fit(strategy, trainee, data, rebuild, read_error)  # the epochs, then run_stop
     run.finish(strategy, result)           # io_report.json, summary.json; the exit code
 
 The `Run` carries what every step and the training loop share: the config, the DistEnv (an elastic run's

@@ -10,14 +10,23 @@ training is driven (`fit`). Three exist:
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from common.io.datasets import Datasets
 from common.runtime.dist import DistEnv
 from common.runtime.loop import FitResult, StepsFactory, Trainee, data_parallel_steps, fit
 
-# (strategy of the new layout, input seed) -> the trainee and the input of that layout (elastic runs).
-Rebuild = Callable[["DataParallel", int], "tuple[Trainee, Datasets]"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rebuild:
+    """How a run whose rank layout changes (elastic) builds for a new layout: the trainee, and the input with
+    a given seed (each from the strategy of that layout)."""
+
+    trainee: Callable[["DataParallel"], Trainee]
+    input: Callable[["DataParallel", int], Datasets]
+
 RESEED = 7919  # a prime: the input seed of the n-th restart is seed + RESEED * n
 
 
