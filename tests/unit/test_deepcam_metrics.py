@@ -1,12 +1,8 @@
-"""DeepCAM's loss, IoU, learning-rate schedules and MLPerf optimizer keys."""
-import math
-
+"""DeepCAM's loss and IoU (its optimizers and schedules: test_deepcam_optim.py)."""
 import numpy as np
 import pytest
 
-from deepcam.config import DeepCamOptimizerConfig, DeepCamScheduleConfig
 from deepcam.metrics import MeanIoU, WeightedCrossEntropy, class_weights, per_sample_iou
-from deepcam.optim import StepSchedule, build_optimizer, mlperf_optimizer_keys
 
 
 def reference_iou(pred: np.ndarray, gt: np.ndarray, classes: int) -> float:
@@ -80,47 +76,3 @@ def test_weighted_cross_entropy_is_the_plain_mean_of_weighted_pixel_losses():
     picked = np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
     want = np.mean(-picked * np.asarray(weights)[labels])
     assert got == pytest.approx(want, rel=1e-5)
-
-
-def test_multistep_schedule_with_linear_warmup_from_zero():
-    s = StepSchedule(lr=0.01, warmup_steps=10, warmup_factor=1.0, kind="multistep", milestones=(20, 30),
-                     decay_rate=0.1)
-    assert s.at_step(0) == 0.0
-    assert s.at_step(5) == pytest.approx(0.005)
-    assert s.at_step(10) == pytest.approx(0.01)
-    assert s.at_step(29) == pytest.approx(0.01)
-    assert s.at_step(30) == pytest.approx(0.001)  # 20 steps after warm-up
-    assert s.at_step(45) == pytest.approx(0.0001)
-    per_epoch = s.per_epoch(steps_per_epoch=10)
-    assert per_epoch(0.5) == pytest.approx(0.005)
-
-
-def test_cosine_schedule_with_warmup_factor():
-    s = StepSchedule(lr=0.001, warmup_steps=4, warmup_factor=4.0, kind="cosine_annealing", t_max=100,
-                     eta_min=1e-5)
-    assert s.at_step(0) == pytest.approx(0.001)
-    assert s.at_step(2) == pytest.approx(0.0025)
-    assert s.at_step(4) == pytest.approx(0.004)
-    assert s.at_step(54) == pytest.approx(1e-5 + (0.004 - 1e-5) / 2)
-    assert s.at_step(104) == pytest.approx(1e-5)
-    assert s.at_step(1000) == pytest.approx(1e-5)
-    assert math.isfinite(s.at_step(3.5))
-
-
-@pytest.mark.parametrize("name,cls", [("LAMB", "Lamb"), ("AdamW", "AdamW"), ("Adam", "Adam")])
-def test_optimizers_are_the_named_keras_ones(name, cls):
-    opt = build_optimizer(DeepCamOptimizerConfig(name=name), 0.001)
-    assert type(opt).__name__ == cls
-    assert opt.epsilon == pytest.approx(1e-6)
-
-
-def test_mlperf_keys_cover_the_closed_deepcam_rules():
-    lamb = mlperf_optimizer_keys(DeepCamOptimizerConfig(name="LAMB"),
-                                 DeepCamScheduleConfig(type="multistep", warmup_steps=400, milestones=(800,)))
-    assert {"opt_name", "opt_lr", "opt_betas", "opt_eps", "opt_bias_correction", "opt_grad_averaging",
-            "opt_max_grad_norm", "scheduler_type", "scheduler_lr_warmup_steps", "scheduler_lr_warmup_factor",
-            "scheduler_milestones", "scheduler_decay_rate"} <= set(lamb)
-    assert lamb["opt_eps"] == 1e-6 and lamb["opt_max_grad_norm"] == 1.0 and lamb["scheduler_milestones"] == [800]
-    cosine = mlperf_optimizer_keys(DeepCamOptimizerConfig(name="AdamW"),
-                                   DeepCamScheduleConfig(type="cosine_annealing", t_max=500))
-    assert {"scheduler_t_max", "scheduler_eta_min"} <= set(cosine) and "opt_max_grad_norm" not in cosine
