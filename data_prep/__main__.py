@@ -13,9 +13,11 @@ from common.base.cli import guarded
 COMMANDS = {
     "cosmo-synth": "data_prep.cosmo_synth",
     "cosmo-convert": "data_prep.cosmo_convert",
+    "cosmo-released": "data_prep.released",
     "deepcam-synth": "data_prep.climate_synth",
     "deepcam-stats": "data_prep.climate_stats",
     "deepcam-convert": "data_prep.deepcam_convert",
+    "index": "data_prep.index",
     "pack": "data_prep.pack",
     "stage": "data_prep.stage",
     "validate": "data_prep.validate",

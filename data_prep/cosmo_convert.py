@@ -29,6 +29,7 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.io.formats import SPLITS
+from common.io.formats import cosmoflow as record_format
 from common.io.formats.cosmoflow import (CHANNELS, FORMAT, SAMPLE_DTYPE, TARGET_SIZE, VERSION, record_features,
                                          sample_shape)
 from common.io.hdf5 import reading
@@ -291,12 +292,7 @@ def input_stats(universes: tuple[Universe, ...], workers: int) -> dict:
     """
     moments = tfrecords.run_in_pool(log1p_moments, [u.path for u in universes], workers,
                                     "cosmo-convert stats", "universe")
-    count, total, squares = np.sum(moments, axis=0)  # each (C,)
-    mean = total / count
-    std = np.sqrt(np.maximum(squares / count - mean ** 2, 0.0))
-    return {"transform": "log1p", "split": SPLITS[0], "universes": len(universes),
-            "cells_per_channel": int(count[0]), "mean": [round(float(m), 6) for m in mean],
-            "std": [round(float(v), 6) for v in std]}
+    return record_format.input_stats(np.sum(moments, axis=0), SPLITS[0], {"universes": len(universes)})
 
 
 def log1p_moments(path: Path, planes: int = 8) -> np.ndarray:
@@ -310,8 +306,7 @@ def log1p_moments(path: Path, planes: int = 8) -> np.ndarray:
             if block.min() < 0:
                 raise BenchError(f"{path}: 'full' holds negative values (min {block.min()}) in planes "
                                  f"{first}-{first + len(block) - 1}; expected particle counts >= 0")
-            x = np.log1p(block.astype(np.float64)).reshape(-1, CHANNELS)
-            moments += np.stack([np.full(CHANNELS, len(x)), x.sum(axis=0), np.square(x).sum(axis=0)])
+            moments += record_format.log1p_moments(block)
     return moments
 
 

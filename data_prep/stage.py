@@ -4,7 +4,10 @@ Copies a converted dataset directory, or unpacks a packed one (`python -m data_p
 STAGE_DIR/<format>-<manifest digest>/node/, the directory `data.stage_mode=node` training would
 stage into, and prints that directory, the bytes, the time and GB/s. Use it to stage ahead of a job
 (the MLPerf HPC v3.0 rules allow staging outside the timed run) or to time staging on its own;
-training configs with data.stage_dir stage inside the run themselves. See docs/staging.md.
+training configs with data.stage_dir stage inside the run themselves. With --decompress (the
+config's data.stage_decompress), record files without a DALI index, such as the GZIP files of
+the official CosmoFlow release indexed by `python -m data_prep index`, are written uncompressed with
+DALI index files, into STAGE_DIR/<format>-<manifest digest>-uncompressed/node/. See docs/staging.md.
 """
 from __future__ import annotations
 
@@ -25,18 +28,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="files or archives copied in parallel (default: CPUs available, %(default)s)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep files an earlier, interrupted staging finished (default: start afresh)")
+    parser.add_argument("--decompress", action="store_true",
+                        help="write record files that have no DALI index (GZIP ones) uncompressed with one, so that "
+                             "DALI can read the copy (data.stage_decompress)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     source = open_source(args.input)
-    the_plan = plan(source, "node", Layout(), rank_files=lambda *_: ())
+    the_plan = plan(source, "node", Layout(), rank_files=lambda *_: (), decompress=args.decompress)
     result = stage(source, the_plan, args.stage_dir, threads=args.threads, reuse=args.reuse, progress=True)
     figures = result.figures()
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
-    ratio = f", compression ratio {figures['compression_ratio']:.2f}" if source.pack else ""
+    compressed = figures["compression_ratio"] not in (None, 1)
+    ratio = f", compression ratio {figures['compression_ratio']:.2f}" if compressed else ""
     print(f"staged {result.files} files ({result.bytes_written / 1e9:.3f} GB written, {result.bytes_read / 1e9:.3f} GB "
           f"read{ratio}; {result.files_reused} reused) from {source.kind} {source.root} into {result.dir} in "
           f"{result.seconds:.2f} s: {figures['write_gb_per_second']:.2f} GB/s with sha256 verification, "

@@ -24,6 +24,7 @@ class Datasets:
     train_files: int = 0
     val_files: int = 0
     loader: str = ""  # the input pipeline that reads them: tfdata or dali
+    val_rank_samples: int = 0  # this rank's samples per evaluation (its last batch may be partial)
 
     @classmethod
     def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0,
@@ -31,9 +32,11 @@ class Datasets:
         """From the two datasets and the shards they read (`samples` on this rank, `global_samples` in all,
         `files` the record files of one pass)."""
         return cls(train=train, val=val, train_steps=train_shard.samples // local_batch,
-                   val_steps=val_shard.samples // local_batch, train_samples=train_shard.global_samples,
+                   val_steps=-(-val_shard.samples // local_batch),  # a partial last batch counts
+                   train_samples=train_shard.global_samples,
                    val_samples=val_shard.global_samples, local_batch_size=local_batch, record_bytes=record_bytes,
-                   train_files=len(train_shard.files), val_files=len(val_shard.files), loader=loader)
+                   train_files=len(train_shard.files), val_files=len(val_shard.files), loader=loader,
+                   val_rank_samples=val_shard.samples)
 
     def without_input(self) -> "Datasets":
         """The same step counts for a rank that reads no data: endless (None, None) batches, no files."""

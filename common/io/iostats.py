@@ -68,7 +68,7 @@ def planned_reads(data: Datasets, history: list[dict], reads: bool = True) -> di
     evaluations = sum(1 for h in history if "val_samples_seen" in h)
     batch = data.local_batch_size if reads else 0
     train_records = steps * batch
-    val_records = evaluations * data.val_steps * batch
+    val_records = evaluations * (data.val_rank_samples or data.val_steps * data.local_batch_size) if reads else 0
     passes = steps / data.train_steps if data.train_steps else 0.0
     return {"train_records": train_records, "eval_records": val_records,
             "bytes": int((train_records + val_records) * data.record_bytes),

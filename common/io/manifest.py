@@ -8,6 +8,9 @@ count, byte size, sha256, and the DALI index file if any), and any auxiliary fil
 (DeepCAM's normalisation statistics). Loaders call `load_manifest`, `check_split_files` and
 `check_aux_file` before reading anything. See docs/formats.md.
 
+A path may pass through a link: an index of the official CosmoFlow release (`python -m data_prep index`)
+links its split directories to the input, so its files are read where they lie.
+
 The module is format-agnostic: each benchmark registers its format id and highest supported
 version in `FORMATS`.
 """
@@ -44,6 +47,13 @@ class FileEntry:
     # instead of sha256: about 15x cheaper); None in manifests written before it was added.
     xxh3_128: str | None = None
     index_xxh3_128: str | None = None
+    # The size of a compressed file's record stream once decompressed (`python -m data_prep index` records it;
+    # staging that decompresses plans its free space with it); None for uncompressed files and converters'.
+    uncompressed_bytes: int | None = None
+
+
+# Keys written only when set: manifests written before they existed keep their form.
+OPTIONAL_KEYS = ("xxh3_128", "index_xxh3_128", "uncompressed_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,18 +118,21 @@ class Manifest:
 
 
 def _entry_dict(entry: FileEntry | AuxFile) -> dict:
-    """An entry's JSON form; the optional xxh3 keys only when set."""
+    """An entry's JSON form; the OPTIONAL_KEYS only when set."""
     # Its fields are plain values, so no deep copy (dataclasses.asdict): thousands of entries per manifest.
     return {f.name: v for f in dataclasses.fields(entry)
-            if (v := getattr(entry, f.name)) is not None or "xxh3" not in f.name}
+            if (v := getattr(entry, f.name)) is not None or f.name not in OPTIONAL_KEYS}
 
 
 # ---------------------------------------------------------------------------- writing
-def write_manifest(manifest: Manifest | dict, data_dir: str | os.PathLike) -> Path:
-    """Write `data_dir/manifest.json` atomically (temporary name, then rename); returns its path."""
+def write_manifest(manifest: Manifest | dict, data_dir: str | os.PathLike, indent: int | None = 2) -> Path:
+    """Write `data_dir/manifest.json` atomically (temporary name, then rename); returns its path.
+
+    `indent` None writes compact JSON, several times faster and a third smaller for hundreds of thousands of files.
+    """
     obj = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
     _parse(obj, Path(data_dir), Path(data_dir) / MANIFEST_NAME)  # never write a manifest we could not load
-    return write_json_atomic(obj, Path(data_dir) / MANIFEST_NAME)
+    return write_json_atomic(obj, Path(data_dir) / MANIFEST_NAME, indent=indent)
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
@@ -255,7 +268,9 @@ def _parse_file(obj: Any, where: Path, label: str) -> FileEntry:
                       sha256=_get(obj, "sha256", str, where, label), index=index,
                       index_sha256=_get(obj, "index_sha256", (str, type(None)), where, label),
                       xxh3_128=_xxh3(obj, "xxh3_128", where, label),
-                      index_xxh3_128=_xxh3(obj, "index_xxh3_128", where, label))
+                      index_xxh3_128=_xxh3(obj, "index_xxh3_128", where, label),
+                      uncompressed_bytes=(get_count(obj, "uncompressed_bytes", where, label)
+                                          if obj.get("uncompressed_bytes") is not None else None))
     for rel in (entry.path, entry.index):
         if rel is not None:
             _check_relative(rel, where, label)
@@ -332,8 +347,12 @@ def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = F
     for entry in manifest.splits[split].files:
         if only is not None and entry.path not in only:
             continue
-        path = _check_present(manifest.root / entry.path, entry.bytes,
-                              f"({split} split) but missing; the dataset is incomplete, reconvert it")
+        try:
+            path = _check_present(manifest.root / entry.path, entry.bytes,
+                                  f"({split} split) but missing; the dataset is incomplete, reconvert it")
+        except BenchError:
+            _check_link(manifest, entry.path)  # a clearer error when the file is missing because a link broke
+            raise
         if entry.index is not None:
             _check_index(manifest.root / entry.index, entry)
         if verify_checksums:
@@ -365,10 +384,23 @@ def check_aux_file(manifest: Manifest, name: str) -> Path:
     return path
 
 
-def record_bytes(manifest: Manifest) -> float:
-    """Mean on-disk bytes of one record over all splits (for read-bandwidth figures)."""
-    files = [e for split in manifest.splits.values() for e in split.files]
+def record_bytes(manifest: Manifest, only: set[str] | None = None) -> float:
+    """Mean on-disk bytes of one record over all splits, or over the files `only` lists (for read-bandwidth
+    figures)."""
+    files = [e for split in manifest.splits.values() for e in split.files if only is None or e.path in only]
     return sum(e.bytes for e in files) / max(1, sum(e.records for e in files))
+
+
+def _check_link(manifest: Manifest, rel: str) -> None:
+    """A listed file reached through a link whose target is gone (an indexed dataset's split directory links
+    to the input, `python -m data_prep index`) is named with the link, not as a missing file."""
+    parts = rel.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        link = manifest.root.joinpath(*parts[:depth])
+        if link.is_symlink() and not link.exists():
+            raise BenchError(f"{link}: links to {os.readlink(link)}, which does not exist, so {rel} cannot be read; "
+                             f"the indexed input moved or is not mounted here: index it again where it is now "
+                             f"(python -m data_prep index) or mount it at the old place")
 
 
 def _check_present(path: Path, expected_bytes: int, when_missing: str) -> Path:

@@ -14,7 +14,9 @@ their final ones by the copier (common/io/pycopy.py: plain files, and the byte r
 uncompressed archives; compressed archives are read through Python's decompressors and the standard
 library's `tarfile`). Their checksum is checked while they are written (xxh3-128 from pack.json or
 manifest.json; sha256 for files of a manifest written before converters recorded xxh3-128), and only
-then are they renamed.
+then are they renamed. With decompression (data.stage_decompress), record files that have no DALI index
+(GZIP-compressed ones) are written uncompressed with one instead (common/io/decompress.py), and the staged
+manifest describes them so.
 The dataset's manifest.json is written last and a `.staged.json` record after it, so a killed
 staging never leaves a directory a later run takes for complete. A rerun starts afresh (every byte
 counted in the staging time) or, with `reuse`, keeps the files that were finished and stages the
@@ -41,7 +43,9 @@ from typing import BinaryIO, Callable, Iterable
 from common.io import pycopy
 from common.base.files import write_json_atomic, write_text_atomic
 from common.base.errors import BenchError
-from common.io.manifest import MANIFEST_NAME, Manifest, load_manifest
+from common.io.decompress import decompress_file, needs_decompression, staged_entry, staged_manifest, staged_size
+from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
+from common.io.tfrecord import index_path
 from common.io.packing import PACK_NAME, Member, Pack, dataset_files, load_pack
 from common.io.sharding import node_share_files
 
@@ -56,6 +60,7 @@ CHUNK = 4 << 20  # bytes per read of a decompressed archive stream
 # for up to a batch (~30 ms of a 0.3 s staging).
 BATCH_FILES, BATCH_BYTES, BATCH_SHARE = 32, 64 << 20, 16
 SPACE_MARGIN = 64 << 20  # free bytes left over at the destination after staging
+INDEX_LINE_BYTES = 24  # room for one DALI index line ("offset size\n") of a decompressed file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,16 +128,22 @@ class Plan:
     files: tuple[str, ...]  # dataset paths staged into it
     copies: bool  # False: another rank of this node stages it (this rank waits)
     node_bytes: int  # bytes all of this node's staging writes (for the free-space check)
+    # data.stage_decompress: record files without a DALI index are written uncompressed with one (decompress.py)
+    decompress: bool = False
 
 
 RankFiles = Callable[[Manifest, int, int], Iterable[str]]  # (manifest, rank, ranks) -> dataset paths it reads
 
 
-def plan(source: Source, mode: str, layout: Layout, rank_files: RankFiles) -> Plan:
-    """The plan of this rank; `rank_files` says which files a rank reads (the application's sharding)."""
+def plan(source: Source, mode: str, layout: Layout, rank_files: RankFiles, decompress: bool = False) -> Plan:
+    """The plan of this rank; `rank_files` says which files a rank reads (the application's sharding);
+    `decompress`: data.stage_decompress."""
     if mode not in MODES:
         raise BenchError(f"data.stage_mode {mode!r}: expected one of {list(MODES)}")
-    manifest, files = source.manifest, source.files
+    if decompress and source.pack:
+        raise BenchError(f"{source.root}: a packed dataset; data.stage_decompress stages the record files of a "
+                         f"plain dataset directory (as data_prep index or cosmo-convert --compression gzip make)")
+    manifest, files = source.manifest, staged_sizes(source, decompress)
     aux = [a.path for a in manifest.aux_files.values()]
     if mode == "node":
         chosen, scope = list(files), "node"
@@ -152,21 +163,38 @@ def plan(source: Source, mode: str, layout: Layout, rank_files: RankFiles) -> Pl
     if unknown:
         raise BenchError(f"{source.root}: the files to stage include {unknown[0]}, which the source does not hold")
     return Plan(mode=mode, scope=scope, files=tuple(sorted(set(chosen))), node_bytes=node_bytes,
-                copies=mode == "rank" or layout.local_rank == 0)
+                copies=mode == "rank" or layout.local_rank == 0, decompress=decompress)
 
 
 def _with_index(entry) -> list[str]:
     return [entry.path] + ([entry.index] if entry.index else [])
 
 
-def _bytes(files: dict[str, Member], chosen: Iterable[str]) -> int:
-    return sum(files[p].bytes for p in set(chosen) if p in files)
+def _bytes(sizes: dict[str, int], chosen: Iterable[str]) -> int:
+    return sum(sizes[p] for p in set(chosen) if p in sizes)
 
 
-def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str) -> Path:
-    """`stage_root/<format>-<first 12 hex digits of the manifest's sha256>/<scope>`."""
+def to_decompress(source: Source, decompress: bool) -> dict[str, FileEntry]:
+    """The record files staging rewrites uncompressed with a DALI index (with `decompress`), by dataset path."""
+    if not decompress:
+        return {}
+    return {e.path: e for split in source.manifest.splits.values() for e in split.files if needs_decompression(e)}
+
+
+def staged_sizes(source: Source, decompress: bool) -> dict[str, int]:
+    """The bytes each file of the source takes once staged (decompressed files with room for their index)."""
+    sizes = {path: member.bytes for path, member in source.files.items()}
+    for path, entry in to_decompress(source, decompress).items():
+        sizes[path] = staged_size(entry) + INDEX_LINE_BYTES * entry.records
+    return sizes
+
+
+def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str, decompress: bool = False) -> Path:
+    """`stage_root/<format>-<first 12 hex digits of the manifest's sha256>[-uncompressed]/<scope>` (the suffix
+    with data.stage_decompress, whose copy differs)."""
     digest = hashlib.sha256(source.manifest_text.encode()).hexdigest()[:12]
-    return Path(stage_root) / f"{source.manifest.format}-{digest}" / scope
+    suffix = "-uncompressed" if decompress else ""
+    return Path(stage_root) / f"{source.manifest.format}-{digest}{suffix}" / scope
 
 
 # ---------------------------------------------------------------------------- in a training run
@@ -189,7 +217,7 @@ def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False)
     t0 = time.perf_counter()
     the_plan, result, error = None, None, None
     try:
-        the_plan = plan(source, data_cfg.stage_mode, layout, rank_files)
+        the_plan = plan(source, data_cfg.stage_mode, layout, rank_files, data_cfg.stage_decompress)
         if the_plan.copies:
             result = stage(source, the_plan, data_cfg.stage_dir, threads=data_cfg.stage_threads,
                            reuse=data_cfg.stage_reuse, progress=progress)
@@ -246,16 +274,17 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     Raises BenchError for too little free space, a missing or truncated archive, a corrupt archive
     member and a checksum mismatch, naming the file and the figures.
     """
-    dest = staged_dir(stage_root, source, the_plan.scope)
+    dest = staged_dir(stage_root, source, the_plan.scope, the_plan.decompress)
     threads = threads or _cores()
     result = StageResult(dir=str(dest), mode=the_plan.mode, scope=the_plan.scope, source=str(source.root),
                          source_kind=source.kind, compression=source.compression, copied=True, threads=threads,
                          checksum=_checksum_kinds(source, the_plan))
     t0 = time.perf_counter()
-    files = source.files
-    done = _prepare(dest, files, the_plan, reuse)
-    todo = [p for p in the_plan.files if p not in done]
-    _check_space(dest, the_plan, files, todo)
+    files, rewrite = source.files, to_decompress(source, the_plan.decompress)
+    done = _prepare(dest, files, the_plan, reuse, skip=set(rewrite))
+    staged = _reused_decompressed(dest, rewrite, the_plan, reuse)
+    todo = [p for p in the_plan.files if p not in done and p not in staged]
+    _check_space(dest, the_plan, staged_sizes(source, the_plan.decompress), todo)
     bar = _progress_bar(sum(files[p].bytes for p in todo), progress, the_plan.scope)
     try:
         result.source_fs, result.dest_fs = filesystem_type(source.root), filesystem_type(dest)
@@ -264,14 +293,16 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
         if source.pack:
             result.archives, result.bytes_read = _unpack(source, todo, dest, threads, bar, copier)
         else:
-            result.bytes_read = _copy_plain(source, todo, dest, threads, bar, copier)
+            result.bytes_read = _copy_plain(source, [p for p in todo if p not in rewrite], dest, threads, bar, copier)
+            staged.update(_decompress_all(source, {p: rewrite[p] for p in todo if p in rewrite}, dest, threads, bar))
     finally:
         bar.close()
+    _finish_decompressed(result, source, rewrite, todo)
     # The dataset's manifest, now describing `dest` (loaded and validated from the source already; compact:
     # CosmoFlow's lists thousands of files, and indenting it is done in Python, tens of milliseconds).
-    write_text_atomic(source.manifest_text + "\n", dest / MANIFEST_NAME)
-    result.files, result.files_reused = len(todo), len(done)
-    result.bytes_written = sum(files[p].bytes for p in todo)
+    write_text_atomic(_staged_manifest_text(source, the_plan, staged) + "\n", dest / MANIFEST_NAME)
+    result.files, result.files_reused = len(todo), len(the_plan.files) - len(todo)
+    result.bytes_written = sum(files[p].bytes if p not in rewrite else _written(dest, staged[p]) for p in todo)
     result.seconds = time.perf_counter() - t0
     write_json_atomic({"plan": dataclasses.asdict(the_plan), "result": result.figures()}, dest / STAGED_NAME)
     return result
@@ -284,7 +315,7 @@ def _checksum_kinds(source: Source, the_plan: Plan) -> str:
 
 def wait_result(source: Source, the_plan: Plan, stage_root: str | os.PathLike, seconds: float) -> StageResult:
     """The result on a rank that waited `seconds` for its node's stager (which must have finished)."""
-    dest = staged_dir(stage_root, source, the_plan.scope)
+    dest = staged_dir(stage_root, source, the_plan.scope, the_plan.decompress)
     if not (dest / STAGED_NAME).is_file():
         raise BenchError(f"{dest}: the node's staging rank finished but {STAGED_NAME} is missing; is "
                          f"data.stage_dir node-local storage that all ranks of the node see?")
@@ -292,8 +323,9 @@ def wait_result(source: Source, the_plan: Plan, stage_root: str | os.PathLike, s
                        source_kind=source.kind, compression=source.compression, copied=False, seconds=seconds)
 
 
-def _prepare(dest: Path, files: dict[str, Member], the_plan: Plan, reuse: bool) -> set[str]:
-    """Make `dest` ready; returns the planned files already complete there (only with `reuse`)."""
+def _prepare(dest: Path, files: dict[str, Member], the_plan: Plan, reuse: bool, skip: set[str]) -> set[str]:
+    """Make `dest` ready; returns the planned files already complete there (only with `reuse`; not those in
+    `skip`, which staging rewrites: `_reused_decompressed` looks for them)."""
     if not reuse:
         if dest.exists():
             shutil.rmtree(dest)
@@ -305,13 +337,14 @@ def _prepare(dest: Path, files: dict[str, Member], the_plan: Plan, reuse: bool) 
     for tmp in [p for p in dest.rglob(f"*{TEMP_MARK}*") if p.is_file()]:
         tmp.unlink()
     # A file with its final name was renamed only after its checksum matched.
-    return {p for p in the_plan.files if (dest / p).is_file() and (dest / p).stat().st_size == files[p].bytes}
+    return {p for p in the_plan.files
+            if p not in skip and (dest / p).is_file() and (dest / p).stat().st_size == files[p].bytes}
 
 
-def _check_space(dest: Path, the_plan: Plan, files: dict[str, Member], todo: list[str]) -> None:
-    need = sum(files[p].bytes for p in todo)
+def _check_space(dest: Path, the_plan: Plan, sizes: dict[str, int], todo: list[str]) -> None:
+    need = sum(sizes[p] for p in todo)
     if the_plan.mode == "rank":  # the node's other ranks stage at the same time
-        need = max(need, the_plan.node_bytes - _bytes(files, set(the_plan.files) - set(todo)))
+        need = max(need, the_plan.node_bytes - _bytes(sizes, set(the_plan.files) - set(todo)))
     free = shutil.disk_usage(dest).free
     if free < need + SPACE_MARGIN:
         raise BenchError(f"{dest}: {free / 1e9:.2f} GB free, but staging needs {need / 1e9:.2f} GB "
@@ -387,6 +420,53 @@ def _copy_jobs(copier: pycopy.Copier, dest: Path, jobs: list[CopyJob], bar) -> N
     if failure.code == errno.ENOENT and not os.path.exists(src):
         raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
     raise BenchError(f"{where}: copying {member.path} to {dest}: {failure.message} (errno {failure.code})")
+
+
+# ---------------------------------------------------------------------------- decompression
+def _decompress_all(source: Source, entries: dict[str, FileEntry], dest: Path, threads: int,
+                    bar) -> dict[str, FileEntry]:
+    """Write `entries` uncompressed with DALI indexes (common/io/decompress.py), a file per job on `threads`
+    threads; their staged entries by path."""
+    _make_dirs(dest, entries)
+    files, compression = source.files, source.manifest.compression
+
+    def one(path: str) -> tuple[str, FileEntry]:
+        kind, digest = checksum_of(files[path])
+        staged = decompress_file(source.root / path, entries[path], compression, dest, (kind, digest),
+                                 pycopy.hasher(kind), f"{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
+        bar.update(files[path].bytes)
+        return path, staged
+
+    return dict(_run_threads(one, list(entries), threads))
+
+
+def _reused_decompressed(dest: Path, rewrite: dict[str, FileEntry], the_plan: Plan,
+                         reuse: bool) -> dict[str, FileEntry]:
+    """With `reuse`, the planned files an earlier staging decompressed into `dest` completely, read back."""
+    if not reuse:
+        return {}
+    found = {p: staged_entry(dest, rewrite[p]) for p in the_plan.files if p in rewrite}
+    return {p: e for p, e in found.items() if e is not None}
+
+
+def _finish_decompressed(result: "StageResult", source: Source, rewrite: dict, todo: list[str]) -> None:
+    """What a staging that decompressed reports: the source's compression, its bytes read, read as a stream."""
+    if rewrite:
+        result.compression, result.reads = source.manifest.compression, "stream"
+        result.bytes_read += sum(source.files[p].bytes for p in todo if p in rewrite)
+
+
+def _written(dest: Path, entry: FileEntry) -> int:
+    """Bytes a decompressed file and its index take in `dest`."""
+    return entry.bytes + (dest / index_path(entry.path)).stat().st_size
+
+
+def _staged_manifest_text(source: Source, the_plan: Plan, staged: dict[str, FileEntry]) -> str:
+    """The staged directory's manifest: the source's, or with decompression one that describes the files as
+    they were staged (and says compression none)."""
+    if not the_plan.decompress:
+        return source.manifest_text
+    return json.dumps(staged_manifest(source.manifest, staged, str(source.root)).to_dict(), sort_keys=True)
 
 
 def filesystem_type(path: str | os.PathLike) -> str:
