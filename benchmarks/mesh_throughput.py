@@ -135,7 +135,7 @@ def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: st
     strategy = app.strategy_for(cfg, dist)
     trainee = app.build(cfg, strategy)
     strategy.prepare(cfg)
-    train = strategy.make_steps(trainee, dist).train
+    train = strategy.make_steps(trainee, dist, None).train
     x, y = _batch(cfg, dist.rank) if strategy.reads else (None, None)
     built_rss = rss_mb()
     for _ in range(warmup):

@@ -91,15 +91,22 @@ class ParallelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """SGD with momentum; the peak learning rate scales linearly with the global batch."""
+    """SGD with momentum; the peak learning rate scales linearly with the global batch.
+
+    weight_decay is the reference's: an L2 penalty `weight_decay * sum(w ** 2)` on the kernels of the two
+    hidden dense layers, added to the loss (not a decoupled decay of every variable).
+    rcp names a reference convergence point of mlperf-logging (e.g. cosmoflow_ref_128): its
+    hyperparameters replace the config's (cosmoflow/rcp.py)."""
 
     name: str = "sgd"
     base_lr: float = 0.001
     base_batch_size: int = 64  # the batch size base_lr is defined for
     momentum: float = 0.9
     weight_decay: float = 0.0
+    rcp: str = ""
 
     def __post_init__(self):
+        check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, ">= 0")
         check(self.name == "sgd", "optimizer.name", self.name, "'sgd'")
         check(self.base_lr > 0, "optimizer.base_lr", self.base_lr, "> 0")
         check(self.base_batch_size > 0, "optimizer.base_batch_size", self.base_batch_size, "> 0")
@@ -108,11 +115,15 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
-    """Linear warm-up from base_lr to the scaled peak, then step decays (factors of the peak)."""
+    """Linear warm-up from base_lr to the scaled peak, then step decays (factors of the peak).
+
+    granularity: `epoch` is the reference's rule (the rate set at the start of each epoch, a decay at
+    boundary b from epoch b + 1 on); `step` is the suite's per-step variant (cosmoflow/schedule.py)."""
 
     warmup_epochs: int = 0
     decay_epochs: tuple[int, ...] = ()
     decay_factors: tuple[float, ...] = ()
+    granularity: Literal["epoch", "step"] = "epoch"
 
     def __post_init__(self):
         check(self.warmup_epochs >= 0, "schedule.warmup_epochs", self.warmup_epochs, ">= 0")

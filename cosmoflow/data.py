@@ -55,14 +55,22 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
         _report_dropped(manifest, shards, dist.size)
     if not read:
         return Datasets.from_shards(None, None, shards[TRAIN], shards[VALIDATION], local_batch).without_input()
-    loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
+    paths = shard_paths(manifest, shards)
+    loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION), files=paths)
     check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
     make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(cfg, manifest)
     train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
     val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest),
-                                loader)
+    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch,
+                                record_bytes(manifest, only=paths), loader)
+
+
+def shard_paths(manifest: Manifest, shards: dict[str, Shard]) -> set[str]:
+    """The dataset paths of the record files the shards read (a staged copy of a rank or node holds only these,
+    and a copy staged with data.stage_decompress describes only these as staged)."""
+    root = str(manifest.root)
+    return {os.path.relpath(f, root) for shard in shards.values() for f in shard.files}
 
 
 def rank_shard(manifest: Manifest, cfg: CosmoDataConfig, split: str, dist: DistEnv, local_batch: int,
@@ -200,9 +208,11 @@ def channel_stats(manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
     stats, channels = manifest.input_stats, manifest.sample_shape[-1]
     if not stats:
         raise BenchError(f"{where}: no input_stats, which data.normalize=true needs; reconvert the dataset "
-                         f"with this version of cosmo-convert, or set data.normalize=false")
-    if stats.get("transform") != "log1p":
-        raise BenchError(f"{where}: input_stats.transform is {stats.get('transform')!r}, expected 'log1p'")
+                         f"with this version of cosmo-convert (or index it without --stats-files 0), or set "
+                         f"data.normalize=false")
+    if stats.get("transform") != record_format.LOG1P:
+        raise BenchError(f"{where}: input_stats.transform is {stats.get('transform')!r}, expected "
+                         f"{record_format.LOG1P!r}")
     arrays = []
     for key in ("mean", "std"):
         value = np.asarray(stats.get(key, []), dtype=np.float64)
@@ -235,7 +245,7 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch:
         raise BenchError(f"data.loader=dali needs nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120 "
                          f"(make setup installs both): {err}") from None
     import tensorflow as tf
-    device_id = dist.local_rank if dist.gpu else None
+    device_id = dist.gpu_index  # the GPU TensorFlow uses (0 with one visible GPU per rank), None on CPU
     pipe = _dali_pipeline(shard, manifest, cfg, batch, shuffle, seed, device_id)
     shapes = ((batch, *manifest.sample_shape), (batch, manifest.target_size))
     with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):

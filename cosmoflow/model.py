@@ -1,7 +1,7 @@
 """The CosmoFlow 3D CNN of the MLPerf HPC reference, in pure Keras 3 (any backend).
 
 Five blocks of [Conv3D k 'same' -> LeakyReLU -> MaxPool3D 2], then Flatten, two
-[Dense -> LeakyReLU -> Dropout] layers and a Dense output with tanh scaled by 1.2
+[Dense (L2 on the kernel) -> LeakyReLU -> Dropout] layers and a Dense output with tanh scaled by 1.2
 (targets live in [-1, 1]). Every size comes from the arguments, which are the config's
 `model:` section. Channels-last: inputs are (B, D, H, W, C).
 """
@@ -25,6 +25,7 @@ def build_model(input_shape: Sequence[int] = (128, 128, 128, 4),
                 dropout: float = 0.5,
                 target_size: int = 4,
                 output_scale: float = 1.2,
+                l2: float = 0.0,
                 name: str = "cosmoflow") -> keras.Model:
     """Build the CosmoFlow regression network.
 
@@ -34,6 +35,8 @@ def build_model(input_shape: Sequence[int] = (128, 128, 128, 4),
         conv_filters: filters of each conv block (the reference: 32, 64, 128, 256, 512).
         pooling: "max" (the reference's MaxPool3D) or "avg" (AveragePooling3D, which the
             reference code also offers as its pooling type).
+        l2: the reference's weight decay: an L2 penalty `l2 * sum(w ** 2)` on the kernels of the hidden
+            dense layers (a regularization loss of the model, in `model.losses`); 0 adds none.
     Returns:
         An unbuilt-weights `keras.Model` mapping (B, D, H, W, C) to (B, target_size).
     """
@@ -47,12 +50,14 @@ def build_model(input_shape: Sequence[int] = (128, 128, 128, 4),
         x = layers.LeakyReLU(negative_slope=leaky_slope, name=f"conv{i + 1}_act")(x)
         x = POOLING[pooling](pool_size, name=f"pool{i + 1}")(x)
     x = layers.Flatten(name="flatten")(x)  # (B, D/32 * H/32 * W/32 * 512) for the reference
+    penalty = keras.regularizers.L2(l2) if l2 else None
     for i, units in enumerate(dense_units):
-        x = layers.Dense(units, name=f"dense{i + 1}")(x)
+        x = layers.Dense(units, kernel_regularizer=penalty, name=f"dense{i + 1}")(x)
         x = layers.LeakyReLU(negative_slope=leaky_slope, name=f"dense{i + 1}_act")(x)
         x = layers.Dropout(dropout, name=f"dropout{i + 1}")(x)
     x = layers.Dense(target_size, activation="tanh", name="output")(x)
-    outputs = layers.Rescaling(output_scale, name="output_scale")(x)
+    # float32 outputs under a mixed-precision policy, so that the loss and the metric are float32
+    outputs = layers.Rescaling(output_scale, name="output_scale", dtype="float32")(x)
     return keras.Model(inputs, outputs, name=name)
 
 

@@ -19,10 +19,14 @@ from common.base.errors import BenchError
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv, init_distributed
 from common.runtime.loop import Trainee
-from common.runtime.run import Run, choose_strategy, parse_args
+from common.runtime.plan import Plan, planned_dist, print_plan, resolve
+from common.runtime.precision import for_precision, precision_keys, set_precision
+from common.runtime.run import Run, choose_strategy, parse_args, root_log
 from common.runtime.strategy import DataParallel, Rebuild
 from cosmoflow.config import CosmoConfig
 from cosmoflow.data import build_datasets, files_read, read_error
+from cosmoflow.rcp import with_rcp
+from cosmoflow.reference import closed_differences
 from cosmoflow.schedule import LRSchedule, sgd_keys
 
 BENCHMARK = "cosmoflow"
@@ -30,6 +34,8 @@ BENCHMARK = "cosmoflow"
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
+    if args.dry_run:
+        return guarded(lambda: dry_run(args.config, args.overrides, args.ranks, args.json))
     return guarded(lambda: train(args.config, args.overrides))
 
 
@@ -38,6 +44,8 @@ def train(config: str, overrides: list[str]) -> int:
     cfg = load_config(config, overrides, CosmoConfig)
     dist = init_distributed(cfg.dist)
     strategy = strategy_for(cfg, dist)  # data parallel, hybrid Mesh-TF or elastic
+    # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
+    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences, announce=root_log(dist))
     stage_files = functools.partial(rank_files, cfg)
     with Run.open(BENCHMARK, cfg, dist) as run:  # resume point, config.yaml, MLPerf log, stop signals
         run.stage(stage_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
@@ -54,6 +62,18 @@ def train(config: str, overrides: list[str]) -> int:
                          read_error=lambda err: read_error(data_cfg, cfg.train.local_batch_size, strategy.input_dist,
                                                            err))
     return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json
+
+
+def dry_run(config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
+    """Print what a run of `config` would use (common/runtime/plan.py); no data read, nothing trained."""
+    cfg = load_config(config, overrides, CosmoConfig)
+    dist = planned_dist(cfg.dist, ranks)
+    strategy = strategy_for(cfg, dist)
+    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences)
+    schedule = LRSchedule.from_config(cfg.optimizer, cfg.schedule, cfg.train.local_batch_size * strategy.replicas)
+    plan = Plan(BENCHMARK, cfg, dist.size, strategy.replicas, closed_differences(cfg),
+                hyperparameters(cfg, strategy), schedule.by_epoch(cfg.train.max_epochs))
+    return print_plan(plan, as_json, dist)
 
 
 def strategy_for(cfg: CosmoConfig, dist: DistEnv) -> DataParallel:
@@ -73,12 +93,14 @@ def build(cfg: CosmoConfig, strategy: DataParallel) -> Trainee:
     from cosmoflow.metrics import MeanAbsoluteError, mse_loss
     from cosmoflow.model import build_model
     keras.utils.set_random_seed(strategy.model_seed(cfg.run.seed))
-    model = build_model(**dataclasses.asdict(cfg.model))
+    set_precision(cfg.train.precision)  # the Keras policy the model is built under
+    model = build_model(**dataclasses.asdict(cfg.model), l2=cfg.optimizer.weight_decay)
     schedule = LRSchedule.from_config(cfg.optimizer, cfg.schedule,
                                       global_batch=cfg.train.local_batch_size * strategy.replicas)
-    optimizer = keras.optimizers.SGD(learning_rate=schedule(0.0), momentum=cfg.optimizer.momentum,
-                                     weight_decay=cfg.optimizer.weight_decay or None)
-    return Trainee(model, optimizer, mse_loss, MeanAbsoluteError(), schedule_for=lambda _data: schedule)
+    # Weight decay is the model's L2 penalty on the dense kernels, as the reference's, not the optimizer's.
+    optimizer = keras.optimizers.SGD(learning_rate=schedule(0.0), momentum=cfg.optimizer.momentum)
+    return Trainee(model, for_precision(optimizer, cfg.train.precision), mse_loss, MeanAbsoluteError(),
+                   schedule_for=lambda _data: schedule, jit_compile=cfg.train.jit_compile)
 
 
 def hyperparameters(cfg: CosmoConfig, strategy: DataParallel) -> dict:
@@ -86,8 +108,8 @@ def hyperparameters(cfg: CosmoConfig, strategy: DataParallel) -> dict:
     schedule = LRSchedule.from_config(cfg.optimizer, cfg.schedule,
                                       global_batch=cfg.train.local_batch_size * strategy.replicas)
     # The seed too: MLPerf's seed checker wants every run of a submission to log its own.
-    return ({"seed": cfg.run.seed} | sgd_keys(cfg.optimizer, cfg.schedule, schedule.warmup_factor)
-            | {"dropout": cfg.model.dropout})
+    return ({"seed": cfg.run.seed} | sgd_keys(cfg.optimizer, cfg.schedule, schedule)
+            | {"dropout": cfg.model.dropout} | precision_keys(cfg.train.precision, cfg.train.jit_compile))
 
 
 def input_pipeline(cfg: CosmoConfig, data_cfg, strategy: DataParallel, seed: int):

@@ -63,14 +63,18 @@ class DeepCamModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DeepCamOptimizerConfig:
-    """LAMB, AdamW or Adam with the reference's epsilon; `lr` is the start rate the schedule scales."""
+    """The reference's optimizers (deepcam/lamb.py): apex FusedLAMB, torch AdamW (decoupled decay) or torch
+    Adam (decay as L2 on the gradient), eps 1e-6; `lr` is the start rate the schedule scales."""
 
     name: Literal["LAMB", "AdamW", "Adam"] = "LAMB"
     lr: float = 0.0055
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
     weight_decay: float = 0.01
-    max_grad_norm: float = 1.0  # LAMB only: global gradient-norm clipping, as apex's FusedLAMB
+    max_grad_norm: float = 1.0  # LAMB only: apex's global gradient-norm clipping (the closed rules fix 1.0)
+    # A reference convergence point of mlperf-logging (e.g. deepcam_ref_512): its hyperparameters replace
+    # this section's and the schedule's (deepcam/rcp.py); the run's global batch must be the RCP's.
+    rcp: str = ""
 
     def __post_init__(self):
         check(self.name in ("LAMB", "AdamW", "Adam"), "optimizer.name", self.name, "LAMB, AdamW or Adam")
@@ -84,14 +88,16 @@ class DeepCamOptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DeepCamScheduleConfig:
-    """Warm-up then multistep or cosine decay, all counted in optimizer steps (deepcam/optim.py)."""
+    """The reference's warm-up then multistep or cosine decay, counted in optimizer steps; the rate of each
+    step is stated in deepcam/optim.py (StepSchedule)."""
 
     type: Literal["multistep", "cosine_annealing"] = "multistep"
     warmup_steps: int = 0
-    warmup_factor: float = 1.0  # 1: ramp from 0 to lr; > 1: ramp from lr to lr * factor
-    milestones: tuple[int, ...] = ()  # multistep: steps after warm-up where the rate is multiplied ...
+    warmup_factor: float = 1.0  # 1: linear ramp up from 0 towards lr; > 1: from lr towards lr * factor
+    # multistep: optimizer step warmup_steps + m (0-based; m - 1 without warm-up) is the first multiplied ...
+    milestones: tuple[int, ...] = ()
     decay_rate: float = 0.1  # ... by this
-    t_max: int = 1  # cosine_annealing: steps from the peak to eta_min
+    t_max: int = 1  # cosine_annealing: steps from the end of warm-up to eta_min (a period is 2 * t_max)
     eta_min: float = 0.0
 
     def __post_init__(self):

@@ -2,10 +2,12 @@
 
 `build_datasets` checks the dataset against its manifest up front (image shape, files, sizes, the
 statistics file, enough samples for the ranks and the batch). Each split is cut into contiguous
-blocks of records, one per rank: rank r reads records [r*m, (r+1)*m) of the split in file order,
-where m is N // ranks rounded down to a multiple of the local batch (so fewer than ranks x batch
-samples are left out). An epoch is exactly a rank's m records, reshuffled every epoch when
-shuffling; every evaluation reads each rank's whole validation block. With data.stage_mode=node_share
+blocks of records, one per rank. Training: rank r reads records [r*m, (r+1)*m) of the split in file
+order, where m is N // ranks rounded down to a multiple of the local batch (so fewer than ranks x batch
+samples are left out of an epoch); an epoch is exactly a rank's m records, reshuffled every epoch when
+shuffling. Validation covers every sample: the first N mod ranks ranks read one sample more than the
+others, and a rank's last batch is partial when its block is not a whole number of batches, so every
+evaluation reads each of the N samples once (the `eval_samples` logged). With data.stage_mode=node_share
 a rank reads instead its part of its node's share of the files, divided afresh every epoch
 (common/io/sharding.py). The datasets repeat and yield
 (B, H, W, 16) float32 fields normalised per channel from the dataset's stats.h5, and (B, H, W)
@@ -51,8 +53,8 @@ class Shard:
 
     split: str
     pieces: tuple[Piece, ...]
-    samples: int  # on this rank per epoch, a multiple of the local batch
-    global_samples: int  # in the split
+    samples: int  # on this rank per epoch (training: a multiple of the local batch)
+    global_samples: int  # training: in the split; validation: evaluated by all ranks together
     # node_share: `pieces` are the node's files, divided between its ranks every epoch; (local rank, ranks
     # per node, the run seed every rank of the node draws the division from). None: pieces are this rank's.
     local: tuple[int, int, int] | None = None
@@ -78,6 +80,7 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
     shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
+    _report_unevaluated(manifest, shards[VALIDATION], dist)
     check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
     make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(shift, divisor)
@@ -91,12 +94,38 @@ def rank_shard(manifest: Manifest, cfg: DeepCamDataConfig, split: str, dist: Dis
                seed: int) -> Shard:
     """What this rank reads of `split`: its block, or its node's share when staged with node_share."""
     if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
+        if split == VALIDATION:
+            return validation_block(manifest, dist.rank, dist.size)
         return shard_split(manifest, split, dist.rank, dist.size, local_batch)
     share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
     pieces = tuple(Piece(str(manifest.root / e.path), str(manifest.root / e.index) if e.index else None, 0, e.records)
                    for e in share.files)
-    return Shard(split=split, pieces=pieces, samples=share.samples_per_rank, global_samples=share.global_samples,
+    # node_share divides whole batches of each node's files afresh every epoch: an evaluation reads
+    # samples_per_rank on every rank, which is what eval_samples says.
+    evaluated = share.samples_per_rank * dist.size if split == VALIDATION else share.global_samples
+    return Shard(split=split, pieces=pieces, samples=share.samples_per_rank, global_samples=evaluated,
                  local=(dist.local_rank, dist.local_size, seed))
+
+
+def validation_block(manifest: Manifest, rank: int, size: int) -> Shard:
+    """Rank `rank`'s contiguous block of the validation split, the N samples split as evenly as possible
+    (N // size each, one more on the first N % size ranks), so the ranks together evaluate all N."""
+    total = manifest.splits[VALIDATION].samples
+    if total < size:
+        raise BenchError(f"{manifest.root / MANIFEST_NAME}: the {VALIDATION} split has {total} samples for {size} "
+                         f"ranks; every rank needs at least one: use fewer ranks or a larger dataset")
+    base, extra = divmod(total, size)
+    first, count = rank * base + min(rank, extra), base + (rank < extra)
+    return Shard(split=VALIDATION, pieces=_pieces(manifest, VALIDATION, first, count), samples=count,
+                 global_samples=total)
+
+
+def _report_unevaluated(manifest: Manifest, shard: Shard, dist: DistEnv) -> None:
+    left = manifest.splits[VALIDATION].samples - shard.global_samples
+    if left and dist.is_root:
+        print(f"note: data.stage_mode=node_share evaluates {shard.global_samples} of the "
+              f"{manifest.splits[VALIDATION].samples} validation samples (whole batches per rank); the log's "
+              f"eval_samples says {shard.global_samples}", flush=True)
 
 
 def files_read(manifest: Manifest, rank: int, size: int, local_batch: int) -> list[str]:
@@ -207,8 +236,9 @@ def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, ba
     else:
         records = pieces.flat_map(read)  # the block in file order: the order DALI reads it unshuffled
     samples = records.map(_record_parser(manifest.sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
-    # An epoch is shard.samples records, a whole number of batches: no batch spans two epochs.
-    batches = samples.batch(batch, drop_remainder=True).repeat()
+    # A pass is shard.samples records, batched on its own: no batch spans two passes, and a validation
+    # block that is not a whole number of batches ends with a partial one.
+    batches = samples.batch(batch, drop_remainder=shard.local is not None).repeat()
     return batches.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 
@@ -230,7 +260,7 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batc
     import tensorflow as tf
     dali_tf = _dali_plugin()
     index_dir, index_files = _block_indexes(shard)
-    device_id = dist.local_rank if dist.gpu else None
+    device_id = dist.gpu_index  # the GPU TensorFlow uses (0 with one visible GPU per rank), None on CPU
     pipe = _dali_pipeline(shard, index_files, manifest.sample_shape, cfg, batch, shuffle, seed, device_id)
     height, width, channels = manifest.sample_shape
     with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):
@@ -238,8 +268,23 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batc
                                       output_shapes=((batch, height, width, channels), (batch, height, width)),
                                       output_dtypes=(tf.float32, tf.uint8))
         weakref.finalize(dataset, shutil.rmtree, index_dir, True)  # the indexes live as long as the reader
+        if shard.local is None and shard.samples % batch:
+            dataset = _trim_last_batch(dataset, shard.samples, batch)
         # Preprocessing overlaps with the next DALI batch and the training step, as on the tf.data path.
         return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
+
+
+def _trim_last_batch(dataset, samples: int, batch: int):
+    """Cut the padding off the last batch of every pass: DALI's reader (pad_last_batch) fills it up with
+    copies of the last sample; the pass has `samples` samples."""
+    import tensorflow as tf
+    steps, last = -(-samples // batch), samples % batch
+
+    def trim(i, xy):
+        size = tf.where(i % steps == steps - 1, last, batch)
+        return xy[0][:size], xy[1][:size]
+
+    return dataset.enumerate().map(trim)
 
 
 def _dali_plugin():
@@ -277,7 +322,8 @@ def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[
     def pipeline():
         record = fn.readers.tfrecord(
             path=[p.path for p in shard.pieces], index_path=index_files, features=record_format.dali_features(),
-            initial_fill=cfg.shuffle_buffer, name="reader", **dali_reader_sharding(shard.local, shuffle))
+            initial_fill=cfg.shuffle_buffer, name="reader", pad_last_batch=shard.local is None,
+            **dali_reader_sharding(shard.local, shuffle))
         x, y = record_format.dali_decode(record, sample_shape)  # (H, W, C) float32, (H, W) uint8
         if device_id is not None:
             x, y = x.gpu(), y.gpu()

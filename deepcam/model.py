@@ -74,6 +74,8 @@ def build_model(input_shape: Sequence[int] = (768, 1152, 16),
     x = _aspp(x, ch(aspp_channels), aspp_rates, bn)                       # (B, H/os, W/os, 256)
     low_level = _conv_bn_relu(low_level, ch(low_level_channels), 1, bn, "low_level")  # (B, H/4, W/4, 48)
     outputs = _decoder(x, low_level, ch(decoder_channels), num_classes, output_stride, bn)
+    # float32 logits under a mixed-precision policy, so that the loss and the metric are float32
+    outputs = layers.Activation("linear", dtype="float32", name="logits_float32")(outputs)
     return keras.Model(inputs, outputs, name=name)
 
 

@@ -16,9 +16,14 @@ from common.base.cli import guarded
 from common.runtime.config import load_config
 from common.runtime.dist import init_distributed
 from common.runtime.loop import Trainee
-from common.runtime.run import Run, choose_strategy, parse_args
+from common.runtime.precision import for_precision, precision_keys, set_precision
+from common.runtime.plan import Plan, planned_dist, print_plan, resolve
+from common.runtime.run import Run, choose_strategy, parse_args, root_log
 from common.runtime.strategy import DataParallel, Rebuild
+from common.base.errors import BenchError
 from deepcam.config import DeepCamConfig
+from deepcam.rcp import with_rcp
+from deepcam.reference import closed_differences
 from deepcam.data import build_datasets, files_read, read_error
 
 BENCHMARK = "deepcam"
@@ -26,6 +31,8 @@ BENCHMARK = "deepcam"
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
+    if args.dry_run:
+        return guarded(lambda: dry_run(args.config, args.overrides, args.ranks, args.json))
     return guarded(lambda: train(args.config, args.overrides))
 
 
@@ -34,6 +41,8 @@ def train(config: str, overrides: list[str]) -> int:
     cfg = load_config(config, overrides, DeepCamConfig)
     dist = init_distributed(cfg.dist)
     strategy = choose_strategy(cfg, dist)  # data parallel or elastic
+    # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
+    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences, announce=root_log(dist))
     stage_files = functools.partial(rank_files, cfg)
     with Run.open(BENCHMARK, cfg, dist) as run:  # resume point, config.yaml, MLPerf log, stop signals
         run.stage(stage_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
@@ -51,6 +60,38 @@ def train(config: str, overrides: list[str]) -> int:
     return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json
 
 
+def dry_run(config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
+    """Print what a run of `config` would use (common/runtime/plan.py); nothing read but the manifest when
+    data.train_samples is 0 (the steps per epoch need the training split's size), nothing trained."""
+    from deepcam.optim import StepSchedule
+    cfg = load_config(config, overrides, DeepCamConfig)
+    dist = planned_dist(cfg.dist, ranks)
+    strategy = choose_strategy(cfg, dist)
+    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences)
+    per_epoch = StepSchedule.from_config(cfg.optimizer, cfg.schedule).per_epoch(train_steps(cfg, strategy.replicas))
+    plan = Plan(BENCHMARK, cfg, dist.size, strategy.replicas, closed_differences(cfg), hyperparameters(cfg),
+                [per_epoch(float(e)) for e in range(cfg.train.max_epochs)])
+    return print_plan(plan, as_json, dist)
+
+
+def train_steps(cfg: DeepCamConfig, ranks: int) -> int:
+    """Optimizer steps per epoch: each rank's block of N // ranks samples in whole local batches."""
+    total = cfg.data.train_samples
+    if not total:
+        from common.io.manifest import load_manifest
+        from common.io.formats.deepcam import FORMAT
+        try:
+            total = load_manifest(cfg.data.dir, expected_format=FORMAT).splits["train"].samples
+        except BenchError as err:
+            raise BenchError(f"{err}; the steps per epoch need the training split's size: set "
+                             f"data.train_samples or data.dir") from None
+    per_rank = total // ranks
+    if per_rank < cfg.train.local_batch_size:
+        raise BenchError(f"{total} training samples over {ranks} ranks leave fewer than train.local_batch_size "
+                         f"{cfg.train.local_batch_size} per rank")
+    return per_rank // cfg.train.local_batch_size
+
+
 def build(cfg: DeepCamConfig, strategy: DataParallel) -> Trainee:
     """Model, optimizer, step-based schedule, weighted loss and IoU metric for this rank."""
     import keras
@@ -58,12 +99,13 @@ def build(cfg: DeepCamConfig, strategy: DataParallel) -> Trainee:
     from deepcam.model import build_model
     from deepcam.optim import StepSchedule, build_optimizer
     keras.utils.set_random_seed(strategy.model_seed(cfg.run.seed))
+    set_precision(cfg.train.precision)  # the Keras policy the model is built under
     model = build_model(**dataclasses.asdict(cfg.model))
     steps = StepSchedule.from_config(cfg.optimizer, cfg.schedule)
-    optimizer = build_optimizer(cfg.optimizer, steps.at_step(0))
+    optimizer = for_precision(build_optimizer(cfg.optimizer, steps.at_step(0)), cfg.train.precision)
     loss = WeightedCrossEntropy(class_weights(cfg.loss.class_frequencies, cfg.loss.weight_power))
     return Trainee(model, optimizer, loss, MeanIoU(cfg.model.num_classes),
-                   schedule_for=lambda data: steps.per_epoch(data.train_steps))
+                   schedule_for=lambda data: steps.per_epoch(data.train_steps), jit_compile=cfg.train.jit_compile)
 
 
 def hyperparameters(cfg: DeepCamConfig) -> dict:
@@ -73,7 +115,8 @@ def hyperparameters(cfg: DeepCamConfig) -> dict:
     return ({"seed": cfg.run.seed}
             | {"batchnorm_group_size": cfg.train.batchnorm_group_size,
                "gradient_accumulation_frequency": cfg.train.gradient_accumulation_frequency}
-            | mlperf_optimizer_keys(cfg.optimizer, cfg.schedule))
+            | mlperf_optimizer_keys(cfg.optimizer, cfg.schedule)
+            | precision_keys(cfg.train.precision, cfg.train.jit_compile))
 
 
 def input_pipeline(cfg: DeepCamConfig, data_cfg, strategy: DataParallel, seed: int):

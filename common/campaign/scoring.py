@@ -80,6 +80,7 @@ class CampaignScore:
     package_checker: dict
     summariser_output: str
     code: dict
+    rcp_checker: dict | None = None  # closed time-to-train campaigns: mlperf-logging's RCP checker verdict
 
 
 # ---------------------------------------------------------------------------- the rules, here
@@ -141,6 +142,19 @@ def package_check(submission: Path) -> dict:
     output = proc.stdout + proc.stderr
     errors = [line for line in output.splitlines() if line.startswith(("ERROR", "CRITICAL"))]
     return {"passed": proc.returncode == 0 and "FOUND NO ERRORS" in output, "errors": errors, "log": str(log)}
+
+
+def rcp_check(folder: Path, log: Path) -> dict:
+    """mlperf-logging's RCP checker on `folder` (result_*.txt): do the runs converge in as few epochs as the
+    reference convergence point of their global batch allows? Its verdict, message and log."""
+    log.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "mlperf_logging.rcp_checker", str(folder), "--rcp_usage", USAGE,
+                           "--rcp_version", RULESET, "--log_output", str(log)], capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    verdicts = [line.split(" - ", 1)[-1] for line in output.splitlines() if "RCP test" in line]
+    message = verdicts[-1] if verdicts else (output.strip().splitlines() or ["no output"])[-1]
+    return {"passed": proc.returncode == 0 and "RCP test PASSED" in output, "message": message.strip(),
+            "log": str(log)}
 
 
 # ---------------------------------------------------------------------------- runs and layout
@@ -299,7 +313,9 @@ def score_campaign(out: str | os.PathLike, system_file: str | None = None) -> Ca
                            required_runs=required, runs=runs, score_minutes=minutes, summariser_minutes=theirs,
                            valid=minutes is not None and not reason, reason=reason,
                            package_checker=package_check(out / "submission"), summariser_output=output,
-                           code=json.loads((out / "campaign.json").read_text()).get("code", {}))
+                           code=json.loads((out / "campaign.json").read_text()).get("code", {}),
+                           rcp_checker=rcp_check(folder, out / "rcp_checker.log")
+                           if division == "closed" and spec.mode != "throughput" else None)
     write_json_atomic(_as_json(result), out / "score.json")
     (out / "score.md").write_text(score_markdown(result))
     print(score_markdown(result), flush=True)
@@ -323,6 +339,12 @@ def _agree(ours: float | None, theirs: float | None, spec: CampaignSpec, reason:
                          f"({theirs} minutes); this is a bug in common/campaign/scoring.py")
 
 
+def _rcp_line(verdict: dict | None) -> str:
+    if verdict is None:
+        return "- RCP checker: not run (it applies to closed-division time-to-train campaigns)"
+    return f"- RCP checker: {'passed' if verdict['passed'] else 'failed'}: {verdict['message']} ({verdict['log']})"
+
+
 def _as_json(result: CampaignScore) -> dict:
     d = dataclasses.asdict(result)
     for run, obj in zip(result.runs, d["runs"]):
@@ -342,6 +364,7 @@ def score_markdown(result: CampaignScore) -> str:
                                                           if result.summariser_minutes is not None else "no score"),
              f"- package checker: {'passed' if result.package_checker['passed'] else 'found errors'} "
              f"({result.package_checker['log']})",
+             _rcp_line(result.rcp_checker),
              f"- code: {result.code.get('commit', 'unknown')}" + (" (modified)" if result.code.get("modified") else ""),
              "", "| run | seed | status | compliant | minutes | counted |", "|---|---|---|---|---|---|"]
     for r in result.runs:

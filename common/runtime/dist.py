@@ -34,6 +34,9 @@ class DistEnv:
     node: int = 0  # this rank's node (Horovod's cross rank)
     threads: int = 1
     gpu: bool = False
+    # The GPU TensorFlow computes on, as an index into this process's visible devices (CUDA_VISIBLE_DEVICES):
+    # what DALI's device_id must be. 0 on every rank when each rank sees one GPU (the shipped job scripts).
+    gpu_index: int | None = None
     horovod: bool = False
     settings: dict = dataclasses.field(default_factory=dict)
     # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor
@@ -181,24 +184,30 @@ def init_distributed(cfg: DistConfig) -> DistEnv:
     else:
         layout = dict(rank=0, size=1, local_rank=0, local_size=1, horovod=False)
     threads = threads_per_rank(cfg, layout["local_size"])
-    gpu = _configure_tensorflow(threads, cfg.inter_op_threads, layout["local_rank"])
-    return DistEnv(threads=threads, gpu=gpu, settings=settings, **layout)
+    gpu_index = _configure_tensorflow(threads, cfg.inter_op_threads, layout["local_rank"])
+    return DistEnv(threads=threads, gpu=gpu_index is not None, gpu_index=gpu_index, settings=settings, **layout)
 
 
-def _configure_tensorflow(threads: int, inter_op: int, local_rank: int) -> bool:
-    """Pin one GPU per local rank if any; set CPU thread pools. Returns whether a GPU is used."""
+def pick_gpu(local_rank: int, visible: int) -> int | None:
+    """The visible GPU a rank uses: local rank modulo the GPUs it sees, so 0 when the launcher gives each
+    rank its own GPU (CUDA_VISIBLE_DEVICES) and the local rank when every rank sees all of the node's."""
+    return local_rank % visible if visible else None
+
+
+def _configure_tensorflow(threads: int, inter_op: int, local_rank: int) -> int | None:
+    """Pin one GPU per local rank if any; set CPU thread pools. Returns the visible GPU's index, None on CPU."""
     import tensorflow as tf
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        gpu = gpus[local_rank % len(gpus)]
-        tf.config.set_visible_devices(gpu, "GPU")
-        tf.config.experimental.set_memory_growth(gpu, True)
+    index = pick_gpu(local_rank, len(gpus))
+    if index is not None:
+        tf.config.set_visible_devices(gpus[index], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[index], True)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     except RuntimeError:  # TF already initialised (e.g. a second run in one test process)
         pass
-    return bool(gpus)
+    return index
 
 
 def describe(env: DistEnv) -> str:

@@ -26,7 +26,7 @@ from common.io.datasets import Datasets
 from common.runtime.checkpoint import Checkpointer, Progress, Resume, restore_rank, restore_shared
 from common.runtime.dist import DistEnv
 from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
-from common.runtime.stopping import StopRequests
+from common.runtime.stopping import StopFlag, StopRequests
 
 
 class Metric(Protocol):
@@ -69,16 +69,19 @@ class Steps:
     train: Callable[[Any, Any], Any]  # (x, y) -> the step's loss, averaged over the data-parallel replicas
     evaluate: Callable[[Any, Any], Any]  # (x, y) -> this rank's float32 sums [count, loss sum, metric sums ...]
     close: Callable[[], None] = lambda: None  # after the last step (e.g. closes sessions)
+    stop: StopFlag | None = None  # the stop request train() allreduces with its gradients (None: it does not)
 
 
-# (trainee, dist) -> Steps: built after the initial state is broadcast.
-StepsFactory = Callable[["Trainee", DistEnv], Steps]
+# (trainee, dist, stop flag or None) -> Steps: built after the initial state is broadcast.
+StepsFactory = Callable[["Trainee", DistEnv, "StopFlag | None"], Steps]
 
 
-def data_parallel_steps(trainee: "Trainee", dist: DistEnv) -> Steps:
-    """The Keras model in `tf.function` steps, gradients averaged over all ranks in one grouped allreduce."""
-    return Steps(train=make_train_step(trainee.model, trainee.optimizer, trainee.loss, dist),
-                 evaluate=_make_eval_step(trainee.model, trainee.loss, trainee.metric))
+def data_parallel_steps(trainee: "Trainee", dist: DistEnv, stop: StopFlag | None = None) -> Steps:
+    """The Keras model in `tf.function` steps, gradients (and the stop flag) averaged over all ranks in one
+    grouped allreduce."""
+    return Steps(train=make_train_step(trainee.model, trainee.optimizer, trainee.loss, dist, stop,
+                                       jit_compile=trainee.jit_compile),
+                 evaluate=_make_eval_step(trainee.model, trainee.loss, trainee.metric), stop=stop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +127,12 @@ class Control:
         saved = self.resume.progress
         return dataclasses.replace(saved, attempt=saved.attempt + 1)
 
-    def stop_requested(self, dist: DistEnv) -> bool:
-        return self.stop is not None and self.stop.agreed(dist) > 0
+    def stop_requested(self, dist: DistEnv, steps: Steps) -> bool:
+        """After a step: whether every rank stops here; read from the step's allreduce when it carried the
+        flag, else agreed in a collective of its own."""
+        if self.stop is None:
+            return False
+        return steps.stop.stop_agreed() if steps.stop is not None else self.stop.agreed(dist) > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +145,7 @@ class Trainee:
     metric: Metric
     # The input pipelines -> the learning rate by fractional 0-based epoch (DeepCAM's schedule counts steps).
     schedule_for: Callable[[Datasets], Callable[[float], float]]
+    jit_compile: bool = False  # XLA-compile the step's forward and backward pass (train.jit_compile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,15 +168,29 @@ def fit(trainee: Trainee, data: Datasets, ctx: LoopContext, make_steps: StepsFac
         restore_shared(control.resume, model, optimizer, dist)
     if ctx.hooks:
         ctx.hooks.restore(model, optimizer)
-    dist.broadcast_variables(model.variables + optimizer.variables)
+    dist.broadcast_variables(shared_variables(model) + optimizer.variables)
     train_iter = iter(data.train)
     if control.resume:
         restore_rank(control.resume, model, train_iter, dist, ctx.log)
-    steps = (make_steps or data_parallel_steps)(trainee, dist)
+    steps = (make_steps or data_parallel_steps)(trainee, dist, control.stop.flag() if control.stop else None)
     try:
         return _Training(trainee, data, ctx, steps, train_iter).run()
     finally:
         steps.close()
+
+
+def shared_variables(model) -> list:
+    """The model's variables every rank must hold alike: all but the dropout seed-generator states.
+
+    Dropout draws an independent stream on every rank, as in the reference (whose TF 2 Keras dropout is
+    unseeded, so each rank draws its own masks); here each stream is seeded from run.seed + rank (the
+    strategy's model_seed), so runs are reproducible. Broadcasting Keras 3's seed-generator state with the
+    weights would give every rank rank 0's masks."""
+    return [v for v in model.variables if not _is_seed_state(v)]
+
+
+def _is_seed_state(variable) -> bool:
+    return "seed_generator" in getattr(variable, "path", "")
 
 
 @dataclasses.dataclass
@@ -259,6 +281,8 @@ class _Training:
         for step in range(first_step, data.train_steps):
             lr = self.schedule(epoch - 1 + step / data.train_steps)
             optimizer.learning_rate.assign(lr)
+            if self.ctx.control.stop is not None:
+                self.ctx.control.stop.arm()  # a signal that arrived is allreduced with this step's gradients
             x, y = next(self.train_iter)
             loss = float(self.steps.train(x, y))
             loss_sum, steps_done = loss_sum + loss, steps_done + 1
@@ -275,7 +299,7 @@ class _Training:
             paused += time.perf_counter() - now
             if stop:
                 break
-            if self.ctx.control.stop_requested(self.ctx.dist):
+            if self.ctx.control.stop_requested(self.ctx.dist, self.steps):
                 stopped = True
                 break
         seconds = time.perf_counter() - t0 - paused
@@ -369,19 +393,34 @@ def _reached(value: float, metric: Metric, target: float) -> bool:
     return value >= target if metric.higher_is_better else value < target
 
 
-def make_train_step(model, optimizer, loss_fn, dist: DistEnv):
-    """One data-parallel training step in a tf.function: (x, y) -> the loss averaged over the ranks."""
+def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopFlag | None = None,
+                    jit_compile: bool = False):
+    """One data-parallel training step in a tf.function: (x, y) -> the loss averaged over the ranks; with
+    `stop`, the ranks' stop requests ride in the same allreduce into `stop.agreed`. The forward and backward
+    pass is XLA-compiled with `jit_compile`; the allreduce and the update are not (Horovod's ops)."""
     import tensorflow as tf
+    flags = [stop.local] if stop is not None else []
 
-    @tf.function
-    def train_step(x, y):
+    def gradients(x, y):
         with tf.GradientTape() as tape:
             pred = model(x, training=True)
             loss = loss_fn(y, pred)
-        grads = tape.gradient(loss, model.trainable_variables)
-        # One grouped allreduce for the gradients and the loss (the loss for reporting).
-        *grads, loss = dist.allreduce_gradients(list(grads) + [loss])
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            if model.losses:  # regularization penalties (CosmoFlow's L2 weight decay), as Keras' fit adds them
+                loss = loss + tf.add_n(model.losses)
+            scaled = optimizer.scale_loss(loss)  # mixed_float16: times the loss scale; else the loss
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    compute = tf.function(gradients, jit_compile=True) if jit_compile else gradients
+
+    @tf.function
+    def train_step(x, y):
+        loss, grads = compute(x, y)
+        # One grouped allreduce for the gradients, the loss (for reporting) and the stop request.
+        reduced = dist.allreduce_gradients(list(grads) + [loss] + [f.read_value() for f in flags])
+        grads, loss = reduced[:len(grads)], reduced[len(grads)]
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # a loss-scale wrapper unscales them
+        if flags:
+            stop.agreed.assign(reduced[-1])
         return loss
 
     return train_step

@@ -47,11 +47,20 @@ RankFiles = Callable[[Manifest, int, int], list]  # (manifest, rank, ranks) -> t
 
 
 def parse_args(description: str, argv=None) -> argparse.Namespace:
-    """`train.py CONFIG [key=value ...]`."""
+    """`train.py CONFIG [key=value ...] [--dry-run [--json] [--ranks N]]`."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="YAML config, e.g. <benchmark>/configs/*.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides such as train.max_epochs=4")
-    return parser.parse_args(argv)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="resolve the run (config, RCP, ranks, global batch, division, learning rates), print "
+                             "it and exit 0 without reading data or training")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: print one JSON object")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="with --dry-run: plan this many ranks (default: the launched ones)")
+    args = parser.parse_args(argv)
+    if (args.json or args.ranks is not None) and not args.dry_run:
+        parser.error("--json and --ranks go with --dry-run")
+    return args
 
 
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:

@@ -1,9 +1,11 @@
 """Stopping cleanly on the signals batch schedulers send before the wall-time limit (docs/faults.md).
 
 Slurm (`--signal`, scancel), LSF (`bkill`, `-wa`) and PBS send SIGTERM or SIGUSR1 to every task some time
-before they kill it. `StopRequests.install()` turns those signals into a flag instead of death; the
-training loop asks `agreed(dist)` after every step, a one-scalar allreduce, so every rank stops after the
-same step even when the signal reached only some of them, writes a checkpoint, logs run_stop with status
+before they kill it. `StopRequests.install()` turns those signals into a flag instead of death. Every
+rank must stop after the same step, even when the signal reached only some of them: the flag rides in the
+training step's gradient allreduce (`StopFlag`, one more scalar in the fused allreduce; no collective of its
+own), and the loop reads the agreed value after the step. Steps that do not carry it fall back to `agreed`,
+a blocking one-scalar allreduce per step. Then every rank writes a checkpoint, logs run_stop with status
 aborted and exits with EXIT_STOPPED (75, EX_TEMPFAIL: try again later, from the checkpoint).
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ class StopRequests:
     def __init__(self):
         self.signum = 0
         self._previous: dict = {}
+        self._flag: StopFlag | None = None
 
     def install(self) -> "StopRequests":
         """Handle the stop signals (main thread only) until `uninstall`."""
@@ -44,5 +47,37 @@ class StopRequests:
         import tensorflow as tf
         return int(dist.sum(tf.constant(float(bool(self.signum))), name="stop_request"))
 
+    def flag(self) -> "StopFlag":
+        """The TensorFlow variables a training step allreduces the request in (created on first use)."""
+        if self._flag is None:
+            self._flag = StopFlag()
+        return self._flag
+
+    def arm(self) -> None:
+        """Before a step: put this rank's request into the flag the step allreduces (once, when it arrives)."""
+        if self.signum and self._flag is not None and not self._flag.raised:
+            self._flag.raise_local()
+
     def describe(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "another rank's stop signal"
+
+
+class StopFlag:
+    """A stop request carried by the training step's gradient allreduce.
+
+    `local` is this rank's request (0 or 1); the step averages it over the ranks with its gradients and stores
+    the result in `agreed`, which is > 0 on every rank after the same step when any rank asked."""
+
+    def __init__(self):
+        import tensorflow as tf
+        self.local = tf.Variable(0.0, trainable=False, name="stop_request_local")
+        self.agreed = tf.Variable(0.0, trainable=False, name="stop_request_agreed")
+        self.raised = False
+
+    def raise_local(self) -> None:
+        self.local.assign(1.0)
+        self.raised = True
+
+    def stop_agreed(self) -> bool:
+        """After a step: did any rank ask to stop (read from the step's allreduce, no collective)."""
+        return float(self.agreed.numpy()) > 0

@@ -25,6 +25,7 @@ from common.base.errors import BenchError
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Metric, Steps, StepsFactory, Trainee, batch_sums
 from common.runtime.strategy import DataParallel
+from common.runtime.stopping import StopFlag
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
 from cosmoflow.mesh.groups import GroupLayout, data_view, group_layout
 
@@ -91,6 +92,10 @@ def check_hybrid(cfg: Any, size: int) -> None:
     if cfg.data.stage_dir and cfg.data.stage_mode == "node_share":
         raise BenchError(f"data.stage_mode node_share with parallel.spatial {list(cfg.parallel.spatial)}: the "
                          f"hybrid path reads through one rank per group; use data.stage_mode node or rank")
+    if cfg.train.precision != "float32" or cfg.train.jit_compile:
+        raise BenchError(f"train.precision={cfg.train.precision}, train.jit_compile={cfg.train.jit_compile} with "
+                         f"parallel.spatial {list(cfg.parallel.spatial)}: the Mesh-TF path computes in float32 "
+                         f"graphs of its own; use train.precision=float32 and train.jit_compile=false")
 
 
 # ---------------------------------------------------------------------------- the group's cluster and mesh
@@ -146,10 +151,13 @@ class GroupMesh:
 
 
 # ---------------------------------------------------------------------------- steps
-def hybrid_steps(trainee: Trainee, dist: DistEnv, *, layout: GroupLayout, mesh: GroupMesh | None) -> Steps:
-    """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks)."""
+def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, *, layout: GroupLayout,
+                 mesh: GroupMesh | None) -> Steps:
+    """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks); the stop request
+    rides in the gradients' sum."""
     runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
-    return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close)
+    runner.stop = stop
+    return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop)
 
 
 class _HybridSteps:
@@ -159,8 +167,10 @@ class _HybridSteps:
         self.model, self.loss_fn, self.metric, self.dist, self.layout, self.mesh = (
             model, loss_fn, metric, dist, layout, mesh)
         self.version = 0  # bumped by every update: the mesh reloads the weights when it is behind
+        self.stop: StopFlag | None = None
         variables = model.trainable_variables
         self.apply = tf.function(lambda grads: optimizer.apply_gradients(zip(grads, variables)))
+        self.penalty = tf.function(lambda: _penalty_gradients(model)) if model.losses else None
         # What a rank that reads no data contributes: no gradient, and an empty batch to evaluate.
         self.no_gradients = [np.zeros(v.shape, np.float32) for v in variables]
         self.no_targets = np.zeros((0, model.output_shape[-1]), np.float32)
@@ -174,12 +184,20 @@ class _HybridSteps:
             grads, loss = result.gradients, result.loss
         else:
             grads, loss = self.no_gradients, 0.0
-        # Summed over every rank = summed over the groups (the other ranks add zeros).
-        *sums, loss_sum = self.dist.sum_grouped([tf.constant(g) for g in grads] + [tf.constant(loss, tf.float32)])
+        # Summed over every rank = summed over the groups (the other ranks add zeros); the stop requests too.
+        flags = [self.stop.local.read_value()] if self.stop is not None else []
+        summed = self.dist.sum_grouped([tf.constant(g) for g in grads] + [tf.constant(loss, tf.float32)] + flags)
+        sums, loss_sum = summed[:len(grads)], summed[len(grads)]
+        if flags:
+            self.stop.agreed.assign(summed[-1])
         groups = float(self.layout.groups)
-        self.apply([g / groups for g in sums])
+        grads, loss = [g / groups for g in sums], float(loss_sum) / groups
+        if self.penalty is not None:  # the L2 weight decay: the same on every rank, so added after the mean
+            penalty, penalty_grads = self.penalty()
+            grads, loss = [g + p for g, p in zip(grads, penalty_grads)], loss + float(penalty)
+        self.apply(grads)
         self.version += 1
-        return float(loss_sum) / groups
+        return loss
 
     def evaluate(self, x, y):
         """This rank's [count, loss sum, metric sums ...] of one validation batch (zeros off the leaders)."""
@@ -191,6 +209,15 @@ class _HybridSteps:
     def close(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
+
+
+def _penalty_gradients(model):
+    """The model's regularization loss (the L2 on the dense kernels) and its gradients, zeros where none."""
+    import tensorflow as tf
+    with tf.GradientTape() as tape:
+        penalty = tf.add_n(model.losses)
+    grads = tape.gradient(penalty, model.trainable_variables)
+    return penalty, [tf.zeros_like(v) if g is None else g for g, v in zip(grads, model.trainable_variables)]
 
 
 # ---------------------------------------------------------------------------- after training

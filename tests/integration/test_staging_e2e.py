@@ -44,7 +44,7 @@ def _cosmo_run(tmp_path, data_dir, name, **data):
 
 def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(cosmo, tmp_path):
     _, packed = cosmo
-    out, proc = _cosmo_run(tmp_path, packed, "share", stage_mode="node_share")
+    out, proc = _cosmo_run(tmp_path, packed, "share", stage_mode="node_share", stage_timing="in_run")
     keys = [e["key"] for e in _events(out / "mlperf.log")]
     assert keys.index("run_start") < keys.index("staging_start") < keys.index("staging_stop") \
         < keys.index("train_samples") < keys.index("epoch_start")

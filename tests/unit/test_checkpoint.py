@@ -31,17 +31,18 @@ def _data():
 
 
 class StopAt(StopRequests):
-    """Asks to stop after the `at`-th step of the run (what a signal arriving then does)."""
+    """Asks to stop after the `at`-th step of the run: the signal arrives just before that step, whose
+    gradient allreduce carries it."""
 
     def __init__(self, at: int):
         super().__init__()
         self.at, self.calls = at, 0
 
-    def agreed(self, dist) -> int:
+    def arm(self) -> None:
         self.calls += 1
         if self.calls == self.at:
             self.signum = signal.SIGUSR1
-        return int(bool(self.signum))
+        super().arm()
 
 
 def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10):

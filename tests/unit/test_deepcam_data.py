@@ -132,15 +132,19 @@ def test_two_ranks_split_the_train_set_without_overlap(raw, records, batch):
     assert blocks == [list(range(6)), list(range(6, 12))]  # the whole split, no sample twice
 
 
-def test_validation_is_split_across_ranks_and_read_whole(raw, records):
+@pytest.mark.parametrize("size, batch, blocks", [(2, 3, [[0, 1, 2], [3, 4, 5]]),
+                                                 (4, 2, [[0, 1], [2, 3], [4], [5]]),
+                                                 (2, 2, [[0, 1, 2], [3, 4, 5]])])
+def test_validation_is_split_across_ranks_and_every_sample_evaluated(raw, records, size, batch, blocks):
+    """The 6 validation samples over `size` ranks: all of them, each once, in blocks whose last batch may be
+    partial; eval_samples (Datasets.val_samples) is the 6 evaluated."""
     reference, _ = snapshots(raw, "validation")
-    seen = []
-    for rank in (0, 1):
-        data = datasets(records, rank=rank, size=2, batch=3, shuffle=True)  # validation is never shuffled
-        assert data.val_steps == 1
+    for rank in range(size):
+        data = datasets(records, rank=rank, size=size, batch=batch, shuffle=True)  # validation is never shuffled
+        assert data.val_samples == VAL and data.val_rank_samples == len(blocks[rank])
+        assert data.val_steps == -(-len(blocks[rank]) // batch)
         for _ in range(2):  # every evaluation reads the same block
-            seen.append(sample_ids(take(data.val, data.val_steps), reference))
-    assert seen == [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]]
+            assert sample_ids(take(data.val, data.val_steps), reference) == blocks[rank]
 
 
 def test_blocks_cut_across_files(records):
@@ -158,7 +162,7 @@ def test_blocks_cut_across_files(records):
 
 
 # ---------------------------------------------------------------------------- tf.data == DALI
-@pytest.mark.parametrize("rank, size, batch", [(0, 1, 4), (0, 2, 2), (1, 2, 2), (1, 2, 3)])
+@pytest.mark.parametrize("rank, size, batch", [(0, 1, 4), (0, 2, 2), (1, 2, 2), (1, 2, 3), (2, 4, 2), (3, 4, 2)])
 def test_tfdata_and_dali_give_identical_batches(records, rank, size, batch):
     pytest.importorskip("nvidia.dali.plugin.tf", reason="the DALI TensorFlow plugin is not installed")
     loaded = {}
@@ -167,7 +171,7 @@ def test_tfdata_and_dali_give_identical_batches(records, rank, size, batch):
         loaded[loader] = take(data.train, 2 * data.train_steps + 1) + take(data.val, 2 * data.val_steps)
     assert len(loaded["tfdata"]) == len(loaded["dali"]) > 3
     for (xa, ya), (xb, yb) in zip(loaded["tfdata"], loaded["dali"]):
-        assert xb.dtype == np.float32 and yb.dtype == np.int32 and xb.shape == (batch, *SAMPLE)
+        assert xb.dtype == np.float32 and yb.dtype == np.int32 and xb.shape[1:] == SAMPLE and len(xb) <= batch
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
 
@@ -192,8 +196,7 @@ def _edit_manifest(root: Path, **changes) -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(size=4), r"the validation split has 6 samples, fewer than ranks x local batch = 4 x 2 = 8"),
-    (dict(size=2, batch=4), r"the validation split has 6 samples, fewer than ranks x local batch = 2 x 4 = 8"),
+    (dict(size=7, batch=1), r"the validation split has 6 samples for 7 ranks; every rank needs at least one"),
     (dict(batch=13), r"the train split has 12 samples, fewer than ranks x local batch = 1 x 13 = 13"),
 ])
 def test_split_too_small_for_ranks_and_batch(records, kwargs, message):

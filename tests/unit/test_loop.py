@@ -77,7 +77,7 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
     metric, calls = MeanAbsoluteError(), {"train": [], "evaluate": [], "closed": 0}
     empty = np.zeros((0, 4), np.float32)
 
-    def make_steps(trainee, dist):
+    def make_steps(trainee, dist, _stop):
         def train(x, y):
             calls["train"].append((x, y))
             return tf.constant(0.5)

@@ -4,7 +4,9 @@ import json
 from common.runtime.config import MlperfConfig
 from common.runtime.mllog import MLPerfLog, dataset_keys, scale_keys
 from cosmoflow.config import OptimizerConfig, ScheduleConfig
-from cosmoflow.schedule import sgd_keys
+from cosmoflow.schedule import LRSchedule, sgd_keys
+
+SCHEDULE = ScheduleConfig(decay_epochs=(2,), decay_factors=(0.5,))
 
 
 def _events(path):
@@ -17,7 +19,7 @@ def test_root_writes_events(tmp_path):
     log.submission("cosmoflow", MlperfConfig(), cache_cleared=False)
     log.events(scale_keys(nodes=1, accelerators_per_node=0, global_batch_size=8)
                | dataset_keys(train_samples=64, eval_samples=16)
-               | sgd_keys(OptimizerConfig(), ScheduleConfig(decay_epochs=(2,), decay_factors=(0.5,)), 1.0)
+               | sgd_keys(OptimizerConfig(), SCHEDULE, LRSchedule.from_config(OptimizerConfig(), SCHEDULE, 64))
                | {"dropout": 0.5})
     log.end("epoch_stop", epoch_num=3)
     log.close()
