@@ -104,3 +104,17 @@ def test_deepcam_rcps_set_optimizer_and_schedule_and_the_mini_config_is_open():
         assert deepcam_differences(cfg) == [], name
     mini = deepcam_differences(load_config(REPO / "deepcam/configs/deepcam_mini.yaml", [], DeepCamConfig))
     assert any(d.startswith("model.width 0.125") for d in mini)
+
+
+def test_deepcam_dry_run_json_gives_the_rate_at_each_epoch_start(capsys):
+    from deepcam.optim import StepSchedule
+    from deepcam.train import main as deepcam_main
+    code = deepcam_main([str(REPO / "deepcam/configs/deepcam.yaml"), "optimizer.rcp=deepcam_ref_1024",
+                         "train.max_epochs=6", "--dry-run", "--json", "--ranks", "512"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["global_batch_size"] == 1024 and plan["division"] == "closed"
+    steps = 121266 // 512 // 2  # each rank's block in whole batches of 2
+    cfg = plan["config"]
+    schedule = StepSchedule(cfg["optimizer"]["lr"], 200, 1.0, "multistep", (1100, 4096), 0.1)
+    assert plan["learning_rate_by_epoch"] == pytest.approx([schedule.at_step(e * steps) for e in range(6)])
+    assert plan["hyperparameters"]["scheduler_milestones"] == [1100, 4096]
