@@ -1,8 +1,8 @@
 """Real campaigns of tiny CosmoFlow trainings: `python -m common.campaign run` launching horovodrun.
 
-The tiny runs reach their loose config target (0.9) but not the rules' 0.124, so the official checker
-passes their structure and fails only the quality target: scoring must count every run as failed and
-give no score. (Scores on converged runs are tested on real-log-derived logs in tests/unit/test_scoring.py
+The small runs learn to their config target (validation MAE 0.40, below chance's 0.5) but not to the
+rules' 0.124, so the official checker passes their structure and fails only the quality target: scoring
+must count every run as failed and give no score. (Scores on converged runs are tested on real-log-derived logs in tests/unit/test_scoring.py
 and measured on the mini dataset in docs/campaigns.md.)
 """
 import json
@@ -16,14 +16,9 @@ import pytest
 
 from common.campaign.analysis.logs import load_runs
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
-from tests.integration.cosmo_fixtures import make_dataset, write_config
+from tests.integration.cosmo_fixtures import write_learning_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("cosmo"))
 
 
 def campaign_args(config, out, *extra):
@@ -31,8 +26,8 @@ def campaign_args(config, out, *extra):
             "--system", "tinybox", *extra]
 
 
-def test_a_killed_campaign_resumes_with_the_next_run(dataset, tmp_path):
-    config = write_config(tmp_path / "c.yaml", dataset, tmp_path / "unused", train={"max_epochs": 2, "target": 0.9})
+def test_a_killed_campaign_resumes_with_the_next_run(cosmo_learnable, tmp_path):
+    config = write_learning_config(tmp_path / "c.yaml", cosmo_learnable, tmp_path / "unused")
     out = tmp_path / "campaign"
     args = campaign_args(config, out, "--runs", "3", "--stage-dir", str(tmp_path / "stage"))
     env = {**os.environ, "PYTHONPATH": checkout_first_on_path(), "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -78,7 +73,7 @@ def test_a_killed_campaign_resumes_with_the_next_run(dataset, tmp_path):
     # The analysis reads the real logs: the aborted attempt and the submission copies are left out.
     runs, epochs = load_runs([out])
     assert runs["seed"].tolist() == [1000, 1001, 1002] and runs["campaign"].unique().tolist() == ["campaign"]
-    assert runs["converged"].all() and (runs["epochs"] == runs["epochs_to_converge"]).all()  # loose target
+    assert runs["converged"].all() and (runs["epochs"] == runs["epochs_to_converge"]).all()  # each run learned to its target
     assert len(epochs) == runs["epochs"].sum()
     assert (runs["units"] == 1).all() and (runs["global_batch_size"] == 4).all()
     parts = runs["staging"] + runs["training"] + runs["evaluation"] + runs["other"]
@@ -86,8 +81,8 @@ def test_a_killed_campaign_resumes_with_the_next_run(dataset, tmp_path):
     assert (epochs["samples_per_second"] > 0).all() and epochs["metric"].notna().all()
 
 
-def test_instances_train_together_and_a_different_spec_is_refused(dataset, tmp_path):
-    config = write_config(tmp_path / "c.yaml", dataset, tmp_path / "unused", train={"max_epochs": 2, "target": 0.9})
+def test_instances_train_together_and_a_different_spec_is_refused(cosmo_learnable, tmp_path):
+    config = write_learning_config(tmp_path / "c.yaml", cosmo_learnable, tmp_path / "unused")
     out = tmp_path / "throughput"
     proc = run_cmd(campaign_args(config, out, "--instances", "2"), timeout=600)
     assert proc.returncode == 1, show(proc)  # two instances are fewer than the rules' ten

@@ -1,4 +1,11 @@
-"""DeepCAM end to end on tiny data: deepcam-synth -> deepcam-convert -> horovodrun training -> checker."""
+"""DeepCAM end to end on tiny data: deepcam-synth -> deepcam-convert -> horovodrun training -> checker.
+
+No test here says a run reaches a target: on 32 x 48 snapshots most samples hold no cyclone and half no river,
+and the reference's IoU counts a class absent from both label and prediction as 1, so a model predicting
+background everywhere scores 0.77-0.82 (measured on these fixtures), and a small model needs hundreds of
+steps to beat that. These runs set an unreachable target and end aborted; DeepCAM's learning is shown by
+`make demo` (96 x 144, IoU 0.82 with both event classes segmented, docs/performance.md).
+"""
 import json
 import sys
 from pathlib import Path
@@ -50,19 +57,20 @@ def tiny(tmp_path_factory):
 def test_two_rank_mini_run_writes_an_open_division_log_the_checker_accepts(tiny, tmp_path):
     out = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", "deepcam_mini.yaml", tiny, out, TINY | {"train": {
-        **TINY["train"], "target": 0.05}})
+        **TINY["train"], "target": 1.0}})
     proc = horovodrun(2, [TRAIN, cfg])
-    assert proc.returncode == 0, show(proc)  # IoU 0.05 is reached at the first evaluation
+    assert proc.returncode == 1, show(proc)  # IoU 1.0 is not reached: exit 1, run aborted
     events = _events(out / "mlperf.log")
     values = {e["key"]: e["value"] for e in events}
     assert values["submission_division"] == "open" and values["global_batch_size"] == 4
     assert values["opt_name"] == "LAMB" and values["scheduler_type"] == "cosine_annealing"
-    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
     # The checker's only finding may be the quality target, which a 2-epoch tiny run cannot reach.
     result = check_log(out / "mlperf.log")
     assert "open_deepcam.yaml" in result.output and result.structural_problems == (), result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["benchmark"] == "deepcam" and summary["ranks"] == 2 and summary["final_metric"] >= 0.05
+    assert summary["benchmark"] == "deepcam" and summary["ranks"] == 2 and summary["status"] == "aborted"
+    assert 0.0 < summary["final_metric"] <= 1.0 and summary["epochs"] == 2
 
 
 def test_two_ranks_evaluating_every_n_steps_log_each_evaluation(tiny, tmp_path):
