@@ -37,6 +37,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=1e-4, help="largest relative difference accepted")
     p.add_argument("--out", type=Path, default=None, help="write the differences here as JSON")
+    p.add_argument("--layout-rules", default=None,
+                   help="Mesh-TF layout rules instead of the model's (tests: one that splits nothing must be caught)")
     return p.parse_args(argv)
 
 
@@ -100,20 +102,24 @@ def run_cases(args: argparse.Namespace, devices: list[str], target: str, cpus: i
     """
     import tensorflow as tf
     from cosmoflow.mesh.cluster import session_config
-    from cosmoflow.mesh.model import build_mesh_model
+    from cosmoflow.mesh.model import LAYOUT, build_mesh_model, lowered_convolutions, planned_conv_inputs
     records = []
     for pooling in args.pooling:
         cfg = CosmoModelConfig(input_shape=tuple(args.input_shape), conv_filters=tuple(args.conv_filters),
                                dense_units=tuple(args.dense_units), pooling=pooling, dropout=0.0)
         ref = keras_reference(cfg, args.batch, args.seed)
         for spatial in map(parse_spatial, args.spatial):
-            mesh = build_mesh_model(cfg, devices, spatial, args.batch, training=False)
+            mesh = build_mesh_model(cfg, devices, spatial, args.batch, training=False,
+                                    layout_rules=args.layout_rules or LAYOUT)
             config = session_config(args.threads, cpus)
             with tf.compat.v1.Session(target, graph=mesh.graph, config=config) as session:
                 mesh.initialize(session, ref.weights)
                 got = mesh.step(session, ref.images, ref.targets)
             records.append({"pooling": pooling, "spatial": list(spatial), "batch_splits": mesh.layout.batch_splits,
                             "devices": list(mesh.layout.devices), "weights": mesh.weight_names,
+                            "convolutions": lowered_convolutions(mesh.graph),
+                            "planned_conv_inputs": planned_conv_inputs(cfg, spatial, mesh.layout.batch_splits,
+                                                                       args.batch),
                             "reference": {"loss": ref.loss, "outputs_std": float(np.std(ref.outputs)),
                                           "gradient_norms": [float(np.linalg.norm(g)) for g in ref.gradients]},
                             **differences(ref, got)})

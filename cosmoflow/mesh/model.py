@@ -187,7 +187,8 @@ def keras_weights(weights: Any) -> list[np.ndarray]:
 
 
 def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: Sequence[int] = (1, 1),
-                     batch_size: int = 1, training: bool = False, seed: int | None = None) -> MeshCosmoFlow:
+                     batch_size: int = 1, training: bool = False, seed: int | None = None,
+                     layout_rules: str = LAYOUT) -> MeshCosmoFlow:
     """Build and lower CosmoFlow over `devices` with the cube split into `spatial` = (pd, ph) blocks.
 
     Args:
@@ -198,6 +199,8 @@ def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: S
         training: apply dropout (random masks); False makes dropout the identity, as Keras'
             inference mode does, which is what equivalence checks need.
         seed: the graph-level random seed (dropout); None leaves it unset.
+        layout_rules: which mesh axis splits which tensor dimension; only the tests that prove the split
+            change it (to one that splits nothing, which they must catch).
     """
     layout = plan_layout(model.input_shape, spatial, devices, batch_size)
     check_kernel(model)
@@ -212,7 +215,7 @@ def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: S
         outputs, loss = _forward(mesh, model, layout, images, targets, training)
         variables = list(mesh_graph.trainable_variables)  # creation order = Keras weight order
         grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-        mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(layout.mesh_shape, LAYOUT, list(layout.devices))
+        mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(layout.mesh_shape, layout_rules, list(layout.devices))
         lowering = mtf.Lowering(mesh_graph, {mesh: mesh_impl})
         feeds = [tf.compat.v1.placeholder(tf.float32, v.shape.to_integer_list) for v in variables]
         return MeshCosmoFlow(
@@ -225,6 +228,36 @@ def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: S
             load_ops=[v.get_master().assign(f) for v, f in zip(variables, feeds)],
             init_op=tf.compat.v1.global_variables_initializer(),
             copy_to_slices=lowering.copy_masters_to_slices())
+
+
+# ---------------------------------------------------------------------------- what runs where
+def lowered_convolutions(graph: Any) -> list[dict]:
+    """Every forward Conv3D of a lowered mesh graph: its layer ("conv1" ...), device and input shape.
+
+    This is what TensorFlow will run, read from the graph itself: with the cube split, each device's
+    convolution gets its own block (plus halos), not the whole cube.
+    """
+    return [{"layer": op.name.split("/")[0], "device": op.device, "input_shape": op.inputs[0].shape.as_list()}
+            for op in graph.get_operations() if op.type == "Conv3D"]
+
+
+def planned_conv_inputs(model: CosmoModelConfig, spatial: Sequence[int], batch_splits: int,
+                        batch_size: int) -> list[list[int]]:
+    """Per conv layer, the input shape each device's convolution must get under `spatial` = (pd, ph):
+    (batch / batch_splits, depth block, height block, width, channels), each spatial size padded by the
+    kernel's halo on both sides (exchanged with the neighbouring blocks, or zeros at the cube's faces) while
+    any split remains; once none does, the convolution pads inside the op ('SAME') and gets the bare sizes."""
+    sizes, split = list(model.input_shape[:3]), [p > 1 for p in spatial]
+    channels = [model.input_shape[3], *model.conv_filters[:-1]]
+    shapes = []
+    for (keep_d, keep_h), c in zip(pooling_splits(model.input_shape, spatial, len(model.conv_filters),
+                                                  model.pool_size), channels):
+        depth = sizes[0] // spatial[0] if split[0] else sizes[0]
+        height = sizes[1] // spatial[1] if split[1] else sizes[1]
+        halo = 2 * (model.kernel_size // 2) if any(split) else 0
+        shapes.append([batch_size // batch_splits, depth + halo, height + halo, sizes[2] + halo, c])
+        split, sizes = [keep_d, keep_h], [size // model.pool_size for size in sizes]
+    return shapes
 
 
 # ---------------------------------------------------------------------------- the network
