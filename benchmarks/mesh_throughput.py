@@ -16,8 +16,9 @@ rank's peak resident memory (getrusage) and its resident memory once the model a
 the bytes sent on the loopback interface during the timed steps, per step (machine-wide: Mesh-TF's gRPC
 transfers between the group's TensorFlow servers; Horovod's allreduce between ranks of one node was
 measured not to cross it, 0.0 MB/step on the data-parallel path), and, for the hybrid cases, the halo bytes per sample that conv3d_with_blocks must exchange (arithmetic, forward
-pass; the backward pass sends as many). Writes benchmarks/results/mesh_throughput.json and the table
-between the markers in docs/performance.md.
+pass; the backward pass sends as many). Writes benchmarks/results/mesh_throughput.json (`cases`: one
+{"sample", "layout" ("data" or "PDxPH"), "ranks", "peak_rss_mb" (one per rank), "samples_per_second"} per
+case; `runs`: everything measured) and the table between the markers in docs/performance.md.
 """
 from __future__ import annotations
 
@@ -182,6 +183,14 @@ def measure(size: str, case: Case, steps: int, warmup: int) -> dict:
             "weight_mb": res["weight_bytes"] / 1e6}
 
 
+def case_record(run: dict) -> dict:
+    """One entry of the result's `cases`: the figures a comparison needs, in a fixed form."""
+    spatial = run["spatial"]
+    return {"sample": run["input_shape"][0], "layout": "data" if spatial == [1, 1] else f"{spatial[0]}x{spatial[1]}",
+            "ranks": run["ranks"], "peak_rss_mb": run["peak_rss_mb_per_rank"],
+            "samples_per_second": run["samples_per_second"]}
+
+
 def table_rows(result: dict) -> list[str]:
     rows = ["| sample | ranks | spatial | groups x local batch | median step (s) | samples/s | "
             "peak RSS per rank (MB) | loopback MB/step | halo MB/sample (fwd) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -220,7 +229,8 @@ def main() -> None:
             r = runs[-1]
             print(f"    {r['samples_per_second']:.2f} samples/s, step {r['median_step_seconds']:.3f} s, peak RSS "
                   f"{r['peak_rss_mb_max']:.0f} MB, loopback {r['loopback_mb_per_step']:.1f} MB/step", flush=True)
-    result = {**run_header(gflops), "total_seconds": time.perf_counter() - started, "runs": runs}
+    result = {**run_header(gflops), "total_seconds": time.perf_counter() - started,
+              "cases": [case_record(r) for r in runs], "runs": runs}
     write_json_atomic(RESULTS, result)
     replace_marked_section(DOC, BEGIN, END, "\n".join(table_rows(result)))
     print(f"wrote {RESULTS} and the table in {DOC}")

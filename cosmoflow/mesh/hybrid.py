@@ -7,7 +7,8 @@ the group's P devices (one block of every cube per rank) in a `tf.compat.v1.Sess
 servers do their blocks' work. Every rank keeps the Keras model and optimizer: after each step the
 leaders' gradients (zeros from the other ranks) are summed over all ranks in one Horovod allreduce and
 divided by the number of groups, and every rank applies the same SGD update, so the weights stay
-identical everywhere; the leader copies them into its mesh before the next step. Evaluation runs the
+identical everywhere; each rank then writes them into the mesh's copy on its own device
+(cosmoflow/mesh/slices.py), and a barrier lets the leader's next step read them. Evaluation runs the
 mesh's forward pass on the leaders' validation shards; the metric is summed over ranks as usual.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from common.runtime.strategy import DataParallel
 from common.runtime.stopping import StopFlag
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
 from cosmoflow.mesh.groups import GroupLayout, data_view, group_layout
+from cosmoflow.mesh.slices import OwnSlices
 
 
 class HybridStrategy(DataParallel):
@@ -40,6 +42,7 @@ class HybridStrategy(DataParallel):
         super().__init__(dist)
         self.layout = group_layout(dist.rank, dist.size, cfg.parallel.spatial)
         self.mesh: GroupMesh | None = None
+        self.cluster: MeshCluster | None = None
 
     @property
     def replicas(self) -> int:
@@ -63,7 +66,7 @@ class HybridStrategy(DataParallel):
 
     def prepare(self, cfg: Any) -> None:
         """The group's TensorFlow cluster and, on its leader, the Mesh-TF graphs (collective)."""
-        cluster = start_group_cluster(self.dist, self.layout)
+        self.cluster = cluster = start_group_cluster(self.dist, self.layout)
         self.mesh = GroupMesh.build(cfg, self.layout, cluster, self.dist.threads) if self.layout.is_leader else None
         layout = self.layout
         if self.dist.is_root:
@@ -73,7 +76,14 @@ class HybridStrategy(DataParallel):
 
     @property
     def make_steps(self) -> StepsFactory:
-        return functools.partial(hybrid_steps, layout=self.layout, mesh=self.mesh)
+        def make(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None) -> Steps:
+            slices = own_slices(trainee.model, self.cluster, dist.threads)
+            if self.mesh is not None and self.mesh.train.weight_names != slices.names:
+                raise BenchError(f"the Keras model's weights {slices.names} are not the mesh's "
+                                 f"{self.mesh.train.weight_names}: the slices every rank writes would not be the "
+                                 f"ones the mesh reads")
+            return hybrid_steps(trainee, dist, stop, layout=self.layout, mesh=self.mesh, slices=slices)
+        return make
 
     def mlperf_keys(self) -> dict:
         """The partitioning, logged beside the usual hyperparameters."""
@@ -107,6 +117,15 @@ def start_group_cluster(dist: DistEnv, layout: GroupLayout) -> MeshCluster:
     return start_server(layout.task, addresses[layout.leader:layout.leader + layout.group_size], dist.threads)
 
 
+def own_slices(model: Any, cluster: MeshCluster, threads: int) -> OwnSlices:
+    """This rank's slices of the Keras model's weights (Mesh-TF names them by the Keras layer and weight:
+    "conv1/kernel"), on its own device, written through its own server."""
+    weights = model.trainable_weights
+    return OwnSlices([w.path for w in weights], [tuple(w.shape) for w in weights],
+                     {cluster.rank: cluster.devices[cluster.rank]}, cluster.target,
+                     session_config(threads, only_task=cluster.rank))
+
+
 def free_port() -> int:
     """A port the OS has just handed out (released again for the TensorFlow server to bind)."""
     with socket.socket() as s:
@@ -121,7 +140,6 @@ class GroupMesh:
     train: Any  # MeshCosmoFlow with dropout
     evaluate: Any  # MeshCosmoFlow without dropout (the training one when there is no dropout)
     sessions: dict  # id(mesh) -> tf.compat.v1.Session on the group's cluster
-    loaded: dict  # id(mesh) -> the weights version it holds
 
     @classmethod
     def build(cls, cfg: Any, layout: GroupLayout, cluster: MeshCluster, threads: int) -> "GroupMesh":
@@ -135,15 +153,11 @@ class GroupMesh:
         for mesh in {id(train): train, id(evaluate): evaluate}.values():
             sessions[id(mesh)] = tf.compat.v1.Session(cluster.target, graph=mesh.graph, config=session_config(threads))
             sessions[id(mesh)].run(mesh.init_op)
-        return cls(train, evaluate, sessions, {key: -1 for key in sessions})
+        return cls(train, evaluate, sessions)
 
-    def session(self, mesh: Any, model: Any, version: int) -> Any:
-        """`mesh`'s session, after copying the Keras model's weights into it if they changed since."""
-        session = self.sessions[id(mesh)]
-        if self.loaded[id(mesh)] != version:
-            mesh.load(session, model)
-            self.loaded[id(mesh)] = version
-        return session
+    def session(self, mesh: Any) -> Any:
+        """`mesh`'s session (the weights it reads are the slices every rank writes: `OwnSlices`)."""
+        return self.sessions[id(mesh)]
 
     def close(self) -> None:
         for session in self.sessions.values():
@@ -152,11 +166,11 @@ class GroupMesh:
 
 # ---------------------------------------------------------------------------- steps
 def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, *, layout: GroupLayout,
-                 mesh: GroupMesh | None) -> Steps:
-    """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks); the stop request
-    rides in the gradients' sum."""
+                 mesh: GroupMesh | None, slices: OwnSlices) -> Steps:
+    """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks; `slices` this
+    rank's copy of the weights in the mesh); the stop request rides in the gradients' sum."""
     runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
-    runner.stop = stop
+    runner.stop, runner.slices = stop, slices
     return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop)
 
 
@@ -166,8 +180,10 @@ class _HybridSteps:
         import tensorflow as tf
         self.model, self.loss_fn, self.metric, self.dist, self.layout, self.mesh = (
             model, loss_fn, metric, dist, layout, mesh)
-        self.version = 0  # bumped by every update: the mesh reloads the weights when it is behind
+        self.version = 0  # bumped by every update: the slices are written again when they are behind
+        self.written = -1  # the version the slices hold
         self.stop: StopFlag | None = None
+        self.slices: OwnSlices | None = None
         variables = model.trainable_variables
         self.apply = tf.function(lambda grads: optimizer.apply_gradients(zip(grads, variables)))
         self.penalty = tf.function(lambda: _penalty_gradients(model)) if model.losses else None
@@ -178,8 +194,9 @@ class _HybridSteps:
     def train(self, x, y) -> float:
         """One step: the group's gradients through the mesh, their mean over the groups, the same update everywhere."""
         import tensorflow as tf
+        self.sync()
         if self.mesh is not None:
-            session = self.mesh.session(self.mesh.train, self.model, self.version)
+            session = self.mesh.session(self.mesh.train)
             result = self.mesh.train.step(session, np.asarray(x), np.asarray(y))
             grads, loss = result.gradients, result.loss
         else:
@@ -201,14 +218,27 @@ class _HybridSteps:
 
     def evaluate(self, x, y):
         """This rank's [count, loss sum, metric sums ...] of one validation batch (zeros off the leaders)."""
+        self.sync()
         if self.mesh is None:
             return batch_sums(self.loss_fn, self.metric, self.no_targets, self.no_targets)
-        session = self.mesh.session(self.mesh.evaluate, self.model, self.version)
+        session = self.mesh.session(self.mesh.evaluate)
         return batch_sums(self.loss_fn, self.metric, np.asarray(y), self.mesh.evaluate.predict(session, np.asarray(x)))
+
+    def sync(self) -> None:
+        """After an update (collective: every rank calls it at the same steps): write this rank's slices of the
+        new weights, then wait for every rank's, which the leader's next mesh step reads."""
+        if self.written == self.version:
+            return
+        from cosmoflow.mesh.model import keras_weights
+        self.slices.write(keras_weights(self.model))
+        self.written = self.version
+        self.dist.barrier()
 
     def close(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
+        if self.slices is not None:
+            self.slices.close()
 
 
 def _penalty_gradients(model):

@@ -36,3 +36,11 @@ def test_loopback_and_memory_readings_are_live():
     before = mt.loopback_bytes()
     assert before >= 0 and mt.loopback_bytes() >= before
     assert 0 < mt.rss_mb() <= mt.peak_rss_mb() * 1.01
+
+
+def test_each_run_gives_a_case_record_in_the_issue_s_form():
+    run = {"input_shape": [128, 128, 128, 4], "spatial": [2, 2], "ranks": 4,
+           "peak_rss_mb_per_rank": [1833.0, 1493.0, 1512.0, 1550.0], "samples_per_second": 0.32}
+    assert mt.case_record(run) == {"sample": 128, "layout": "2x2", "ranks": 4,
+                                   "peak_rss_mb": [1833.0, 1493.0, 1512.0, 1550.0], "samples_per_second": 0.32}
+    assert mt.case_record({**run, "spatial": [1, 1]})["layout"] == "data"
