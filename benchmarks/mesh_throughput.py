@@ -7,8 +7,8 @@ A case `N:PDxPH` runs `horovodrun -np N` with `parallel.spatial=[PD,PH]` (1x1: t
 path). Each worker builds exactly what `cosmoflow/train.py` builds from the config (its strategy, its
 `build` and the steps the strategy trains with: `data_parallel_steps` or the hybrid mesh steps) and
 times real training steps (forward, backward, gradient allreduce, SGD update; on the hybrid path also
-the weight copy into the mesh) on in-memory batches of log1p(Poisson) counts; input I/O is not part
-of these figures. Sizes: `mini` is cosmo_mini.yaml (32^3 x 4, half width, local batch 4), `full` is
+each rank's write of the weights into its slices of the mesh) on in-memory batches of log1p(Poisson)
+counts; input I/O is not part of these figures. Sizes: `mini` is cosmo_mini.yaml (32^3 x 4, half width, local batch 4), `full` is
 cosmo.yaml (128^3 x 4, the reference network, local batch 1 to bound memory and time).
 
 Recorded per case: the median step time on rank 0 (a group leader), samples/s over all groups, each
