@@ -143,9 +143,10 @@ def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, dataset,
 def test_a_killed_worker_comes_back_on_its_host_after_the_blacklist_cooldown(tmp_path, dataset):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
-    # More epochs, the first evaluation at the end: time for the host's cooldown and the new worker's start.
+    # More epochs (48, of 10 steps at size 3), the first evaluation at the end: time for the host's cooldown and the new
+    # worker's start.
     launcher, out = _launch(tmp_path, dataset, 3, hosts, ["--blacklist-cooldown-range", "1", "2"],
-                            train={**ELASTIC_CFG["train"], "max_epochs": 60, "eval_every": 60})
+                            train={**ELASTIC_CFG["train"], "max_epochs": 48, "eval_every": 48})
     _signal_in_epoch_3(launcher, out, 2, signal.SIGKILL)
     summary = _finished(tmp_path, launcher, out)
     elastic = summary["elastic"]
