@@ -138,16 +138,10 @@ class MeshCosmoFlow:
     copy_to_slices: Any  # masters -> per-device slices
 
     def initialize(self, session: Any, weights: Any) -> None:
-        """Set every weight from a Keras CosmoFlow model (or its `get_weights()` list) and copy it to the devices."""
+        """Set every weight from a Keras CosmoFlow model (or its `get_weights()` list) and copy it to the devices
+        (the in-process checks; a training group writes each device's copy instead: cosmoflow/mesh/slices.py)."""
         values = self._checked(weights)
         session.run(self.init_op)
-        self._load(session, values)
-
-    def load(self, session: Any, weights: Any) -> None:
-        """Set every weight of an initialised model (as `initialize` does) and copy it to the devices."""
-        self._load(session, self._checked(weights))
-
-    def _load(self, session: Any, values: list[np.ndarray]) -> None:
         session.run(self.load_ops, feed_dict=dict(zip(self.weight_feeds, values)))
         session.run(self.copy_to_slices)
 

@@ -42,25 +42,23 @@ LEARN_OVERRIDES = {
 
 def make_dataset(root: Path, universes: int = 12, val_universes: int = 4) -> Path:
     """cosmo-synth (32^3 universes) then cosmo-convert (16^3 samples, 8 per universe)."""
-    raw, records = root / "raw", root / "tfrecords"
-    for args in (["cosmo-synth", "--out", raw, "--universes", universes, "--size", 32, "--seed", 7,
-                  "--workers", 2],
-                 ["cosmo-convert", "--input", raw, "--out", records, "--sample-size", 16,
-                  "--val-universes", val_universes, "--seed", 7, "--workers", 2]):
-        proc = run_cmd([sys.executable, "-m", "data_prep", *args], timeout=300)
-        assert proc.returncode == 0, show(proc)
-    return records
+    return _synth_and_convert(root, ["--universes", universes, "--size", 32], ["--val-universes", val_universes])
 
 
 def make_learnable_dataset(root: Path) -> Path:
     """cosmo-synth (144 universes of 16^3 cells in a 128 Mpc/h box: the mini dataset's 8 Mpc/h cells, `mini`
     prior) then cosmo-convert: 120 training and 24 validation samples, one per universe (and file), so 1, 2,
     3 and 4 ranks all divide both splits."""
+    return _synth_and_convert(root, ["--universes", 144, "--size", 16, "--box-size", 128, "--prior", "mini"],
+                              ["--val-universes", 24])
+
+
+def _synth_and_convert(root: Path, synth_args: list, convert_args: list) -> Path:
+    """cosmo-synth into ROOT/raw, then cosmo-convert (16^3 samples) into ROOT/tfrecords; both seeded with 7."""
     raw, records = root / "raw", root / "tfrecords"
-    for args in (["cosmo-synth", "--out", raw, "--universes", 144, "--size", 16, "--box-size", 128,
-                  "--prior", "mini", "--seed", 7, "--workers", 2],
-                 ["cosmo-convert", "--input", raw, "--out", records, "--sample-size", 16,
-                  "--val-universes", 24, "--seed", 7, "--workers", 2]):
+    for args in (["cosmo-synth", "--out", raw, *synth_args, "--seed", 7, "--workers", 2],
+                 ["cosmo-convert", "--input", raw, "--out", records, "--sample-size", 16, *convert_args,
+                  "--seed", 7, "--workers", 2]):
         proc = run_cmd([sys.executable, "-m", "data_prep", *args], timeout=300)
         assert proc.returncode == 0, show(proc)
     return records
