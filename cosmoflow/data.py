@@ -5,7 +5,8 @@ this rank reads, sizes, counts that divide across ranks and batches), shards fil
 (rank r reads files r, r+size, ...; with data.stage_mode=node_share the node's share, divided
 between its ranks afresh every epoch, see common/io/sharding.py), and returns repeated batched
 datasets of (B, D, H, W, 4) float32 log(1 + counts) and (B, 4) float32 targets. Both loaders
-give the same tensors.
+give the same tensors. A rank of a spatial group (the hybrid Mesh-TF path) passes its `SampleBlock`: it then
+decodes and hands on only its block (B, D/pd, H/ph, W, 4) of every sample, cut from the raw bytes.
 """
 from __future__ import annotations
 
@@ -28,6 +29,34 @@ from cosmoflow.config import CosmoDataConfig
 
 
 @dataclasses.dataclass(frozen=True)
+class SampleBlock:
+    """The part of every sample one rank of a spatial group decodes: depth rows depth[0]:depth[1] and height rows
+    height[0]:height[1], the whole width and every channel."""
+
+    depth: tuple[int, int]
+    height: tuple[int, int]
+
+    def shape(self, sample_shape: Sequence[int]) -> tuple[int, ...]:
+        """(d, h, W, C) of the block of a sample of `sample_shape` (D, H, W, C)."""
+        return (self.depth[1] - self.depth[0], self.height[1] - self.height[0], *sample_shape[2:])
+
+    def fraction(self, sample_shape: Sequence[int]) -> float:
+        """The share of each sample the block holds (1 / (pd * ph) for a group's equal blocks)."""
+        return float(np.prod(self.shape(sample_shape)) / np.prod(sample_shape))
+
+    def cut(self, batch: np.ndarray) -> np.ndarray:
+        """The block of every sample of a batch (B, D, H, W, C)."""
+        return batch[:, self.depth[0]:self.depth[1], self.height[0]:self.height[1]]
+
+    def check(self, sample_shape: Sequence[int], where: str) -> None:
+        for name, (start, stop), size in (("depth", self.depth, sample_shape[0]), ("height", self.height,
+                                                                                   sample_shape[1])):
+            if not 0 <= start < stop <= size:
+                raise BenchError(f"{where}: the block's {name} rows {start}:{stop} do not lie in the samples' "
+                                 f"{name} {size} (shape {list(sample_shape)})")
+
+
+@dataclasses.dataclass(frozen=True)
 class Shard:
     """The files one rank reads from one split."""
 
@@ -42,14 +71,17 @@ class Shard:
 
 
 def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batch: int,
-                   dist: DistEnv, seed: int, read: bool = True) -> Datasets:
+                   dist: DistEnv, seed: int, read: bool = True, block: SampleBlock | None = None) -> Datasets:
     """Datasets for training and validation on this rank, checked against the manifest.
 
     read=False: only the step counts of the shard, no input pipelines and no file opened but the
-    manifest (`Datasets.without_input`, for a rank that lends its devices to a spatial group).
+    manifest (`Datasets.without_input`).
+    block: decode and give only this block of every sample (a rank of a spatial group).
     """
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
+    if block is not None:
+        block.check(manifest.sample_shape, str(manifest.root / "manifest.json"))
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
     if dist.rank == 0:
         _report_dropped(manifest, shards, dist.size)
@@ -60,10 +92,30 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
     make = _dali_dataset if loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(cfg, manifest)
-    train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
-    val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch,
-                                record_bytes(manifest, only=paths), loader)
+    pipe = Pipe(manifest, cfg, local_batch, dist, preprocess, block)
+    train = make(pipe, shards[TRAIN], cfg.shuffle, seed + dist.rank)
+    val = make(pipe, shards[VALIDATION], False, seed)
+    datasets = Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch,
+                                    record_bytes(manifest, only=paths), loader)
+    return dataclasses.replace(datasets, decoded_fraction=block.fraction(manifest.sample_shape)) if block else datasets
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipe:
+    """What both loaders' pipelines are built from, beside the shard, shuffling and seed."""
+
+    manifest: Manifest
+    cfg: CosmoDataConfig
+    batch: int
+    dist: DistEnv
+    preprocess: object  # (x, y) -> (x, y): int16 counts to the model's float32 input
+    block: SampleBlock | None = None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """What each sample the pipeline gives holds: the whole cube, or this rank's block."""
+        shape = tuple(self.manifest.sample_shape)
+        return self.block.shape(shape) if self.block else shape
 
 
 def shard_paths(manifest: Manifest, shards: dict[str, Shard]) -> set[str]:
@@ -153,11 +205,11 @@ def _rank_entries(manifest: Manifest, split: str, rank: int, size: int, drop: bo
 
 
 # ---------------------------------------------------------------------------- tf.data
-def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, dist: DistEnv,
-                    preprocess, shuffle: bool, seed: int):
+def _tfdata_dataset(pipe: Pipe, shard: Shard, shuffle: bool, seed: int):
     import tensorflow as tf
+    manifest, cfg = pipe.manifest, pipe.cfg
     compression = "GZIP" if manifest.compression == "gzip" else ""
-    parse = _record_parser(manifest.sample_shape, manifest.target_size)
+    parse = _record_parser(manifest.sample_shape, manifest.target_size, pipe.block)
     files = tf.data.Dataset.from_tensor_slices(list(shard.files))
     if shard.local:
         # Every epoch, this rank's part of a new division of the node's files (already endless).
@@ -179,8 +231,8 @@ def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batc
         # Files in manifest order, records in file order: the order DALI reads them unshuffled.
         records = tf.data.TFRecordDataset(files, compression_type=compression).repeat()
     samples = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    batches = samples.batch(batch, drop_remainder=True)
-    return batches.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
+    batches = samples.batch(pipe.batch, drop_remainder=True)
+    return batches.map(pipe.preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 
 def _preprocess(cfg: CosmoDataConfig, manifest: Manifest):
@@ -224,20 +276,22 @@ def channel_stats(manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
     return arrays[0], arrays[1]
 
 
-def _record_parser(sample_shape: Sequence[int], target_size: int):
+def _record_parser(sample_shape: Sequence[int], target_size: int, block: SampleBlock | None = None):
     import tensorflow as tf
     features = record_format.tf_features(target_size)
 
     def parse(record):
-        # (D, H, W, C) int16, (target_size,) float32; fails on a wrong-size record
-        return record_format.tf_decode(tf.io.parse_single_example(record, features), sample_shape)
+        # (D, H, W, C) int16 (or the block's (d, h, W, C)), (target_size,) float32; fails on a wrong-size record
+        example = tf.io.parse_single_example(record, features)
+        if block is None:
+            return record_format.tf_decode(example, sample_shape)
+        return record_format.tf_decode_block(example, sample_shape, block.depth, block.height)
 
     return parse
 
 
 # ---------------------------------------------------------------------------- DALI
-def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, dist: DistEnv,
-                  preprocess, shuffle: bool, seed: int):
+def _dali_dataset(pipe: Pipe, shard: Shard, shuffle: bool, seed: int):
     """A DALIDataset on the CPU, or on this rank's GPU when one is present."""
     try:
         import nvidia.dali.plugin.tf as dali_tf
@@ -245,29 +299,33 @@ def _dali_dataset(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch:
         raise BenchError(f"data.loader=dali needs nvidia-dali-cuda120 and nvidia-dali-tf-plugin-cuda120 "
                          f"(make setup installs both): {err}") from None
     import tensorflow as tf
+    batch, dist = pipe.batch, pipe.dist
     device_id = dist.gpu_index  # the GPU TensorFlow uses (0 with one visible GPU per rank), None on CPU
-    pipe = _dali_pipeline(shard, manifest, cfg, batch, shuffle, seed, device_id)
-    shapes = ((batch, *manifest.sample_shape), (batch, manifest.target_size))
+    pipeline = _dali_pipeline(pipe, shard, shuffle, seed, device_id)
+    shapes = ((batch, *pipe.sample_shape), (batch, pipe.manifest.target_size))
     with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):
-        dataset = dali_tf.DALIDataset(pipeline=pipe, batch_size=batch, output_shapes=shapes,
+        dataset = dali_tf.DALIDataset(pipeline=pipeline, batch_size=batch, output_shapes=shapes,
                                       output_dtypes=(tf.int16, tf.float32), device_id=device_id)
         # Preprocessing overlaps with the next DALI batch and the training step, as on the tf.data path.
-        return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
+        return dataset.map(pipe.preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(pipe.cfg.prefetch)
 
 
-def _dali_pipeline(shard: Shard, manifest: Manifest, cfg: CosmoDataConfig, batch: int, shuffle: bool,
-                   seed: int, device_id: int | None):
+def _dali_pipeline(pipe: Pipe, shard: Shard, shuffle: bool, seed: int, device_id: int | None):
     import nvidia.dali.fn as fn
     from nvidia.dali import pipeline_def
+    manifest, cfg, block = pipe.manifest, pipe.cfg, pipe.block
 
-    @pipeline_def(batch_size=batch, num_threads=cfg.read_threads, device_id=device_id, seed=seed,
+    @pipeline_def(batch_size=pipe.batch, num_threads=cfg.read_threads, device_id=device_id, seed=seed,
                   prefetch_queue_depth=cfg.prefetch)
     def pipeline():
         record = fn.readers.tfrecord(
             path=list(shard.files), index_path=list(shard.index_files),
             features=record_format.dali_features(manifest.target_size),
             initial_fill=cfg.shuffle_buffer, name="reader", **dali_reader_sharding(shard.local, shuffle))
-        x, y = record_format.dali_decode(record, manifest.sample_shape)  # (D, H, W, C) int16, (target,) float32
+        if block is None:
+            x, y = record_format.dali_decode(record, manifest.sample_shape)  # (D, H, W, C) int16, (target,) float32
+        else:  # (d, h, W, C) int16: only this rank's block is decoded
+            x, y = record_format.dali_decode_block(record, manifest.sample_shape, block.depth, block.height)
         if device_id is not None:
             x, y = x.gpu(), y.gpu()
         return x, y

@@ -25,6 +25,7 @@ class Datasets:
     val_files: int = 0
     loader: str = ""  # the input pipeline that reads them: tfdata or dali
     val_rank_samples: int = 0  # this rank's samples per evaluation (its last batch may be partial)
+    decoded_fraction: float = 1.0  # the share of every sample this rank decodes (its block on a spatial group)
 
     @classmethod
     def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0,
@@ -42,4 +43,4 @@ class Datasets:
         """The same step counts for a rank that reads no data: endless (None, None) batches, no files."""
         nothing = itertools.repeat((None, None))
         return dataclasses.replace(self, train=nothing, val=nothing, record_bytes=0.0, train_files=0,
-                                   val_files=0, loader="")
+                                   val_files=0, loader="", decoded_fraction=0.0)

@@ -6,8 +6,9 @@ Two kinds of figures, kept apart:
   included), `read_bytes` (bytes fetched from storage; 0 when the data was cached) and `syscr`
   (read calls). They count everything the process read, and miss data read through mmap.
 - planned: from the read plan, records read (optimizer steps and evaluations times the batch)
-  times the dataset's mean record size, and the record files opened (each pass over a rank's
-  files opens each once).
+  times the dataset's mean record size, the record files opened (each pass over a rank's
+  files opens each once), and the share of each record the rank decodes (`decoded_fraction`: 1, or
+  1 / (pd * ph) for a rank of a spatial group, which decodes only its block).
 
 Plus the staging figures (common/io/staging.py) and the MLPerf HPC paper's ratio of staging time
 to mean epoch time. `io_report` gathers every rank's figures to all ranks; rank 0 writes them to
@@ -70,9 +71,10 @@ def planned_reads(data: Datasets, history: list[dict], reads: bool = True) -> di
     train_records = steps * batch
     val_records = evaluations * (data.val_rank_samples or data.val_steps * data.local_batch_size) if reads else 0
     passes = steps / data.train_steps if data.train_steps else 0.0
-    return {"train_records": train_records, "eval_records": val_records,
-            "bytes": int((train_records + val_records) * data.record_bytes),
-            "files_opened": round(passes * data.train_files) + evaluations * data.val_files}
+    read = int((train_records + val_records) * data.record_bytes)
+    return {"train_records": train_records, "eval_records": val_records, "bytes": read,
+            "files_opened": round(passes * data.train_files) + evaluations * data.val_files,
+            "decoded_fraction": data.decoded_fraction if reads else 0.0}
 
 
 def io_report(counters: IOCounters, staging: StageResult | None, history: list[dict], dist) -> dict:

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from common.base.errors import BenchError
+from cosmoflow.data import SampleBlock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,3 +89,15 @@ def whole_groups(spatial: tuple[int, int], count: int, units: str, where: str) -
 def data_view(dist: Any, layout: GroupLayout) -> Any:
     """`dist` as the data pipeline sees it: one reader per group, so rank = group and size = groups."""
     return dataclasses.replace(dist, rank=layout.group, size=layout.groups)
+
+
+def sample_block(input_shape: Sequence[int], spatial: Sequence[int], task: int) -> SampleBlock:
+    """The block task `task` of a group holds of every sample: block (task // ph, task % ph) of the cube's
+    pd x ph blocks in depth and height, the order in which Mesh-TF numbers the devices of the group's mesh
+    ("b:1;pd;ph") and lays the blocks on them."""
+    pd, ph = (int(p) for p in spatial)
+    if not 0 <= task < pd * ph:
+        raise BenchError(f"task {task}: expected 0 <= task < {pd * ph} (pd x ph = {pd} x {ph})")
+    depth, height = input_shape[0] // pd, input_shape[1] // ph
+    i, j = divmod(task, ph)
+    return SampleBlock((i * depth, (i + 1) * depth), (j * height, (j + 1) * height))

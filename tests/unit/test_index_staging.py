@@ -100,3 +100,35 @@ def test_a_packed_source_cannot_be_decompressed(tmp_path):
     packed = pack(make_dataset(tmp_path / "plain"), tmp_path / "packed")
     with pytest.raises(BenchError, match="a packed dataset; data.stage_decompress"):
         plan(open_source(packed), "node", Layout(), lambda *_: (), decompress=True)
+
+
+@pytest.mark.parametrize("spatial", [(2, 1), (2, 2), (1, 4)])
+def test_each_rank_of_a_group_decodes_only_its_block_with_either_loader(indexed, tmp_path, spatial):
+    """A spatial group's ranks read the group's shard in the same order; each gets its block of every sample
+    (cut from the raw bytes), and the blocks make up the whole batch the leader would have read."""
+    from common.runtime.dist import DistEnv
+    from cosmoflow.config import CosmoDataConfig
+    from cosmoflow.data import build_datasets
+    from cosmoflow.mesh.groups import sample_block
+    staged = stage_node(indexed, tmp_path).dir
+    for data_dir, loader in ((indexed, "tfdata"), (staged, "dali")):
+        cfg = CosmoDataConfig(dir=str(data_dir), loader=loader, shuffle=True)
+        whole = build_datasets(cfg, SHAPE, 4, DistEnv(), seed=3)
+        expected = [tuple(np.asarray(t) for t in b) for _, b in zip(range(3), whole.train)]
+        for task in range(spatial[0] * spatial[1]):
+            block = sample_block(SHAPE, spatial, task)
+            datasets = build_datasets(cfg, SHAPE, 4, DistEnv(), seed=3, block=block)
+            assert datasets.decoded_fraction == pytest.approx(1 / (spatial[0] * spatial[1]))
+            for _, (x, y), (x_whole, y_whole) in zip(range(3), datasets.train, expected):
+                assert x.shape == (4, SAMPLE // spatial[0], SAMPLE // spatial[1], SAMPLE, 4)
+                np.testing.assert_array_equal(np.asarray(x), block.cut(x_whole))
+                np.testing.assert_array_equal(np.asarray(y), y_whole)
+
+
+def test_a_block_outside_the_samples_is_refused_naming_the_rows(indexed):
+    from common.runtime.dist import DistEnv
+    from cosmoflow.config import CosmoDataConfig
+    from cosmoflow.data import SampleBlock, build_datasets
+    with pytest.raises(BenchError, match=r"depth rows 2:6 do not lie in the samples' depth 4"):
+        build_datasets(CosmoDataConfig(dir=str(indexed), loader="tfdata"), SHAPE, 4, DistEnv(), seed=0,
+                       block=SampleBlock((2, 6), (0, 4)))

@@ -182,3 +182,35 @@ def dali_decode(record: dict, shape: Sequence[int]):
     import nvidia.dali.fn as fn
     from nvidia.dali import types
     return fn.reinterpret(record[SAMPLE_KEY], dtype=types.INT16, shape=list(shape)), record[TARGET_KEY]
+
+
+# ---------------------------------------------------------------------------- one block of each sample
+def slab_bytes(shape: Sequence[int]) -> int:
+    """Bytes of one depth row (H x W x C int16 values) of a stored sample of `shape` (D, H, W, C)."""
+    return int(np.prod([int(s) for s in shape[1:]])) * STORED_SAMPLE_DTYPE.itemsize
+
+
+def tf_decode_block(example: dict, shape: Sequence[int], depth: tuple[int, int], height: tuple[int, int]):
+    """(x, y) of a parsed record with x only depth rows depth[0]:depth[1] and height rows height[0]:height[1]
+    of the counts, int16 (d, h, W, C): the depth slab is cut from the raw bytes, so only it is decoded.
+
+    Fails (InvalidArgumentError) on a record whose payload is not the size `shape` needs.
+    """
+    import tensorflow as tf
+    raw, row = example[SAMPLE_KEY], slab_bytes(shape)
+    whole = tf.debugging.assert_equal(tf.strings.length(raw), row * int(shape[0]),
+                                      message=f"a sample of shape {list(shape)} holds {row * int(shape[0])} bytes")
+    with tf.control_dependencies([whole]):
+        slab = tf.strings.substr(raw, depth[0] * row, (depth[1] - depth[0]) * row)
+    x = tf.reshape(tf.io.decode_raw(slab, tf.int16, little_endian=True), [depth[1] - depth[0], *shape[1:]])
+    return x[:, height[0]:height[1]], example[TARGET_KEY]
+
+
+def dali_decode_block(record: dict, shape: Sequence[int], depth: tuple[int, int], height: tuple[int, int]):
+    """`tf_decode_block` in a DALI pipeline: the depth slab's bytes are cut before they are reinterpreted."""
+    import nvidia.dali.fn as fn
+    from nvidia.dali import types
+    row = slab_bytes(shape)
+    slab = record[SAMPLE_KEY][depth[0] * row:depth[1] * row]
+    x = fn.reinterpret(slab, dtype=types.INT16, shape=[depth[1] - depth[0], *(int(s) for s in shape[1:])])
+    return x[:, height[0]:height[1]], record[TARGET_KEY]
