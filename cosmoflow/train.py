@@ -113,10 +113,10 @@ def hyperparameters(cfg: CosmoConfig, strategy: DataParallel) -> dict:
 
 
 def input_pipeline(cfg: CosmoConfig, data_cfg, strategy: DataParallel, seed: int):
-    """This rank's input; on the hybrid path one reader per group reads the group's shard (the others get
-    the step counts only)."""
+    """This rank's input; on the hybrid path a group's ranks read the group's shard, each decoding its block."""
+    block = strategy.input_block if cfg.parallel.hybrid else None
     return build_datasets(data_cfg, cfg.model.input_shape, cfg.train.local_batch_size, strategy.input_dist, seed,
-                          read=strategy.reads)
+                          read=strategy.reads, block=block)
 
 
 def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
@@ -125,9 +125,8 @@ def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
     drop = cfg.data.uneven_files == "drop"
     if not cfg.parallel.hybrid:
         return files_read(manifest, rank, ranks, cfg.train.local_batch_size, drop)
-    layout = group_layout(rank, ranks, cfg.parallel.spatial)
-    return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size, drop) if layout.is_leader \
-        else []
+    layout = group_layout(rank, ranks, cfg.parallel.spatial)  # a group's ranks read the group's files
+    return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size, drop)
 
 
 if __name__ == "__main__":

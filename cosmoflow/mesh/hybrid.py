@@ -2,9 +2,11 @@
 
 P = pd * ph consecutive ranks form a group (cosmoflow/mesh/groups.py). Each group starts its own
 TensorFlow cluster, one `tf.distribute.Server` per rank, from "host:port" addresses exchanged over
-Horovod. The group's leader reads the group's shard of the data and runs the Mesh-TF CosmoFlow over
-the group's P devices (one block of every cube per rank) in a `tf.compat.v1.Session`; the other ranks'
-servers do their blocks' work. Every rank keeps the Keras model and optimizer: after each step the
+Horovod. Every rank of a group reads the group's shard of the data in the same order but decodes only its
+own block of every sample, which it queues on its own device (cosmoflow/mesh/blocks.py); the group's
+leader runs the Mesh-TF CosmoFlow over the group's P devices in a `tf.compat.v1.Session`, each device
+taking its block from its queue, and feeds only the targets; the other ranks' servers do their blocks'
+work. Every rank keeps the Keras model and optimizer: after each step the
 leaders' gradients (zeros from the other ranks) are summed over all ranks in one Horovod allreduce and
 divided by the number of groups, and every rank applies the same SGD update, so the weights stay
 identical everywhere; each rank then writes them into the mesh's copy on its own device
@@ -27,8 +29,10 @@ from common.runtime.dist import DistEnv
 from common.runtime.loop import Metric, Steps, StepsFactory, Trainee, batch_sums
 from common.runtime.strategy import DataParallel
 from common.runtime.stopping import StopFlag
+from cosmoflow.data import SampleBlock
+from cosmoflow.mesh.blocks import OwnBlocks
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
-from cosmoflow.mesh.groups import GroupLayout, data_view, group_layout
+from cosmoflow.mesh.groups import GroupLayout, data_view, group_layout, sample_block
 from cosmoflow.mesh.slices import OwnSlices
 
 
@@ -41,6 +45,9 @@ class HybridStrategy(DataParallel):
         check_hybrid(cfg, dist.size)
         super().__init__(dist)
         self.layout = group_layout(dist.rank, dist.size, cfg.parallel.spatial)
+        self.block = sample_block(cfg.model.input_shape, self.layout.spatial, self.layout.task)
+        self.queues = queue_names(cfg.model.dropout)
+        self.sample_shape, self.batch = tuple(cfg.model.input_shape), cfg.train.local_batch_size
         self.mesh: GroupMesh | None = None
         self.cluster: MeshCluster | None = None
 
@@ -50,16 +57,17 @@ class HybridStrategy(DataParallel):
 
     @property
     def input_dist(self) -> DistEnv:
-        """One reader per group: rank = group, size = groups."""
+        """A group's ranks read as one: rank = group, size = groups (each then decodes its `block`)."""
         return data_view(self.dist, self.layout)
 
     @property
-    def reads(self) -> bool:
-        return self.layout.is_leader
+    def input_block(self) -> SampleBlock:
+        """The block of every sample this rank decodes and hands to the mesh."""
+        return self.block
 
     @property
     def saves_input_position(self) -> bool:
-        return False  # the groups' other ranks read nothing: a resume reseeds the input
+        return False  # the mesh path's steps do not save the input position: a resume reseeds the input
 
     def model_seed(self, seed: int) -> int:
         return seed + self.layout.group
@@ -82,7 +90,12 @@ class HybridStrategy(DataParallel):
                 raise BenchError(f"the Keras model's weights {slices.names} are not the mesh's "
                                  f"{self.mesh.train.weight_names}: the slices every rank writes would not be the "
                                  f"ones the mesh reads")
-            return hybrid_steps(trainee, dist, stop, layout=self.layout, mesh=self.mesh, slices=slices)
+            blocks = OwnBlocks(sorted(set(self.queues)), {self.cluster.rank: (self.cluster.devices[self.cluster.rank],
+                                                                              self.block)},
+                               self.sample_shape, self.batch, self.cluster.target,
+                               session_config(dist.threads, only_task=self.cluster.rank))
+            return hybrid_steps(trainee, dist, stop, layout=self.layout, mesh=self.mesh, slices=slices,
+                                blocks=blocks, queues=self.queues)
         return make
 
     def mlperf_keys(self) -> dict:
@@ -93,6 +106,11 @@ class HybridStrategy(DataParallel):
         return hybrid_summary(trainee.model, self.layout, self.dist)
 
 
+def queue_names(dropout: float) -> tuple[str, str]:
+    """The input queues of the training and the evaluation graph (without dropout one graph serves both)."""
+    return ("train", "eval") if dropout > 0 else ("train", "train")
+
+
 def check_hybrid(cfg: Any, size: int) -> None:
     """Every check of a hybrid run that needs no data: the cube's split (the mesh planner's own checks),
     whole groups of ranks, and the data options the path supports. Raises BenchError."""
@@ -100,8 +118,9 @@ def check_hybrid(cfg: Any, size: int) -> None:
     check_partitioning(cfg.model, cfg.parallel.spatial)
     group_layout(0, size, cfg.parallel.spatial)
     if cfg.data.stage_dir and cfg.data.stage_mode == "node_share":
-        raise BenchError(f"data.stage_mode node_share with parallel.spatial {list(cfg.parallel.spatial)}: the "
-                         f"hybrid path reads through one rank per group; use data.stage_mode node or rank")
+        raise BenchError(f"data.stage_mode node_share with parallel.spatial {list(cfg.parallel.spatial)}: a "
+                         f"group's ranks read the group's files in the same order, which node_share's division "
+                         f"between a node's ranks does not give; use data.stage_mode node or rank")
     if cfg.train.precision != "float32" or cfg.train.jit_compile:
         raise BenchError(f"train.precision={cfg.train.precision}, train.jit_compile={cfg.train.jit_compile} with "
                          f"parallel.spatial {list(cfg.parallel.spatial)}: the Mesh-TF path computes in float32 "
@@ -147,8 +166,9 @@ class GroupMesh:
         from cosmoflow.mesh.model import build_mesh_model
         make = functools.partial(build_mesh_model, cfg.model, cluster.devices, layout.spatial,
                                  cfg.train.local_batch_size, seed=cfg.run.seed + layout.group)
-        train = make(training=True)
-        evaluate = make(training=False) if cfg.model.dropout > 0 else train
+        train_queue, eval_queue = queue_names(cfg.model.dropout)
+        train = make(training=True, input_queue=train_queue)
+        evaluate = make(training=False, input_queue=eval_queue) if eval_queue != train_queue else train
         sessions = {}
         for mesh in {id(train): train, id(evaluate): evaluate}.values():
             sessions[id(mesh)] = tf.compat.v1.Session(cluster.target, graph=mesh.graph, config=session_config(threads))
@@ -166,11 +186,12 @@ class GroupMesh:
 
 # ---------------------------------------------------------------------------- steps
 def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, *, layout: GroupLayout,
-                 mesh: GroupMesh | None, slices: OwnSlices) -> Steps:
+                 mesh: GroupMesh | None, slices: OwnSlices, blocks: OwnBlocks, queues: tuple[str, str]) -> Steps:
     """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks; `slices` this
-    rank's copy of the weights in the mesh); the stop request rides in the gradients' sum."""
+    rank's copy of the weights in the mesh, `blocks` its input's way there through the training and
+    evaluation `queues`); the stop request rides in the gradients' sum."""
     runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
-    runner.stop, runner.slices = stop, slices
+    runner.stop, runner.slices, runner.blocks, runner.queues = stop, slices, blocks, queues
     return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop)
 
 
@@ -184,6 +205,8 @@ class _HybridSteps:
         self.written = -1  # the version the slices hold
         self.stop: StopFlag | None = None
         self.slices: OwnSlices | None = None
+        self.blocks: OwnBlocks | None = None
+        self.queues = ("train", "train")
         variables = model.trainable_variables
         self.apply = tf.function(lambda grads: optimizer.apply_gradients(zip(grads, variables)))
         self.penalty = tf.function(lambda: _penalty_gradients(model)) if model.losses else None
@@ -195,9 +218,10 @@ class _HybridSteps:
         """One step: the group's gradients through the mesh, their mean over the groups, the same update everywhere."""
         import tensorflow as tf
         self.sync()
+        self.blocks.put(self.queues[0], x)  # this rank's block, on its own device for the leader's step
         if self.mesh is not None:
             session = self.mesh.session(self.mesh.train)
-            result = self.mesh.train.step(session, np.asarray(x), np.asarray(y))
+            result = self.mesh.train.step(session, None, np.asarray(y))
             grads, loss = result.gradients, result.loss
         else:
             grads, loss = self.no_gradients, 0.0
@@ -219,10 +243,11 @@ class _HybridSteps:
     def evaluate(self, x, y):
         """This rank's [count, loss sum, metric sums ...] of one validation batch (zeros off the leaders)."""
         self.sync()
+        self.blocks.put(self.queues[1], x)
         if self.mesh is None:
             return batch_sums(self.loss_fn, self.metric, self.no_targets, self.no_targets)
         session = self.mesh.session(self.mesh.evaluate)
-        return batch_sums(self.loss_fn, self.metric, np.asarray(y), self.mesh.evaluate.predict(session, np.asarray(x)))
+        return batch_sums(self.loss_fn, self.metric, np.asarray(y), self.mesh.evaluate.predict(session, None))
 
     def sync(self) -> None:
         """After an update (collective: every rank calls it at the same steps): write this rank's slices of the
@@ -237,8 +262,9 @@ class _HybridSteps:
     def close(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
-        if self.slices is not None:
-            self.slices.close()
+        for own in (self.slices, self.blocks):
+            if own is not None:
+                own.close()
 
 
 def _penalty_gradients(model):

@@ -125,7 +125,7 @@ class MeshCosmoFlow:
 
     graph: Any  # tf.Graph
     layout: MeshLayout
-    images: Any  # placeholder (B, D, H, W, C)
+    images: Any  # placeholder (B, D, H, W, C); None when each device takes its block from its queue
     targets: Any  # placeholder (B, target_size)
     outputs: Any  # (B, target_size)
     loss: Any  # scalar
@@ -145,15 +145,21 @@ class MeshCosmoFlow:
         session.run(self.load_ops, feed_dict=dict(zip(self.weight_feeds, values)))
         session.run(self.copy_to_slices)
 
-    def step(self, session: Any, images: np.ndarray, targets: np.ndarray) -> StepResult:
-        """Forward, MSE loss and gradients for one batch (no update)."""
-        feed = {self.images: images, self.targets: targets}
+    def step(self, session: Any, images: np.ndarray | None, targets: np.ndarray) -> StepResult:
+        """Forward, MSE loss and gradients for one batch (no update); images None: the blocks are queued."""
+        feed = self._images(images) | {self.targets: targets}
         outputs, loss, *grads = session.run([self.outputs, self.loss, *self.gradients], feed_dict=feed)
         return StepResult(outputs, float(loss), grads)
 
-    def predict(self, session: Any, images: np.ndarray) -> np.ndarray:
-        """The outputs (B, target_size) for one batch: the forward pass only."""
-        return session.run(self.outputs, feed_dict={self.images: images})
+    def predict(self, session: Any, images: np.ndarray | None) -> np.ndarray:
+        """The outputs (B, target_size) for one batch: the forward pass only; images None: the blocks are queued."""
+        return session.run(self.outputs, feed_dict=self._images(images))
+
+    def _images(self, images: np.ndarray | None) -> dict:
+        if (images is None) != (self.images is None):
+            raise BenchError("this mesh takes " + ("its blocks from the ranks' queues: pass images=None"
+                                                   if self.images is None else "whole images: pass them"))
+        return {} if images is None else {self.images: images}
 
     def _checked(self, weights: Any) -> list[np.ndarray]:
         values = keras_weights(weights)
@@ -182,7 +188,7 @@ def keras_weights(weights: Any) -> list[np.ndarray]:
 
 def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: Sequence[int] = (1, 1),
                      batch_size: int = 1, training: bool = False, seed: int | None = None,
-                     layout_rules: str = LAYOUT) -> MeshCosmoFlow:
+                     layout_rules: str = LAYOUT, input_queue: str | None = None) -> MeshCosmoFlow:
     """Build and lower CosmoFlow over `devices` with the cube split into `spatial` = (pd, ph) blocks.
 
     Args:
@@ -195,25 +201,33 @@ def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: S
         seed: the graph-level random seed (dropout); None leaves it unset.
         layout_rules: which mesh axis splits which tensor dimension; only the tests that prove the split
             change it (to one that splits nothing, which they must catch).
+        input_queue: None: the images are fed whole (`images`, a placeholder) and split here. A graph name
+            ("train", "eval"): each device takes its block from its queue (cosmoflow/mesh/blocks.py), which the
+            rank hosting it fills; `images` is then None and steps feed only the targets. Needs one sample's
+            blocks per device (no batch split).
     """
     layout = plan_layout(model.input_shape, spatial, devices, batch_size)
     check_kernel(model)
+    if input_queue is not None and (layout.batch_splits != 1 or layout_rules != LAYOUT):
+        raise BenchError(f"queued blocks need one device per block and the model's layout: {len(devices)} devices "
+                         f"for {list(spatial)} partitions, layout {layout_rules!r}")
     graph = tf.Graph()
     with graph.as_default():
         if seed is not None:
             tf.compat.v1.set_random_seed(seed)  # the graph's seed: dropout masks
-        images = tf.compat.v1.placeholder(tf.float32, [batch_size, *model.input_shape], name="images")
+        mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(layout.mesh_shape, layout_rules, list(layout.devices))
+        source = (_Queued(input_queue, mesh_impl) if input_queue is not None else
+                  tf.compat.v1.placeholder(tf.float32, [batch_size, *model.input_shape], name="images"))
         targets = tf.compat.v1.placeholder(tf.float32, [batch_size, model.target_size], name="targets")
         mesh_graph = mtf.Graph()
         mesh = mtf.Mesh(mesh_graph, "cosmoflow")
-        outputs, loss = _forward(mesh, model, layout, images, targets, training)
+        outputs, loss = _forward(mesh, model, layout, source, targets, training)
         variables = list(mesh_graph.trainable_variables)  # creation order = Keras weight order
         grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-        mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(layout.mesh_shape, layout_rules, list(layout.devices))
         lowering = mtf.Lowering(mesh_graph, {mesh: mesh_impl})
         feeds = [tf.compat.v1.placeholder(tf.float32, v.shape.to_integer_list) for v in variables]
         return MeshCosmoFlow(
-            graph=graph, layout=layout, images=images, targets=targets,
+            graph=graph, layout=layout, images=None if input_queue is not None else source, targets=targets,
             outputs=lowering.export_to_tf_tensor(outputs), loss=lowering.export_to_tf_tensor(loss),
             gradients=[lowering.export_to_tf_tensor(g) for g in grads],
             weight_names=[v.name for v in variables],
@@ -264,9 +278,17 @@ class _Blocks:
     h_blocks: Any = None
 
 
-def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, images, targets, training: bool):
-    """Mesh-TF ops from images to (outputs, loss)."""
-    act = _import_blocks(mesh, images, layout)
+@dataclasses.dataclass(frozen=True)
+class _Queued:
+    """The images as every device's block from its queue (`build_mesh_model(input_queue=...)`)."""
+
+    name: str
+    mesh_impl: Any
+
+
+def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, source, targets, training: bool):
+    """Mesh-TF ops from the images (a placeholder, or `_Queued` blocks) to (outputs, loss)."""
+    act = _import_blocks(mesh, source, layout, model.input_shape, targets.shape.as_list()[0])
     plan = pooling_splits(model.input_shape, layout.spatial, len(model.conv_filters), model.pool_size)
     for i, (filters, (keep_d, keep_h)) in enumerate(zip(model.conv_filters, plan)):
         act = _conv_block(act, model, i, filters, keep_d, keep_h)
@@ -281,20 +303,35 @@ def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, images, targets,
     return outputs, loss
 
 
-def _import_blocks(mesh, images, layout: MeshLayout) -> _Blocks:
+def _import_blocks(mesh, source, layout: MeshLayout, input_shape: Sequence[int], batch: int) -> _Blocks:
     """(B, D, H, W, C) -> mtf (batch, [d_blocks], [h_blocks], d, h, w, c), blocks dims only where split."""
-    batch, depth, height, width, channels = images.shape.as_list()
+    depth, height, width, channels = input_shape
     pd, ph = layout.spatial
-    x = tf.reshape(images, [batch, pd, depth // pd, ph, height // ph, width, channels])
-    x = tf.transpose(x, [0, 1, 3, 2, 4, 5, 6])  # (B, pd, ph, D/pd, H/ph, W, C)
     # Unsplit blocks dims (size 1) are left out: conv3d_with_blocks then pads that dimension itself.
     d_blocks = mtf.Dimension("d_blocks", pd) if pd > 1 else None
     h_blocks = mtf.Dimension("h_blocks", ph) if ph > 1 else None
     dims = [mtf.Dimension("batch", batch), d_blocks, h_blocks, mtf.Dimension("d", depth // pd),
             mtf.Dimension("h", height // ph), mtf.Dimension("w", width), mtf.Dimension("c0", channels)]
     dims = [d for d in dims if d is not None]
+    if isinstance(source, _Queued):
+        return _Blocks(_import_queued(mesh, source, layout, mtf.Shape(dims)), d_blocks, h_blocks)
+    x = tf.reshape(source, [batch, pd, depth // pd, ph, height // ph, width, channels])
+    x = tf.transpose(x, [0, 1, 3, 2, 4, 5, 6])  # (B, pd, ph, D/pd, H/ph, W, C)
     x = tf.reshape(x, [d.size for d in dims])
     return _Blocks(mtf.import_tf_tensor(mesh, x, mtf.Shape(dims)), d_blocks, h_blocks)
+
+
+def _import_queued(mesh, source: _Queued, layout: MeshLayout, shape) -> Any:
+    """The input laid out as Mesh-TF would lay it, from each device's own queue: device pnum's slice is its
+    block (batch, d, h, W, C), reshaped to the slice shape (size-1 blocks dims where split)."""
+    from cosmoflow.mesh.blocks import block_queue
+    slice_shape = source.mesh_impl.slice_shape(shape)
+    block = [slice_shape[0], *slice_shape[-4:]]
+    slices = []
+    for pnum, device in enumerate(layout.devices):
+        with tf.device(device):
+            slices.append(tf.reshape(block_queue(source.name, pnum, device, block).dequeue(), slice_shape))
+    return mtf.import_laid_out_tensor(mesh, source.mesh_impl.LaidOutTensor(slices), shape)
 
 
 def _conv_block(act: _Blocks, model: CosmoModelConfig, index: int, filters: int,

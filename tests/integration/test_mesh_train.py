@@ -85,20 +85,20 @@ def test_log_has_the_partitioning_and_passes_the_checker(runs):
     assert "2 data-parallel groups of 2 ranks" in runs["hybrid_stdout"]
 
 
-def test_only_the_group_leaders_read(runs):
+def test_every_rank_reads_its_groups_shard_and_decodes_only_its_half(runs):
     ranks = json.loads((runs["hybrid"] / "io_report.json").read_text())["ranks"]
     planned = {r["rank"]: r["planned"] for r in ranks}
-    for leader in (0, 2):  # 2 epochs of 8 steps and 2 evaluations of 4 steps, batch 4
-        assert planned[leader]["train_records"] == 64 and planned[leader]["eval_records"] == 32
-        assert planned[leader]["bytes"] > 0 and planned[leader]["files_opened"] > 0
-    for helper in (1, 3):
-        assert planned[helper] == {"train_records": 0, "eval_records": 0, "bytes": 0, "files_opened": 0}
+    for rank in range(4):  # 2 epochs of 8 steps and 2 evaluations of 4 steps, batch 4
+        assert planned[rank]["train_records"] == 64 and planned[rank]["eval_records"] == 32
+        assert planned[rank]["bytes"] > 0 and planned[rank]["files_opened"] > 0
+        assert planned[rank]["decoded_fraction"] == 0.5
+    assert planned[1] == planned[0] and planned[3] == planned[2]  # a group's ranks read the same files
 
 
 @pytest.fixture(scope="module")
 def one_group_runs(dataset, tmp_path_factory):
     """One group holding every rank: [2,2] on 4 ranks, and [1,2] on 2 ranks with its data staged first
-    (data.stage_mode=node: the leader stages, the other rank waits), against one data-parallel rank."""
+    (data.stage_mode=node: local rank 0 stages, the other rank waits), against one data-parallel rank."""
     root = tmp_path_factory.mktemp("one-group")
     staged = {"stage_dir": str(root / "local"), "stage_mode": "node"}
     outs = {}
@@ -126,7 +126,7 @@ def test_one_group_split_in_height_or_both_trains_as_one_rank(one_group_runs, na
     assert check_log(one_group_runs[name] / "mlperf.log").structural_problems == ()
 
 
-def test_staging_on_the_hybrid_path_is_reported_and_the_leader_reads_the_staged_copy(one_group_runs):
+def test_staging_on_the_hybrid_path_is_reported_and_both_ranks_read_the_staged_copy(one_group_runs):
     out = one_group_runs["1x2"]
     report = json.loads((out / "io_report.json").read_text())
     staging = report["staging"]
@@ -134,7 +134,8 @@ def test_staging_on_the_hybrid_path_is_reported_and_the_leader_reads_the_staged_
     keys = [e["key"] for e in _events(out)]
     assert keys.index("staging_start") < keys.index("staging_stop") < keys.index("epoch_start")
     planned = {r["rank"]: r["planned"] for r in report["ranks"]}
-    assert planned[0]["train_records"] == 128 and planned[1]["train_records"] == 0  # 2 epochs x 16 steps x 4
+    assert planned[0]["train_records"] == planned[1]["train_records"] == 128  # 2 epochs x 16 steps x 4
+    assert planned[0]["decoded_fraction"] == planned[1]["decoded_fraction"] == 0.5
 
 
 def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(dataset, tmp_path):

@@ -100,6 +100,32 @@ def test_check_hybrid_uses_the_planner_and_the_rank_count(spatial, size, message
         check_hybrid(_cfg(spatial), size)
 
 
+@pytest.mark.parametrize("spatial", [(2, 1), (1, 2), (2, 2), (4, 1), (4, 4)])
+def test_the_tasks_blocks_tile_the_cube_in_the_meshs_device_order(spatial):
+    """Task k holds block (k // ph, k % ph): Mesh-TF's numbering of the devices of "b:1;pd;ph", whose
+    laid-out input slice k is that block; together the blocks cover every cell once."""
+    import numpy as np
+    from cosmoflow.mesh.groups import sample_block
+    from cosmoflow.mesh.model import LAYOUT
+    from cosmoflow.mesh.shim import import_mtf
+    mtf = import_mtf()
+    shape = (16, 32, 8, 4)
+    cube = np.arange(np.prod(shape)).reshape(1, *shape)
+    pd, ph = spatial
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(f"b:1;pd:{pd};ph:{ph}", LAYOUT, [""] * (pd * ph))
+    laid_out = mtf.Shape([mtf.Dimension(n, s) for n, s in (("batch", 1), ("d_blocks", pd), ("h_blocks", ph),
+                                                             ("d", 16 // pd), ("h", 32 // ph), ("w", 8), ("c0", 4))])
+    blocks = [sample_block(shape, spatial, k) for k in range(pd * ph)]
+    for k, block in enumerate(blocks):
+        _, i, j, *_ = impl.slice_begin(laid_out, k)  # which depth and height block device k's input slice holds
+        assert block.depth == (i * 16 // pd, (i + 1) * 16 // pd) and block.height == (j * 32 // ph, (j + 1) * 32 // ph)
+        assert block.shape(shape) == (16 // pd, 32 // ph, 8, 4) and block.fraction(shape) == 1 / (pd * ph)
+    cells = np.concatenate([block.cut(cube).ravel() for block in blocks])
+    assert sorted(cells) == list(range(cube.size))
+    with pytest.raises(BenchError, match=f"task {pd * ph}: expected 0 <= task < {pd * ph}"):
+        sample_block(shape, spatial, pd * ph)
+
+
 def test_check_hybrid_refuses_node_share_staging():
     with pytest.raises(BenchError, match="data.stage_mode node_share with parallel.spatial \\[2, 1\\]"):
         check_hybrid(_cfg((2, 1), stage_dir="/tmp/x", stage_mode="node_share"), 4)
@@ -121,12 +147,12 @@ def _manifest(files: int):
                            root=REPO)
 
 
-def test_group_leaders_stage_their_groups_shard_and_the_others_nothing():
+def test_every_rank_of_a_group_stages_its_groups_shard():
     from cosmoflow.train import rank_files
     cfg = load_config(MINI, ["parallel.spatial=[2,1]"], CosmoConfig)
     manifest = _manifest(4)
     files = [rank_files(cfg, manifest, rank, 4) for rank in range(4)]
-    assert files[1] == [] and files[3] == []
+    assert files[1] == files[0] and files[3] == files[2]  # each decodes its block of the group's samples
     assert files[0] == ["train/0.tfrecord", "train/0.idx", "train/2.tfrecord", "train/2.idx", "val/0.tfrecord",
                         "val/2.tfrecord"]
     assert files[2] == ["train/1.tfrecord", "train/1.idx", "train/3.tfrecord", "train/3.idx", "val/1.tfrecord",

@@ -2,7 +2,8 @@
 
 Both blocks of the mesh sit on one CPU device of a one-task TensorFlow server in this process (Mesh-TF
 places each block's ops explicitly; the device may repeat), so the halo exchange and block arithmetic run,
-and the weights reach the mesh as on a cluster: written into the slices by their own session on the server.
+and the weights and the input reach the mesh as on a cluster: the weights written into the slices and the
+blocks put into the devices' queues, by their own sessions on the server.
 Real processes and Horovod: tests/integration/test_mesh_train.py.
 """
 import dataclasses
@@ -10,6 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from common.base.errors import BenchError
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Trainee, data_parallel_steps
 from cosmoflow.config import CosmoModelConfig
@@ -31,12 +33,28 @@ def _keras(seed=0):
     return model, optimizer
 
 
-@pytest.fixture(scope="module")
-def cluster():
+def _server():
     """A one-task TensorFlow server in this process; the mesh's two blocks share its CPU device."""
     from cosmoflow.mesh.cluster import start_server
     from cosmoflow.mesh.hybrid import free_port
     return start_server(0, [f"localhost:{free_port()}"], threads=1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return _server()
+
+
+def _all_blocks(cluster, names=("train",)):
+    """The input of both devices, put by this process (which hosts both): whole batches cut here."""
+    from cosmoflow.mesh.blocks import OwnBlocks
+    from cosmoflow.mesh.cluster import session_config
+    from cosmoflow.mesh.groups import sample_block
+    device = cluster.devices[0]
+    blocks = OwnBlocks(names, {p: (device, sample_block(CFG.input_shape, (2, 1), p)) for p in (0, 1)},
+                       CFG.input_shape, BATCH, cluster.target, session_config(1))
+    blocks.put = blocks.put_whole
+    return blocks
 
 
 def _group_mesh(cluster, meshes):
@@ -71,7 +89,7 @@ class CountingSlices:
 @pytest.fixture(scope="module")
 def group_mesh(cluster):
     from cosmoflow.mesh.model import build_mesh_model
-    mesh = build_mesh_model(CFG, [cluster.devices[0]] * 2, (2, 1), BATCH, training=True)
+    mesh = build_mesh_model(CFG, [cluster.devices[0]] * 2, (2, 1), BATCH, training=True, input_queue="train")
     return _group_mesh(cluster, [mesh])
 
 
@@ -87,7 +105,8 @@ def test_hybrid_steps_train_and_evaluate_as_the_keras_steps(cluster, group_mesh)
     assert weights_digest(model) == weights_digest(reference)
     slices = CountingSlices(cluster, group_mesh.train)
     hybrid = hybrid_steps(Trainee(model, optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv(),
-                          layout=GroupLayout(0, 2, (2, 1)), mesh=group_mesh, slices=slices)
+                          layout=GroupLayout(0, 2, (2, 1)), mesh=group_mesh, slices=slices,
+                          blocks=_all_blocks(cluster), queues=("train", "train"))
     plain = data_parallel_steps(Trainee(reference, ref_optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv())
     losses = []
     for x, y in _batches(3):
@@ -101,15 +120,34 @@ def test_hybrid_steps_train_and_evaluate_as_the_keras_steps(cluster, group_mesh)
     assert slices.writes == 4  # the initial weights, then once after each of 3 updates, not at every call
 
 
-def test_a_rank_without_data_adds_nothing_and_applies_the_sum(cluster, group_mesh):
+def test_a_rank_that_does_not_drive_queues_its_block_adds_nothing_and_applies_the_sum(group_mesh):
+    from cosmoflow.mesh.blocks import OwnBlocks
+    from cosmoflow.mesh.cluster import session_config
+    from cosmoflow.mesh.groups import sample_block
     from cosmoflow.mesh.hybrid import hybrid_steps, weights_digest
+    import tensorflow as tf
+    cluster = _server()  # its own: the blocks this test queues are never taken
     model, optimizer = _keras()
     before = weights_digest(model)
+    block = sample_block(CFG.input_shape, (2, 1), 1)
+    blocks = OwnBlocks(["train"], {1: (cluster.devices[0], block)}, CFG.input_shape, BATCH, cluster.target,
+                       session_config(1))
     helper = hybrid_steps(Trainee(model, optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv(),
-                          layout=GroupLayout(1, 2, (2, 1)), mesh=None, slices=CountingSlices(cluster, group_mesh.train))
+                          layout=GroupLayout(1, 2, (2, 1)), mesh=None, slices=CountingSlices(cluster, group_mesh.train),
+                          blocks=blocks, queues=("train", "train"))
+    (x, y), = _batches(1)
     # Alone (one process), the sum over ranks is its own zeros: the update changes nothing.
-    assert helper.train(None, None) == 0.0 and weights_digest(model) == before
-    np.testing.assert_array_equal(helper.evaluate(None, None).numpy(), np.zeros(2 + 1 + CFG.target_size))
+    assert helper.train(block.cut(x), y) == 0.0 and weights_digest(model) == before
+    np.testing.assert_array_equal(helper.evaluate(block.cut(x), y).numpy(), np.zeros(2 + 1 + CFG.target_size))
+    # Both blocks wait on device 1's queue for the leader's steps, as they were cut.
+    with tf.Graph().as_default():
+        from cosmoflow.mesh.blocks import block_queue
+        queue = block_queue("train", 1, cluster.devices[0], (BATCH, 8, 16, 16, 4))
+        with tf.compat.v1.Session(cluster.target) as session:
+            assert session.run(queue.size()) == 2
+            np.testing.assert_array_equal(session.run(queue.dequeue()), block.cut(x))
+    with pytest.raises(BenchError, match=r"block of shape \(2, 16, 16, 16, 4\) for device 1, expected \(2, 8, 16"):
+        blocks.put("train", x)
     helper.close()
 
 
@@ -117,8 +155,8 @@ def test_with_dropout_training_masks_and_evaluation_sees_the_updated_weights_wit
     from cosmoflow.mesh.hybrid import hybrid_steps
     from cosmoflow.mesh.model import build_mesh_model
     cfg = dataclasses.replace(CFG, dropout=0.5)
-    meshes = [build_mesh_model(cfg, [cluster.devices[0]] * 2, (2, 1), BATCH, training=t, seed=7)
-              for t in (True, False)]
+    meshes = [build_mesh_model(cfg, [cluster.devices[0]] * 2, (2, 1), BATCH, training=t, seed=7, input_queue=q)
+              for t, q in ((True, "train"), (False, "eval"))]
     group = _group_mesh(cluster, meshes)
     slices = CountingSlices(cluster, meshes[0])
     import keras
@@ -126,14 +164,17 @@ def test_with_dropout_training_masks_and_evaluation_sees_the_updated_weights_wit
     keras.utils.set_random_seed(0)
     model = build_model(**dataclasses.asdict(cfg))
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    blocks = _all_blocks(cluster, ("train", "eval"))
     steps = hybrid_steps(Trainee(model, optimizer, mse_loss, MeanAbsoluteError(), None), DistEnv(),
-                         layout=GroupLayout(0, 2, (2, 1)), mesh=group, slices=slices)
+                         layout=GroupLayout(0, 2, (2, 1)), mesh=group, slices=slices, blocks=blocks,
+                         queues=("train", "eval"))
     (x, y), = _batches(1)
     # Training applies dropout: the same batch through the training graph gives other outputs. Checked on the
     # initial weights (what the first step writes): after two updates the outputs can saturate at the output
     # scale (1.2), where dropout changed them by only ~1e-4 in one fresh-clone run.
     slices.write(keras_weights(model))
-    outputs = meshes[0].step(group.session(meshes[0]), x, y).outputs
+    blocks.put("train", x)
+    outputs = meshes[0].step(group.session(meshes[0]), None, y).outputs
     inference = np.asarray(model(x, training=False))
     assert np.isfinite(outputs).all() and np.abs(outputs - inference).max() > 1e-3 * np.abs(inference).max()
     masked = [steps.train(x, y) for _ in range(2)]

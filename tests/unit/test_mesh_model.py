@@ -231,3 +231,67 @@ def test_the_equivalence_cases_ran_split(records):
     for (pooling, spatial), r in records.items():
         problems = split_problems(r["convolutions"], r["planned_conv_inputs"], len(r["devices"]))
         assert problems == [], (pooling, spatial, problems)
+
+
+# ---------------------------------------------------------------------------- the input as blocks from queues
+@pytest.mark.parametrize("spatial", [(2, 1), (2, 2), (4, 4)])
+def test_the_training_graph_takes_each_block_from_its_own_devices_queue(spatial):
+    """The graph the hybrid path runs: no whole batch enters it (no placeholder of the images); each
+    device dequeues its own block, and every convolution runs split as planned."""
+    import tensorflow as tf
+    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
+    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(spatial[0] * spatial[1])]
+    mesh = build_mesh_model(cfg, devices, spatial, batch_size=2, training=True, input_queue="train")
+    ops = mesh.graph.get_operations()
+    assert mesh.images is None and "targets" in [op.name for op in ops if op.type == "Placeholder"]
+    assert not [op for op in ops if op.type == "Placeholder" and op.outputs[0].shape.as_list() == [2, *SPLIT_SHAPE]]
+    dequeues = [op for op in ops if op.type == "QueueDequeueV2"]
+    block = [2, 32 // spatial[0], 32 // spatial[1], 16, 4]
+    assert sorted(op.device for op in dequeues) == sorted(tf.DeviceSpec.from_string(d).to_string() for d in devices)
+    assert all(op.outputs[0].shape.as_list() == block for op in dequeues)
+    planned = planned_conv_inputs(cfg, spatial, 1, 2)
+    assert split_problems(lowered_convolutions(mesh.graph), planned, len(devices)) == []
+
+
+@pytest.mark.parametrize("spatial", [(2, 1), (2, 2)])
+def test_queued_blocks_give_what_whole_images_give(spatial):
+    """Fed as blocks through the devices' queues (on an in-process server, as a cluster's ranks do) or as whole
+    images split in the graph, the mesh computes the same outputs, loss and gradients, step after step."""
+    import tensorflow as tf
+    from cosmoflow.mesh.blocks import OwnBlocks
+    from cosmoflow.mesh.cluster import session_config, start_server
+    from cosmoflow.mesh.groups import sample_block
+    from cosmoflow.mesh.hybrid import free_port
+    from cosmoflow.model import build_model
+    cfg = CosmoModelConfig(input_shape=(16, 16, 16, 4), conv_filters=(4, 8), dense_units=(8,), dropout=0.0,
+                           pooling="avg")
+    cluster = start_server(0, [f"localhost:{free_port()}"], threads=1)
+    parts = spatial[0] * spatial[1]
+    devices = [cluster.devices[0]] * parts
+    weights = build_model(**dataclasses.asdict(cfg)).get_weights()
+    meshes = {q: build_mesh_model(cfg, devices, spatial, 2, input_queue=q) for q in (None, "train")}
+    sessions = {q: tf.compat.v1.Session(cluster.target, graph=m.graph, config=session_config(1))
+                for q, m in meshes.items()}
+    for q, mesh in meshes.items():
+        mesh.initialize(sessions[q], weights)
+    blocks = OwnBlocks(["train"], {p: (devices[p], sample_block(cfg.input_shape, spatial, p)) for p in range(parts)},
+                       cfg.input_shape, 2, cluster.target, session_config(1))
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        x, y = rng.normal(size=(2, *cfg.input_shape)).astype(np.float32), rng.uniform(-1, 1, (2, 4)).astype(np.float32)
+        whole = meshes[None].step(sessions[None], x, y)
+        blocks.put_whole("train", x)
+        queued = meshes["train"].step(sessions["train"], None, y)
+        np.testing.assert_array_equal(queued.outputs, whole.outputs)
+        assert queued.loss == whole.loss
+        for a, b in zip(queued.gradients, whole.gradients):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(BenchError, match="takes its blocks from the ranks' queues"):
+        meshes["train"].predict(sessions["train"], x)
+    blocks.close()
+
+
+def test_queued_blocks_need_one_device_per_block():
+    cfg = CosmoModelConfig(input_shape=(16, 16, 16, 4), conv_filters=(4, 8), dense_units=(8,), dropout=0.0)
+    with pytest.raises(BenchError, match="queued blocks need one device per block"):
+        build_mesh_model(cfg, DEVICES, (2, 1), 2, input_queue="train")
