@@ -3,13 +3,16 @@ per-rank peak memory and the bytes that cross between ranks, at the same rank co
 
     python benchmarks/mesh_throughput.py [--sizes mini full] [--cases 2:1x1 2:2x1 4:1x1 4:2x1 4:4x1 4:2x2]
 
+
 A case `N:PDxPH` runs `horovodrun -np N` with `parallel.spatial=[PD,PH]` (1x1: the data-parallel
-path). Each worker builds exactly what `cosmoflow/train.py` builds from the config (its strategy, its
+path); `N:PDxPH@B` sets its local batch (samples per group and step) to B instead of the size's default. Each worker builds exactly what `cosmoflow/train.py` builds from the config (its strategy, its
 `build` and the steps the strategy trains with: `data_parallel_steps` or the hybrid mesh steps) and
 times real training steps (forward, backward, gradient allreduce, SGD update; on the hybrid path also
-each rank's write of the weights into its slices of the mesh) on in-memory batches of log1p(Poisson)
-counts; input I/O is not part of these figures. Sizes: `mini` is cosmo_mini.yaml (32^3 x 4, half width, local batch 4), `full` is
-cosmo.yaml (128^3 x 4, the reference network, local batch 1 to bound memory and time).
+each rank's write of the weights into its slices of the mesh and of its block into its queue) on in-memory
+batches of log1p(Poisson) counts, each rank holding what its input pipeline would give it (the whole batch,
+or on the hybrid path its block of it); input I/O is not part of these figures. Sizes: `mini` is
+cosmo_mini.yaml (32^3 x 4, half width, local batch 4), `full` is cosmo.yaml (128^3 x 4, the reference
+network, local batch 1 by default to bound memory and time).
 
 Recorded per case: the median step time on rank 0 (a group leader), samples/s over all groups, each
 rank's peak resident memory (getrusage) and its resident memory once the model and mesh were built,
@@ -55,15 +58,20 @@ DEFAULT_CASES = ("2:1x1", "2:2x1", "4:1x1", "4:2x1", "4:4x1", "4:2x2")
 class Case:
     ranks: int
     spatial: tuple[int, int]
+    local_batch: int | None = None  # None: the size's
 
     @classmethod
     def parse(cls, text: str) -> "Case":
         try:
             ranks, parts = text.split(":")
+            parts, _, batch = parts.partition("@")
             pd, ph = parts.split("x")
-            case = cls(int(ranks), (int(pd), int(ph)))
+            case = cls(int(ranks), (int(pd), int(ph)), int(batch) if batch else None)
+            if case.local_batch is not None and case.local_batch < 1:
+                raise ValueError
         except ValueError:
-            raise argparse.ArgumentTypeError(f"case {text!r}: expected RANKS:PDxPH, e.g. 4:2x1") from None
+            raise argparse.ArgumentTypeError(f"case {text!r}: expected RANKS:PDxPH or RANKS:PDxPH@BATCH, e.g. 4:2x1 "
+                                             f"or 4:2x2@4") from None
         if case.ranks % (case.spatial[0] * case.spatial[1]):
             raise argparse.ArgumentTypeError(f"case {text!r}: {case.ranks} ranks are not divisible by "
                                              f"{case.spatial[0] * case.spatial[1]} spatial partitions")
@@ -71,7 +79,8 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.ranks}:{self.spatial[0]}x{self.spatial[1]}"
+        batch = f"@{self.local_batch}" if self.local_batch else ""
+        return f"{self.ranks}:{self.spatial[0]}x{self.spatial[1]}{batch}"
 
     @property
     def groups(self) -> int:
@@ -123,7 +132,7 @@ def peak_rss_mb() -> float:
 
 
 # ----------------------------------------------------------------------------- worker
-def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: str) -> None:
+def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: str, local_batch: int) -> None:
     """Build the app's model and steps for this case, time `steps` training steps, gather every rank's memory."""
     spec = SIZES[size]
     from common.runtime.config import load_config
@@ -131,13 +140,14 @@ def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: st
     from cosmoflow import train as app
     from cosmoflow.config import CosmoConfig
     cfg = load_config(REPO / spec.config, [f"parallel.spatial=[{spatial[0]},{spatial[1]}]",
-                                           f"train.local_batch_size={spec.local_batch}"], schema=CosmoConfig)
+                                           f"train.local_batch_size={local_batch}"], schema=CosmoConfig)
     dist = init_distributed(cfg.dist)
     strategy = app.strategy_for(cfg, dist)
     trainee = app.build(cfg, strategy)
     strategy.prepare(cfg)
     train = strategy.make_steps(trainee, dist, None).train
-    x, y = _batch(cfg, dist.rank) if strategy.reads else (None, None)
+    block = strategy.input_block if cfg.parallel.hybrid else None
+    x, y = _batch(cfg, strategy.input_dist.rank, block)
     built_rss = rss_mb()
     for _ in range(warmup):
         train(x, y)
@@ -156,17 +166,19 @@ def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: st
                         weight_bytes=4 * sum(int(np.prod(w.shape)) for w in trainee.model.trainable_weights))
 
 
-def _batch(cfg, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(rank)
-    shape = (cfg.train.local_batch_size, *cfg.model.input_shape)
-    x = np.log1p(rng.poisson(20, shape)).astype(np.float32)
-    return x, rng.uniform(-1, 1, (cfg.train.local_batch_size, cfg.model.target_size)).astype(np.float32)
+def _batch(cfg, replica: int, block) -> tuple[np.ndarray, np.ndarray]:
+    """What the input pipeline gives a rank: the batch (B, D, H, W, C), or only its block of it (B, d, h, W, C)
+    on the hybrid path; the targets of the replica's samples."""
+    rng = np.random.default_rng(replica)
+    y = rng.uniform(-1, 1, (cfg.train.local_batch_size, cfg.model.target_size)).astype(np.float32)
+    shape = block.shape(cfg.model.input_shape) if block else cfg.model.input_shape
+    return np.log1p(rng.poisson(20, (cfg.train.local_batch_size, *shape))).astype(np.float32), y
 
 
 # ----------------------------------------------------------------------------- driver
-def measure(size: str, case: Case, steps: int, warmup: int) -> dict:
+def measure(size: str, case: Case, steps: int, warmup: int, local_batch: int) -> dict:
     args = ["--size", size, "--spatial", f"{case.spatial[0]}x{case.spatial[1]}", "--steps", str(steps),
-            "--warmup", str(warmup)]
+            "--warmup", str(warmup), "--local-batch", str(local_batch)]
     res = run_worker(__file__, args, case.ranks, RESULTS_DIR / f".worker-mesh-{size}-{case.label.replace(':', '-')}.json",
                      f"{size}, {case.label} ({case.groups} group(s)): {warmup} warm-up + {steps} timed steps")
     median = float(np.median(res["step_seconds"]))
@@ -187,7 +199,7 @@ def case_record(run: dict) -> dict:
     """One entry of the result's `cases`: the figures a comparison needs, in a fixed form."""
     spatial = run["spatial"]
     return {"sample": run["input_shape"][0], "layout": "data" if spatial == [1, 1] else f"{spatial[0]}x{spatial[1]}",
-            "ranks": run["ranks"], "peak_rss_mb": run["peak_rss_mb_per_rank"],
+            "ranks": run["ranks"], "local_batch": run["local_batch"], "peak_rss_mb": run["peak_rss_mb_per_rank"],
             "samples_per_second": run["samples_per_second"]}
 
 
@@ -211,6 +223,7 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", type=Case.parse, default=[Case.parse(c) for c in DEFAULT_CASES])
     p.add_argument("--steps", type=int, help="timed steps per case (default: 10 mini, 3 full)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: 2 mini, 1 full)")
+    p.add_argument("--local-batch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", help=argparse.SUPPRESS)
     p.add_argument("--spatial", help=argparse.SUPPRESS)
@@ -218,14 +231,15 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         pd, ph = (int(v) for v in args.spatial.split("x"))
-        return worker(args.size, (pd, ph), args.steps, args.warmup, args.out)
+        return worker(args.size, (pd, ph), args.steps, args.warmup, args.out, args.local_batch)
     check_marked_section(DOC, BEGIN, END)
     print("sgemm ...", flush=True)
     gflops, started, runs = sgemm_gflops(), time.perf_counter(), []
     for size in args.sizes:
         spec = SIZES[size]
         for case in args.cases:
-            runs.append(measure(size, case, args.steps or spec.steps, args.warmup or spec.warmup))
+            runs.append(measure(size, case, args.steps or spec.steps, args.warmup or spec.warmup,
+                                case.local_batch or spec.local_batch))
             r = runs[-1]
             print(f"    {r['samples_per_second']:.2f} samples/s, step {r['median_step_seconds']:.3f} s, peak RSS "
                   f"{r['peak_rss_mb_max']:.0f} MB, loopback {r['loopback_mb_per_step']:.1f} MB/step", flush=True)

@@ -2,8 +2,9 @@
 
 With parallel.spatial = [pd, ph], P = pd * ph consecutive ranks form one group (group g holds ranks
 g*P .. g*P + P-1): the group's mesh splits each sample's cube into P blocks, one per rank. The groups are
-the data-parallel replicas: group g reads shard g of len(groups) of the data, through its first rank
-(the leader), which drives the group's Mesh-TF graph; the other ranks lend their devices.
+the data-parallel replicas: group g reads shard g of len(groups) of the data, every rank of it in the same
+order, each decoding only its block of every sample (`sample_block`); the group's first rank (the leader)
+drives the group's Mesh-TF graph.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class GroupLayout:
 
     @property
     def leader(self) -> int:
-        """The group's first rank: reads the group's data and drives its mesh."""
+        """The group's first rank: drives its mesh."""
         return self.group * self.group_size
 
     @property

@@ -30,6 +30,11 @@ def test_cases_parse_and_refuse_ranks_the_partitions_do_not_divide():
         mt.Case.parse("3:2x1")
     with pytest.raises(argparse.ArgumentTypeError, match=r"expected RANKS:PDxPH"):
         mt.Case.parse("4-2x1")
+    batched = mt.Case.parse("4:2x2@4")
+    assert (batched.spatial, batched.local_batch, batched.label) == ((2, 2), 4, "4:2x2@4")
+    assert mt.Case.parse("4:2x2").local_batch is None
+    with pytest.raises(argparse.ArgumentTypeError, match=r"RANKS:PDxPH@BATCH"):
+        mt.Case.parse("4:2x2@0")
 
 
 def test_loopback_and_memory_readings_are_live():
@@ -39,8 +44,8 @@ def test_loopback_and_memory_readings_are_live():
 
 
 def test_each_run_gives_a_case_record_in_the_issue_s_form():
-    run = {"input_shape": [128, 128, 128, 4], "spatial": [2, 2], "ranks": 4,
+    run = {"input_shape": [128, 128, 128, 4], "spatial": [2, 2], "ranks": 4, "local_batch": 4,
            "peak_rss_mb_per_rank": [1833.0, 1493.0, 1512.0, 1550.0], "samples_per_second": 0.32}
-    assert mt.case_record(run) == {"sample": 128, "layout": "2x2", "ranks": 4,
+    assert mt.case_record(run) == {"sample": 128, "layout": "2x2", "ranks": 4, "local_batch": 4,
                                    "peak_rss_mb": [1833.0, 1493.0, 1512.0, 1550.0], "samples_per_second": 0.32}
     assert mt.case_record({**run, "spatial": [1, 1]})["layout"] == "data"
