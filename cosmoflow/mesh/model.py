@@ -294,7 +294,7 @@ def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, source, targets,
         act = _conv_block(act, model, i, filters, keep_d, keep_h)
     x = _flatten(_merge_all(act))
     for i, units in enumerate(model.dense_units):
-        x = mtf.leaky_relu(_dense(x, units, f"dense{i + 1}"), alpha=model.leaky_slope)
+        x = _leaky_relu(_dense(x, units, f"dense{i + 1}"), model.leaky_slope)
         if training and model.dropout > 0:
             x = mtf.dropout(x, is_training=True, rate=model.dropout)
     outputs = mtf.tanh(_dense(x, model.target_size, "output")) * model.output_scale
@@ -345,7 +345,7 @@ def _conv_block(act: _Blocks, model: CosmoModelConfig, index: int, filters: int,
                                       filter_initializer=_UNSET, name=name)  # variable name/kernel
     with tf.compat.v1.variable_scope(name):
         x = x + mtf.get_variable(x.mesh, "bias", [out_dim], initializer=_UNSET)
-    act = _Blocks(mtf.leaky_relu(x, alpha=model.leaky_slope), act.d_blocks, act.h_blocks)
+    act = _Blocks(_leaky_relu(x, model.leaky_slope), act.d_blocks, act.h_blocks)
     if act.d_blocks is not None and not keep_d:
         act = _Blocks(_merge(act.x, act.d_blocks, "d"), None, act.h_blocks)
     if act.h_blocks is not None and not keep_h:
@@ -359,8 +359,51 @@ def _pool(x, model: CosmoModelConfig):
     for dim in x.shape.dims[-4:-1]:
         if dim.size % p:  # only whole (merged) dims get here: a split dim kept for pooling is divisible
             x = mtf.slice(x, 0, dim.size - dim.size % p, dim.name)
-    pool = mtf.layers.max_pool3d if model.pooling == "max" else mtf.layers.avg_pool3d
-    return pool(x, ksize=(p, p, p))
+    return _block_pool(x, p, model.pooling)
+
+
+# TensorFlow's own ops on each block, forward and backward: the fused LeakyReluGrad, MaxPool3DGrad and
+# AvgPool3DGrad, one tensor each, which is what the Keras model runs. Mesh-TF's own leaky_relu and pooling
+# build their gradients from element-wise ops, each as large as the activation (7 for leaky_relu, 5 for
+# max pooling), which held the split layers' memory far above 1/P; and its max pooling's gradient differs
+# from TensorFlow's at near-ties. The gradients are slicewise ops too, so each runs on its block's device
+# (Mesh-TF's default gradient of a slicewise op leaves the device unset).
+def _leaky_relu(x, alpha: float):
+    def grad(op, dy):
+        return [mtf.cwise(lambda g, f: tf.raw_ops.LeakyReluGrad(gradients=g, features=f, alpha=alpha),
+                          [dy, op.inputs[0]], name="leaky_relu_grad")]
+    return mtf.cwise(lambda t: tf.nn.leaky_relu(t, alpha=alpha), [x], grad_function=grad, name="leaky_relu")
+
+
+def _block_pool(x, p: int, kind: str):
+    """(.., d, h, w, c) -> (.., d/p, h/p, w/p, c) on every block; windows never straddle blocks (see `_pool`)."""
+    dims = x.shape.dims
+    outer, spatial, channels = dims[:-4], dims[-4:-1], dims[-1]
+    pooled = mtf.Shape(outer + [mtf.Dimension(d.name, d.size // p) for d in spatial] + [channels])
+    window = dict(ksize=[1, p, p, p, 1], strides=[1, p, p, p, 1], padding="VALID")
+
+    def five_d(fn):
+        """fn on (N, d, h, w, c) tensors, the leading (batch and blocks) dims folded into N and restored."""
+        def on_block(*ts):
+            lead = ts[0].shape.as_list()[:-4]
+            out = fn(*(tf.reshape(t, [-1, *t.shape.as_list()[-4:]]) for t in ts))
+            return tf.reshape(out, lead + out.shape.as_list()[1:])
+        return on_block
+
+    if kind == "max":
+        forward = five_d(lambda t: tf.nn.max_pool3d(t, **window))
+        backward = five_d(lambda t, y, g: tf.raw_ops.MaxPool3DGrad(orig_input=t, orig_output=y, grad=g, **window))
+    else:
+        forward = five_d(lambda t: tf.nn.avg_pool3d(t, **window))
+        backward = five_d(lambda t, g: tf.raw_ops.AvgPool3DGrad(orig_input_shape=tf.shape(t), grad=g, **window))
+
+    def grad(op, dy):
+        ins = [op.inputs[0], op.outputs[0], dy] if kind == "max" else [op.inputs[0], dy]
+        return [mtf.slicewise(backward, ins, output_shape=op.inputs[0].shape, splittable_dims=outer,
+                              grad_function=0, name=f"{kind}_pool3d_grad")]
+
+    return mtf.slicewise(forward, [x], output_shape=pooled, splittable_dims=outer, grad_function=grad,
+                         name=f"{kind}_pool3d")
 
 
 def _merge(x, blocks_dim, size_name: str):
