@@ -74,10 +74,14 @@ def keras_reference(cfg: CosmoModelConfig, batch: int, seed: int) -> Reference:
                        for w in model.get_weights()])
     images = rng.normal(0, 1, (batch, *cfg.input_shape)).astype(np.float32)
     targets = rng.uniform(-1, 1, (batch, cfg.target_size)).astype(np.float32)
-    with tf.GradientTape() as tape:
-        outputs = model(images, training=False)
-        loss = mse_loss(targets, outputs)
-    grads = tape.gradient(loss, model.trainable_weights)
+    @tf.function  # a graph, as the data-parallel path computes its gradients (oneDNN rewrites graphs' ops)
+    def forward_backward(x, y):
+        with tf.GradientTape() as tape:
+            out = model(x, training=False)
+            mse = mse_loss(y, out)
+        return out, mse, tape.gradient(mse, model.trainable_weights)
+
+    outputs, loss, grads = forward_backward(tf.constant(images), tf.constant(targets))
     return Reference([w.numpy() for w in model.trainable_weights], images, targets, outputs.numpy(),
                      float(loss), [g.numpy() for g in grads])
 

@@ -392,14 +392,17 @@ def _block_pool(x, p: int, kind: str):
 
     if kind == "max":
         forward = five_d(lambda t: tf.nn.max_pool3d(t, **window))
-        backward = five_d(lambda t, y, g: tf.raw_ops.MaxPool3DGrad(orig_input=t, orig_output=y, grad=g, **window))
+        # The pooled maximum is recomputed here (a fraction of the gradient's cost) so that MaxPool3DGrad takes
+        # it straight from a MaxPool3D: oneDNN then runs both (its rewrite needs that pair; TensorFlow's own
+        # CPU MaxPool3DGrad took a third of a 128^3 step).
+        backward = five_d(lambda t, g: tf.raw_ops.MaxPool3DGrad(orig_input=t, orig_output=tf.nn.max_pool3d(t, **window),
+                                                                grad=g, **window))
     else:
         forward = five_d(lambda t: tf.nn.avg_pool3d(t, **window))
         backward = five_d(lambda t, g: tf.raw_ops.AvgPool3DGrad(orig_input_shape=tf.shape(t), grad=g, **window))
 
     def grad(op, dy):
-        ins = [op.inputs[0], op.outputs[0], dy] if kind == "max" else [op.inputs[0], dy]
-        return [mtf.slicewise(backward, ins, output_shape=op.inputs[0].shape, splittable_dims=outer,
+        return [mtf.slicewise(backward, [op.inputs[0], dy], output_shape=op.inputs[0].shape, splittable_dims=outer,
                               grad_function=0, name=f"{kind}_pool3d_grad")]
 
     return mtf.slicewise(forward, [x], output_shape=pooled, splittable_dims=outer, grad_function=grad,

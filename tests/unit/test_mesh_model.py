@@ -188,11 +188,14 @@ def test_a_layout_that_splits_nothing_fails_the_split_check(rules):
 def records_4x4(tmp_path_factory) -> list[dict]:
     """Fugaku's partition: 16 virtual devices, depth and height each in 4 blocks of 8. Seed 0 holds near-ties
     in max-pooling windows, where TensorFlow's MaxPool3DGrad gives the gradient to several values (test
-    below); the mesh pools each block with the same op, so it agrees with Keras there too."""
+    below); the mesh pools each block with the same op, so it agrees with Keras there too. With oneDNN's ops, as
+    training runs (init_distributed sets TF_ENABLE_ONEDNN_OPTS=1): its max-pooling gradient is rewritten in both
+    graphs alike (the other cases run with this machine's default)."""
     out = tmp_path_factory.mktemp("mesh4x4") / "diffs.json"
     proc = run_cmd([sys.executable, "-m", "cosmoflow.mesh.check", "--devices", 16, "--spatial", "4x4",
                     "--pooling", "max", "avg", "--input-shape", *SPLIT_SHAPE, "--conv-filters", 4, 4, 8, 8,
-                    "--dense-units", 8, 4, "--batch", 2, "--seed", 0, "--out", out], timeout=300)
+                    "--dense-units", 8, 4, "--batch", 2, "--seed", 0, "--out", out], timeout=300,
+                   env={"TF_ENABLE_ONEDNN_OPTS": "1"})
     assert proc.returncode == 0, show(proc)
     return json.loads(out.read_text())
 
