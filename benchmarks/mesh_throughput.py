@@ -132,7 +132,7 @@ def peak_rss_mb() -> float:
 
 
 # ----------------------------------------------------------------------------- worker
-def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: str, local_batch: int) -> None:
+def worker(size: str, spatial: tuple[int, int], count: int, warmup: int, out: str, local_batch: int) -> None:
     """Build the app's model and steps for this case, time `steps` training steps, gather every rank's memory."""
     spec = SIZES[size]
     from common.runtime.config import load_config
@@ -145,7 +145,8 @@ def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: st
     strategy = app.strategy_for(cfg, dist)
     trainee = app.build(cfg, strategy)
     strategy.prepare(cfg)
-    train = strategy.make_steps(trainee, dist, None).train
+    steps = strategy.make_steps(trainee, dist, None)
+    train = steps.train
     block = strategy.input_block if cfg.parallel.hybrid else None
     x, y = _batch(cfg, strategy.input_dist.rank, block)
     built_rss = rss_mb()
@@ -153,12 +154,15 @@ def worker(size: str, spatial: tuple[int, int], steps: int, warmup: int, out: st
         train(x, y)
     dist.barrier()
     sent = loopback_bytes()
-    seconds = [timed(lambda: train(x, y)) for _ in range(steps)]
+    before = steps.phases() if steps.phases else {}
+    seconds = [timed(lambda: train(x, y)) for _ in range(count)]
     dist.barrier()
+    phases = {k: (v - before[k]) / count for k, v in steps.phases().items()} if steps.phases else None
     sent = loopback_bytes() - sent
     memory = dist.gather_object({"rank": dist.rank, "built_rss_mb": built_rss, "peak_rss_mb": peak_rss_mb()})
     model = cfg.model
-    write_worker_result(out, seconds, dist, memory=memory, loopback_bytes_per_step=sent / steps,
+    phases = dist.gather_object(phases)
+    write_worker_result(out, seconds, dist, memory=memory, loopback_bytes_per_step=sent / count, phases=phases,
                         groups=strategy.replicas, local_batch=cfg.train.local_batch_size,
                         input_shape=list(model.input_shape), conv_filters=list(model.conv_filters),
                         halo_bytes_per_sample=halo_bytes_per_sample(model.input_shape, model.conv_filters, spatial,
@@ -192,7 +196,9 @@ def measure(size: str, case: Case, steps: int, warmup: int, local_batch: int) ->
             "built_rss_mb_per_rank": [m["built_rss_mb"] for m in res["memory"]],
             "loopback_mb_per_step": res["loopback_bytes_per_step"] / 1e6,
             "halo_mb_per_sample_forward": res["halo_bytes_per_sample"] / 1e6,
-            "weight_mb": res["weight_bytes"] / 1e6}
+            "weight_mb": res["weight_bytes"] / 1e6,
+            # hybrid cases: each rank's mean seconds per timed step in each phase (cosmoflow/mesh/hybrid.py)
+            "phase_seconds_per_rank": res["phases"] if res["phases"] and res["phases"][0] else None}
 
 
 def case_record(run: dict) -> dict:
@@ -214,6 +220,20 @@ def table_rows(result: dict) -> list[str]:
                     f"{r['groups']} x {r['local_batch']} | {r['median_step_seconds']:.3f} | "
                     f"{r['samples_per_second']:.2f} | {peaks} | {r['loopback_mb_per_step']:.1f} | "
                     f"{r['halo_mb_per_sample_forward']:.1f} |")
+    rows += ["", "Where a hybrid step's time goes, on the group leader (rank 0) and, after the slash, the slowest "
+             "other rank: seconds per step writing the weights into its slices and the barrier after (sync), "
+             "queueing its block (put), the leader's mesh step, the gradient allreduce (the other ranks wait "
+             "there for the leader's step) and the SGD update.", "",
+             "| sample | ranks | spatial | groups x local batch | step (s) | sync | put | mesh | allreduce | update |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        if not r.get("phase_seconds_per_rank"):
+            continue
+        lead, others = r["phase_seconds_per_rank"][0], r["phase_seconds_per_rank"][1:]
+        cells = [f"{lead[k]:.2f} / {max(o[k] for o in others):.2f}" for k in
+                 ("sync", "put", "mesh", "allreduce", "update")]
+        rows.append(f"| {r['input_shape'][0]}^3 | {r['ranks']} | {r['spatial'][0]}x{r['spatial'][1]} | "
+                    f"{r['groups']} x {r['local_batch']} | {r['median_step_seconds']:.2f} | " + " | ".join(cells) + " |")
     return rows + [measured_note(result)]
 
 
@@ -237,9 +257,13 @@ def main() -> None:
     gflops, started, runs = sgemm_gflops(), time.perf_counter(), []
     for size in args.sizes:
         spec = SIZES[size]
+        done = set()
         for case in args.cases:
-            runs.append(measure(size, case, args.steps or spec.steps, args.warmup or spec.warmup,
-                                case.local_batch or spec.local_batch))
+            batch = case.local_batch or spec.local_batch
+            if (case.ranks, case.spatial, batch) in done:  # e.g. 4:2x2@4 at a size whose default batch is 4
+                continue
+            done.add((case.ranks, case.spatial, batch))
+            runs.append(measure(size, case, args.steps or spec.steps, args.warmup or spec.warmup, batch))
             r = runs[-1]
             print(f"    {r['samples_per_second']:.2f} samples/s, step {r['median_step_seconds']:.3f} s, peak RSS "
                   f"{r['peak_rss_mb_max']:.0f} MB, loopback {r['loopback_mb_per_step']:.1f} MB/step", flush=True)

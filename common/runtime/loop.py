@@ -70,6 +70,8 @@ class Steps:
     evaluate: Callable[[Any, Any], Any]  # (x, y) -> this rank's float32 sums [count, loss sum, metric sums ...]
     close: Callable[[], None] = lambda: None  # after the last step (e.g. closes sessions)
     stop: StopFlag | None = None  # the stop request train() allreduces with its gradients (None: it does not)
+    # Seconds this rank's training steps spent in each of their phases so far, for benchmarks (None: not kept).
+    phases: Callable[[], dict] | None = None
 
 
 # (trainee, dist, stop flag or None) -> Steps: built after the initial state is broadcast.

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import socket
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -192,7 +193,8 @@ def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, 
     evaluation `queues`); the stop request rides in the gradients' sum."""
     runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
     runner.stop, runner.slices, runner.blocks, runner.queues = stop, slices, blocks, queues
-    return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop)
+    return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop,
+                 phases=lambda: dict(runner.phases))
 
 
 class _HybridSteps:
@@ -213,21 +215,35 @@ class _HybridSteps:
         # What a rank that reads no data contributes: no gradient, and an empty batch to evaluate.
         self.no_gradients = [np.zeros(v.shape, np.float32) for v in variables]
         self.no_targets = np.zeros((0, model.output_shape[-1]), np.float32)
+        # Training steps' seconds by phase: the slices' write and barrier, queueing the block, the mesh step
+        # (the leader; the others' wait is in the allreduce), the allreduce, the update.
+        self.phases = dict.fromkeys(("sync", "put", "mesh", "allreduce", "update"), 0.0)
+        self.clock = time.perf_counter()
+
+    def _phase(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] += now - self.clock
+        self.clock = now
 
     def train(self, x, y) -> float:
         """One step: the group's gradients through the mesh, their mean over the groups, the same update everywhere."""
         import tensorflow as tf
+        self.clock = time.perf_counter()
         self.sync()
+        self._phase("sync")
         self.blocks.put(self.queues[0], x)  # this rank's block, on its own device for the leader's step
+        self._phase("put")
         if self.mesh is not None:
             session = self.mesh.session(self.mesh.train)
             result = self.mesh.train.step(session, None, np.asarray(y))
             grads, loss = result.gradients, result.loss
         else:
             grads, loss = self.no_gradients, 0.0
+        self._phase("mesh")
         # Summed over every rank = summed over the groups (the other ranks add zeros); the stop requests too.
         flags = [self.stop.local.read_value()] if self.stop is not None else []
         summed = self.dist.sum_grouped([tf.constant(g) for g in grads] + [tf.constant(loss, tf.float32)] + flags)
+        self._phase("allreduce")
         sums, loss_sum = summed[:len(grads)], summed[len(grads)]
         if flags:
             self.stop.agreed.assign(summed[-1])
@@ -238,6 +254,7 @@ class _HybridSteps:
             grads, loss = [g + p for g, p in zip(grads, penalty_grads)], loss + float(penalty)
         self.apply(grads)
         self.version += 1
+        self._phase("update")
         return loss
 
     def evaluate(self, x, y):
