@@ -12,14 +12,17 @@ each rank's write of the weights into its slices of the mesh and of its block in
 batches of log1p(Poisson) counts, each rank holding what its input pipeline would give it (the whole batch,
 or on the hybrid path its block of it); input I/O is not part of these figures. Sizes: `mini` is
 cosmo_mini.yaml (32^3 x 4, half width, local batch 4), `full` is cosmo.yaml (128^3 x 4, the reference
-network, local batch 1 by default to bound memory and time).
+network, local batch 1 by default to bound memory and time), `256` the reference network on 256^3 x 4
+(local batch 1).
 
 Recorded per case: the median step time on rank 0 (a group leader), samples/s over all groups, each
 rank's peak resident memory (getrusage) and its resident memory once the model and mesh were built,
 the bytes sent on the loopback interface during the timed steps, per step (machine-wide: Mesh-TF's gRPC
 transfers between the group's TensorFlow servers; Horovod's allreduce between ranks of one node was
 measured not to cross it, 0.0 MB/step on the data-parallel path), and, for the hybrid cases, the halo bytes per sample that conv3d_with_blocks must exchange (arithmetic, forward
-pass; the backward pass sends as many). Writes benchmarks/results/mesh_throughput.json (`cases`: one
+pass; the backward pass sends as many). Writes benchmarks/results/mesh_throughput.json (runs of the sizes
+not measured this time are kept, each size with the date and sgemm rate of its own invocation under
+`sizes`; `cases`: one
 {"sample", "layout" ("data" or "PDxPH"), "ranks", "peak_rss_mb" (one per rank), "samples_per_second"} per
 case; `runs`: everything measured) and the table between the markers in docs/performance.md.
 """
@@ -47,10 +50,14 @@ class Size:
     local_batch: int
     steps: int
     warmup: int
+    overrides: tuple[str, ...] = ()
 
 
 SIZES = {"mini": Size("cosmoflow/configs/cosmo_mini.yaml", 4, 10, 2),
-         "full": Size("cosmoflow/configs/cosmo.yaml", 1, 3, 1)}
+         "full": Size("cosmoflow/configs/cosmo.yaml", 1, 3, 1),
+         # The reference network on 256^3 x 4 samples (Oyama et al.'s reason to split: a sample too large for one
+         # rank); the dense layers grow with the flattened size.
+         "256": Size("cosmoflow/configs/cosmo.yaml", 1, 2, 1, ("model.input_shape=[256,256,256,4]",))}
 DEFAULT_CASES = ("2:1x1", "2:2x1", "4:1x1", "4:2x1", "4:4x1", "4:2x2")
 
 
@@ -140,7 +147,8 @@ def worker(size: str, spatial: tuple[int, int], count: int, warmup: int, out: st
     from cosmoflow import train as app
     from cosmoflow.config import CosmoConfig
     cfg = load_config(REPO / spec.config, [f"parallel.spatial=[{spatial[0]},{spatial[1]}]",
-                                           f"train.local_batch_size={local_batch}"], schema=CosmoConfig)
+                                           f"train.local_batch_size={local_batch}", *spec.overrides],
+                      schema=CosmoConfig)
     dist = init_distributed(cfg.dist)
     strategy = app.strategy_for(cfg, dist)
     trainee = app.build(cfg, strategy)
@@ -201,6 +209,19 @@ def measure(size: str, case: Case, steps: int, warmup: int, local_batch: int) ->
             "phase_seconds_per_rank": res["phases"] if res["phases"] and res["phases"][0] else None}
 
 
+def merged_result(path: Path, runs: list[dict], header: dict, sizes: list[str]) -> dict:
+    """The result file's content: this invocation's runs of `sizes`, plus the runs of the other sizes already in
+    `path` (each size's runs come from one invocation, whose header `sizes[size]` keeps)."""
+    import json
+    old = json.loads(path.read_text()) if path.exists() else {}
+    kept = [r for r in old.get("runs", []) if r["size"] not in sizes]
+    old_header = {k: old[k] for k in ("date", "machine", "sgemm_gflops", "total_seconds") if k in old}
+    headers = {r["size"]: old.get("sizes", {}).get(r["size"], old_header) for r in kept} | {s: header for s in sizes}
+    order = list(SIZES)
+    all_runs = sorted(kept + runs, key=lambda r: order.index(r["size"]))  # stable: cases keep their order
+    return {**header, "sizes": headers, "cases": [case_record(r) for r in all_runs], "runs": all_runs}
+
+
 def case_record(run: dict) -> dict:
     """One entry of the result's `cases`: the figures a comparison needs, in a fixed form."""
     spatial = run["spatial"]
@@ -234,7 +255,8 @@ def table_rows(result: dict) -> list[str]:
                  ("sync", "put", "mesh", "allreduce", "update")]
         rows.append(f"| {r['input_shape'][0]}^3 | {r['ranks']} | {r['spatial'][0]}x{r['spatial'][1]} | "
                     f"{r['groups']} x {r['local_batch']} | {r['median_step_seconds']:.2f} | " + " | ".join(cells) + " |")
-    return rows + [measured_note(result)]
+    notes = [f"{size}: " + measured_note(header).strip() for size, header in result.get("sizes", {}).items()]
+    return rows + ([""] + notes if notes else [measured_note(result)])
 
 
 def main() -> None:
@@ -267,8 +289,8 @@ def main() -> None:
             r = runs[-1]
             print(f"    {r['samples_per_second']:.2f} samples/s, step {r['median_step_seconds']:.3f} s, peak RSS "
                   f"{r['peak_rss_mb_max']:.0f} MB, loopback {r['loopback_mb_per_step']:.1f} MB/step", flush=True)
-    result = {**run_header(gflops), "total_seconds": time.perf_counter() - started,
-              "cases": [case_record(r) for r in runs], "runs": runs}
+    result = merged_result(RESULTS, runs, {**run_header(gflops), "total_seconds": time.perf_counter() - started},
+                           args.sizes)
     write_json_atomic(RESULTS, result)
     replace_marked_section(DOC, BEGIN, END, "\n".join(table_rows(result)))
     print(f"wrote {RESULTS} and the table in {DOC}")

@@ -49,3 +49,18 @@ def test_each_run_gives_a_case_record_in_the_issue_s_form():
     assert mt.case_record(run) == {"sample": 128, "layout": "2x2", "ranks": 4, "local_batch": 4,
                                    "peak_rss_mb": [1833.0, 1493.0, 1512.0, 1550.0], "samples_per_second": 0.32}
     assert mt.case_record({**run, "spatial": [1, 1]})["layout"] == "data"
+
+
+def test_a_run_of_some_sizes_keeps_the_other_sizes_runs_with_their_own_header(tmp_path):
+    import json
+    path = tmp_path / "mesh.json"
+    run = {"size": "full", "case": "2:1x1", "input_shape": [128, 128, 128, 4], "spatial": [1, 1], "ranks": 2,
+           "local_batch": 1, "peak_rss_mb_per_rank": [1.0, 2.0], "samples_per_second": 0.5}
+    old = {"date": "2026-11-20", "machine": "m", "sgemm_gflops": 100.0, "runs": [run, {**run, "size": "mini"}]}
+    path.write_text(json.dumps(old))
+    new = {**run, "size": "256", "input_shape": [256, 256, 256, 4]}
+    header = {"date": "2026-11-26", "machine": "m", "sgemm_gflops": 150.0}
+    result = mt.merged_result(path, [new, {**new, "size": "mini"}], header, ["256", "mini"])
+    assert [r["size"] for r in result["runs"]] == ["mini", "full", "256"]  # the sizes' order; old mini replaced
+    assert result["sizes"]["full"]["date"] == "2026-11-20" and result["sizes"]["256"]["date"] == "2026-11-26"
+    assert [c["sample"] for c in result["cases"]] == [256, 128, 256]
