@@ -64,3 +64,13 @@ def test_a_run_of_some_sizes_keeps_the_other_sizes_runs_with_their_own_header(tm
     assert [r["size"] for r in result["runs"]] == ["mini", "full", "256"]  # the sizes' order; old mini replaced
     assert result["sizes"]["full"]["date"] == "2026-11-20" and result["sizes"]["256"]["date"] == "2026-11-26"
     assert [c["sample"] for c in result["cases"]] == [256, 128, 256]
+
+
+def test_the_profile_sorts_ops_into_kinds_gradients_apart():
+    import mesh_profile as mp
+    assert mp.kind_of("_MklNativeConv3D") == "conv" and mp.kind_of("Conv3D") == "conv"
+    assert mp.kind_of("_MklNativeConv3DBackpropFilterV2") == "conv_grad_filter"
+    assert mp.kind_of("Conv3DBackpropInputV2") == "conv_grad_input"
+    assert mp.kind_of("_MklNativeMaxPool3DGrad") == "pool_grad" and mp.kind_of("_MklNativeMaxPool3D") == "pool"
+    assert mp.kind_of("LeakyReluGrad") == "leaky_relu_grad" and mp.kind_of("ConcatV2") == "halo_and_padding"
+    assert mp.kind_of("AddV2") == "other"
