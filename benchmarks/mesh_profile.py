@@ -11,7 +11,7 @@ copies, everything else). Compute time per device against the step's wall time s
 waits for its neighbours (the halo exchange joins the devices at every split layer, forward and backward)
 and for the leader's part. The data-parallel reference is the Keras model's forward and backward on the
 group's whole batch in a process pinned to one core (TensorFlow's "one intra-op thread" still runs ops in
-parallel: 7.8 s against 11.0 s pinned for 128^3, batch 4, measured here), so that core-seconds compare:
+parallel, so an unpinned process would take more than one core), so that core-seconds compare:
 the mesh's step times the cores its devices shared against the reference's step. No gRPC here: the
 multi-process figures, with the transfers between ranks, are mesh_throughput.py's. Writes
 benchmarks/results/mesh_profile.json.
@@ -25,11 +25,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 
-from harness import RESULTS_DIR, REPO, run_header, sgemm_gflops, write_json_atomic
+from harness import RESULTS_DIR, REPO, run_header, sgemm_gflops, timed, write_json_atomic
 
 RESULTS = RESULTS_DIR / "mesh_profile.json"
 CONFIGS = {"mini": "cosmoflow/configs/cosmo_mini.yaml", "full": "cosmoflow/configs/cosmo.yaml"}
@@ -72,7 +71,7 @@ def profile_mesh(model_cfg, spatial: tuple[int, int], batch: int, steps: int) ->
     mesh.initialize(session, _weights(model_cfg))
     x, y = _batch(model_cfg, batch)
     mesh.step(session, x, y)
-    seconds = [_timed(lambda: mesh.step(session, x, y)) for _ in range(steps)]
+    seconds = [timed(lambda: mesh.step(session, x, y)) for _ in range(steps)]
     metadata = tf.compat.v1.RunMetadata()
     session.run([mesh.outputs, mesh.loss, *mesh.gradients], feed_dict={mesh.images: x, mesh.targets: y},
                 options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
@@ -101,7 +100,7 @@ def profile_keras(model_cfg, batch: int, steps: int) -> dict:
         return tape.gradient(loss, model.trainable_weights)
 
     step()
-    seconds = [_timed(step) for _ in range(steps)]
+    seconds = [timed(step) for _ in range(steps)]
     return {"batch": batch, "step_seconds": seconds, "median_step_seconds": float(np.median(seconds))}
 
 
@@ -123,12 +122,6 @@ def _batch(model_cfg, batch: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     x = np.log1p(rng.poisson(20, (batch, *model_cfg.input_shape))).astype(np.float32)
     return x, rng.uniform(-1, 1, (batch, model_cfg.target_size)).astype(np.float32)
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def main() -> None:

@@ -71,11 +71,9 @@ class Shard:
 
 
 def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batch: int,
-                   dist: DistEnv, seed: int, read: bool = True, block: SampleBlock | None = None) -> Datasets:
+                   dist: DistEnv, seed: int, block: SampleBlock | None = None) -> Datasets:
     """Datasets for training and validation on this rank, checked against the manifest.
 
-    read=False: only the step counts of the shard, no input pipelines and no file opened but the
-    manifest (`Datasets.without_input`).
     block: decode and give only this block of every sample (a rank of a spatial group).
     """
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
@@ -85,8 +83,6 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
     if dist.rank == 0:
         _report_dropped(manifest, shards, dist.size)
-    if not read:
-        return Datasets.from_shards(None, None, shards[TRAIN], shards[VALIDATION], local_batch).without_input()
     paths = shard_paths(manifest, shards)
     loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION), files=paths)
     check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))

@@ -116,7 +116,7 @@ def input_pipeline(cfg: CosmoConfig, data_cfg, strategy: DataParallel, seed: int
     """This rank's input; on the hybrid path a group's ranks read the group's shard, each decoding its block."""
     block = strategy.input_block if cfg.parallel.hybrid else None
     return build_datasets(data_cfg, cfg.model.input_shape, cfg.train.local_batch_size, strategy.input_dist, seed,
-                          read=strategy.reads, block=block)
+                          block=block)
 
 
 def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:

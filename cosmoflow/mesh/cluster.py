@@ -41,6 +41,15 @@ class MeshCluster:
         """One CPU device per rank, in rank order: the mesh's device list."""
         return worker_devices(self.size)
 
+    @property
+    def own_device(self) -> str:
+        """This rank's device, where its weights' slices and its input blocks live."""
+        return self.devices[self.rank]
+
+    def own_config(self, threads: int = 0) -> Any:
+        """The session config of a session on this rank's server that touches only its own device."""
+        return session_config(threads, only_task=self.rank)
+
 
 def worker_devices(size: int) -> list[str]:
     return [f"/job:{JOB}/task:{i}/cpu:0" for i in range(size)]

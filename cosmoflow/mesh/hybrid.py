@@ -91,10 +91,8 @@ class HybridStrategy(DataParallel):
                 raise BenchError(f"the Keras model's weights {slices.names} are not the mesh's "
                                  f"{self.mesh.train.weight_names}: the slices every rank writes would not be the "
                                  f"ones the mesh reads")
-            blocks = OwnBlocks(sorted(set(self.queues)), {self.cluster.rank: (self.cluster.devices[self.cluster.rank],
-                                                                              self.block)},
-                               self.sample_shape, self.batch, self.cluster.target,
-                               session_config(dist.threads, only_task=self.cluster.rank))
+            blocks = OwnBlocks(sorted(set(self.queues)), {self.cluster.rank: (self.cluster.own_device, self.block)},
+                               self.sample_shape, self.batch, self.cluster.target, self.cluster.own_config(dist.threads))
             return hybrid_steps(trainee, dist, stop, layout=self.layout, mesh=self.mesh, slices=slices,
                                 blocks=blocks, queues=self.queues)
         return make
@@ -142,8 +140,7 @@ def own_slices(model: Any, cluster: MeshCluster, threads: int) -> OwnSlices:
     "conv1/kernel"), on its own device, written through its own server."""
     weights = model.trainable_weights
     return OwnSlices([w.path for w in weights], [tuple(w.shape) for w in weights],
-                     {cluster.rank: cluster.devices[cluster.rank]}, cluster.target,
-                     session_config(threads, only_task=cluster.rank))
+                     {cluster.rank: cluster.own_device}, cluster.target, cluster.own_config(threads))
 
 
 def free_port() -> int:
@@ -212,13 +209,13 @@ class _HybridSteps:
         variables = model.trainable_variables
         self.apply = tf.function(lambda grads: optimizer.apply_gradients(zip(grads, variables)))
         self.penalty = tf.function(lambda: _penalty_gradients(model)) if model.losses else None
-        # What a rank that reads no data contributes: no gradient, and an empty batch to evaluate.
+        # What a rank that does not drive the mesh contributes: no gradient, and an empty batch to evaluate.
         self.no_gradients = [np.zeros(v.shape, np.float32) for v in variables]
         self.no_targets = np.zeros((0, model.output_shape[-1]), np.float32)
         # Training steps' seconds by phase: the slices' write and barrier, queueing the block, the mesh step
         # (the leader; the others' wait is in the allreduce), the allreduce, the update.
         self.phases = dict.fromkeys(("sync", "put", "mesh", "allreduce", "update"), 0.0)
-        self.clock = time.perf_counter()
+        self.clock = 0.0  # when the phase being timed began (set at the start of each step)
 
     def _phase(self, name: str) -> None:
         now = time.perf_counter()
