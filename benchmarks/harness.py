@@ -56,16 +56,18 @@ def write_worker_result(out: str | Path, step_seconds: Sequence[float], dist, **
                                          "ranks": dist.size, **extra}))
 
 
-def run_worker(script: str | Path, args: Sequence[str], ranks: int, out: Path, label: str) -> dict:
+def run_worker(script: str | Path, args: Sequence[str], ranks: int, out: Path, label: str,
+               launcher: Sequence[str] = ()) -> dict:
     """Run `script --worker ARGS --out OUT` on `ranks` local ranks and return the JSON it wrote.
 
-    Prints `label` first; exits with the worker's output tail when it fails or writes nothing.
+    Prints `label` first; exits with the worker's output tail when it fails or writes nothing. `launcher`:
+    further horovodrun options (e.g. "--gloo").
     """
     out.unlink(missing_ok=True)  # a stale file must not pass for this run's figures
     cmd = [sys.executable, str(script), "--worker", *args, "--out", str(out)]
     if ranks > 1:
         horovodrun = Path(sys.executable).parent / "horovodrun"
-        cmd = [str(horovodrun), "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
+        cmd = [str(horovodrun), *launcher, "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
     print(f"  {label} ...", flush=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

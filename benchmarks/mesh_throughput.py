@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import time
 from pathlib import Path
@@ -139,15 +140,17 @@ def peak_rss_mb() -> float:
 
 
 # ----------------------------------------------------------------------------- worker
-def worker(size: str, spatial: tuple[int, int], count: int, warmup: int, out: str, local_batch: int) -> None:
-    """Build the app's model and steps for this case, time `steps` training steps, gather every rank's memory."""
+def worker(size: str, spatial: tuple[int, int], count: int, warmup: int, out: str, local_batch: int,
+           overrides: tuple[str, ...] = ()) -> None:
+    """Build the app's model and steps for this case, time `steps` training steps, gather every rank's memory
+    and CPU time (`overrides`: config settings after the case's own)."""
     spec = SIZES[size]
     from common.runtime.config import load_config
     from common.runtime.dist import init_distributed
     from cosmoflow import train as app
     from cosmoflow.config import CosmoConfig
     cfg = load_config(REPO / spec.config, [f"parallel.spatial=[{spatial[0]},{spatial[1]}]",
-                                           f"train.local_batch_size={local_batch}", *spec.overrides],
+                                           f"train.local_batch_size={local_batch}", *spec.overrides, *overrides],
                       schema=CosmoConfig)
     dist = init_distributed(cfg.dist)
     strategy = app.strategy_for(cfg, dist)
@@ -162,12 +165,15 @@ def worker(size: str, spatial: tuple[int, int], count: int, warmup: int, out: st
         train(x, y)
     dist.barrier()
     sent = loopback_bytes()
-    before = steps.phases() if steps.phases else {}
+    before, cpu_before = steps.phases() if steps.phases else {}, os.times()
     seconds = [timed(lambda: train(x, y)) for _ in range(count)]
+    cpu = os.times()
+    cpu = {"user": (cpu.user - cpu_before.user) / count, "system": (cpu.system - cpu_before.system) / count}
     dist.barrier()
     phases = {k: (v - before[k]) / count for k, v in steps.phases().items()} if steps.phases else None
     sent = loopback_bytes() - sent
-    memory = dist.gather_object({"rank": dist.rank, "built_rss_mb": built_rss, "peak_rss_mb": peak_rss_mb()})
+    memory = dist.gather_object({"rank": dist.rank, "built_rss_mb": built_rss, "peak_rss_mb": peak_rss_mb(),
+                                 "cpu_seconds_per_step": cpu})
     model = cfg.model
     phases = dist.gather_object(phases)
     write_worker_result(out, seconds, dist, memory=memory, loopback_bytes_per_step=sent / count, phases=phases,
@@ -188,11 +194,15 @@ def _batch(cfg, replica: int, block) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- driver
-def measure(size: str, case: Case, steps: int, warmup: int, local_batch: int) -> dict:
+def measure(size: str, case: Case, steps: int, warmup: int, local_batch: int, overrides: tuple[str, ...] = (),
+            launcher: tuple[str, ...] = ()) -> dict:
+    """One case's figures (`overrides`: config settings for the workers; `launcher`: horovodrun options)."""
     args = ["--size", size, "--spatial", f"{case.spatial[0]}x{case.spatial[1]}", "--steps", str(steps),
-            "--warmup", str(warmup), "--local-batch", str(local_batch)]
+            "--warmup", str(warmup), "--local-batch", str(local_batch), "--set", *overrides]
+    extra = f", {' '.join([*launcher, *overrides])}" if overrides or launcher else ""
     res = run_worker(__file__, args, case.ranks, RESULTS_DIR / f".worker-mesh-{size}-{case.label.replace(':', '-')}.json",
-                     f"{size}, {case.label} ({case.groups} group(s)): {warmup} warm-up + {steps} timed steps")
+                     f"{size}, {case.label} ({case.groups} group(s)){extra}: {warmup} warm-up + {steps} timed steps",
+                     launcher)
     median = float(np.median(res["step_seconds"]))
     peaks = [m["peak_rss_mb"] for m in res["memory"]]
     return {"size": size, "case": case.label, "ranks": case.ranks, "spatial": list(case.spatial),
@@ -202,6 +212,7 @@ def measure(size: str, case: Case, steps: int, warmup: int, local_batch: int) ->
             "samples_per_second": res["local_batch"] * res["groups"] / median,
             "peak_rss_mb_max": max(peaks), "peak_rss_mb_per_rank": peaks,
             "built_rss_mb_per_rank": [m["built_rss_mb"] for m in res["memory"]],
+            "cpu_seconds_per_step_per_rank": [m["cpu_seconds_per_step"] for m in res["memory"]],
             "loopback_mb_per_step": res["loopback_bytes_per_step"] / 1e6,
             "halo_mb_per_sample_forward": res["halo_bytes_per_sample"] / 1e6,
             "weight_mb": res["weight_bytes"] / 1e6,
@@ -270,10 +281,11 @@ def main() -> None:
     p.add_argument("--size", help=argparse.SUPPRESS)
     p.add_argument("--spatial", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--set", nargs="*", default=[], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         pd, ph = (int(v) for v in args.spatial.split("x"))
-        return worker(args.size, (pd, ph), args.steps, args.warmup, args.out, args.local_batch)
+        return worker(args.size, (pd, ph), args.steps, args.warmup, args.out, args.local_batch, tuple(args.set))
     check_marked_section(DOC, BEGIN, END)
     print("sgemm ...", flush=True)
     gflops, started, runs = sgemm_gflops(), time.perf_counter(), []

@@ -52,7 +52,10 @@ class DistConfig:
     inter_op_threads: int = 2
     onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS; TF 2.18 leaves it off on some x86 CPUs (4x slower Conv3D)
     fusion_threshold_mb: float = 64.0  # HOROVOD_FUSION_THRESHOLD
-    cycle_time_ms: float = 1.0  # HOROVOD_CYCLE_TIME
+    # HOROVOD_CYCLE_TIME. Each cycle Horovod's background thread coordinates with every rank, even with nothing
+    # to reduce; at 1 ms that took ~0.3 of a core per rank here and cost 2 ranks on 2 cores 1.3x at CosmoFlow
+    # 128^3 (docs/performance.md, "Horovod cycle time"); 10 ms adds at most 10 ms to an allreduce.
+    cycle_time_ms: float = 10.0
     hierarchical_allreduce: bool = False  # HOROVOD_HIERARCHICAL_ALLREDUCE
     hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER; None: as hierarchical_allreduce
     elastic: ElasticConfig = dataclasses.field(default_factory=ElasticConfig)

@@ -74,3 +74,20 @@ def test_the_profile_sorts_ops_into_kinds_gradients_apart():
     assert mp.kind_of("_MklNativeMaxPool3DGrad") == "pool_grad" and mp.kind_of("_MklNativeMaxPool3D") == "pool"
     assert mp.kind_of("LeakyReluGrad") == "leaky_relu_grad" and mp.kind_of("ConcatV2") == "halo_and_padding"
     assert mp.kind_of("AddV2") == "other"
+
+
+def test_cycle_table_compares_each_case_with_its_own_1ms_run():
+    import horovod_cycle as hc
+
+    def run(case, layout, controller, cycle, sps, size="full"):
+        return {"size": size, "case": case, "layout": layout, "controller": controller, "cycle_time_ms": cycle,
+                "ranks": 2, "local_batch": 4, "input_shape": [128, 128, 128, 4], "median_step_seconds": 8 / sps,
+                "samples_per_second": sps, "cpu_seconds_per_step_per_rank": [{"user": 1.0, "system": 0.25}] * 2}
+
+    result = {"date": "2026-11-26", "machine": "vm 2 cores", "sgemm_gflops": 100.0,
+              "runs": [run("2:1x1@4", "data", "mpi", 1, 0.5), run("2:1x1@4", "data", "mpi", 10, 0.6),
+                       run("2:2x1@4", "2x1", "mpi", 10, 0.4), run("2:1x1@4", "data", "gloo", 10, 0.7)]}
+    rows = hc.table_rows(result)
+    assert "| mpi | 10 | 13.333 | 0.60 | 1.20 | 1.00 + 0.25, 1.00 + 0.25 |" in rows[3]
+    assert "hybrid 2x1" in rows[4] and rows[4].split("|")[7].strip() == "-"  # no 1 ms run of that case
+    assert rows[5].split("|")[7].strip() == "-"  # gloo is not compared with mpi's 1 ms run
