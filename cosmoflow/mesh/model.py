@@ -6,7 +6,7 @@ so the Keras model's weights load unchanged and give the same outputs, loss and 
 Mesh axes: "b" (data parallel: the batch is split), "pd" (depth blocks) and "ph" (height blocks);
 `len(devices) = b * pd * ph`, devices in row-major order of (b, pd, ph). The activations are
 (batch, [d_blocks], [h_blocks], d, h, w, c); the blocks dimensions exist while a spatial size is split
-and map to "pd"/"ph". Each conv layer is `mtf.layers.conv3d_with_blocks` (halo exchange between
+and map to "pd"/"ph". Each conv layer is `_conv_with_halos` (halo exchange between
 neighbouring blocks). Pooling windows never straddle blocks when a block's size is a multiple of the
 pool size; when it is not, that split is merged first (an allconcat over the mesh axis; the merged
 dimension then stays whole), so pooling equals Keras' 'valid' pooling exactly. Before Flatten every
@@ -90,7 +90,8 @@ def check_partitioning(model: CosmoModelConfig, spatial: Sequence[int]) -> MeshL
 def check_kernel(model: CosmoModelConfig) -> None:
     if model.kernel_size % 2 == 0:
         raise BenchError(f"model.kernel_size {model.kernel_size}: the mesh model needs an odd kernel size "
-                         f"(conv3d_with_blocks pads both sides equally, like Keras 'same' only for odd kernels)")
+                         f"(a block's halo grows it by kernel // 2 planes on both sides, which matches Keras 'same' only "
+                         f"for odd kernels)")
 
 
 def pooling_splits(input_shape: Sequence[int], spatial: Sequence[int], blocks: int,
@@ -252,9 +253,9 @@ def lowered_convolutions(graph: Any) -> list[dict]:
 def planned_conv_inputs(model: CosmoModelConfig, spatial: Sequence[int], batch_splits: int,
                         batch_size: int) -> list[list[int]]:
     """Per conv layer, the input shape each device's convolution must get under `spatial` = (pd, ph):
-    (batch / batch_splits, depth block, height block, width, channels), each spatial size padded by the
-    kernel's halo on both sides (exchanged with the neighbouring blocks, or zeros at the cube's faces) while
-    any split remains; once none does, the convolution pads inside the op ('SAME') and gets the bare sizes."""
+    (batch / batch_splits, depth block, height block, width, channels), a split dimension grown by the
+    kernel's halo on both sides (exchanged with the neighbouring blocks, or zeros at the cube's faces); the
+    convolution pads the others inside the op ('SAME'), so they keep their bare sizes."""
     sizes, split = list(model.input_shape[:3]), [p > 1 for p in spatial]
     channels = [model.input_shape[3], *model.conv_filters[:-1]]
     shapes = []
@@ -262,8 +263,8 @@ def planned_conv_inputs(model: CosmoModelConfig, spatial: Sequence[int], batch_s
                                                   model.pool_size), channels):
         depth = sizes[0] // spatial[0] if split[0] else sizes[0]
         height = sizes[1] // spatial[1] if split[1] else sizes[1]
-        halo = 2 * (model.kernel_size // 2) if any(split) else 0
-        shapes.append([batch_size // batch_splits, depth + halo, height + halo, sizes[2] + halo, c])
+        halo = 2 * (model.kernel_size // 2)
+        shapes.append([batch_size // batch_splits, depth + halo * split[0], height + halo * split[1], sizes[2], c])
         split, sizes = [keep_d, keep_h], [size // model.pool_size for size in sizes]
     return shapes
 
@@ -307,7 +308,7 @@ def _import_blocks(mesh, source, layout: MeshLayout, input_shape: Sequence[int],
     """(B, D, H, W, C) -> mtf (batch, [d_blocks], [h_blocks], d, h, w, c), blocks dims only where split."""
     depth, height, width, channels = input_shape
     pd, ph = layout.spatial
-    # Unsplit blocks dims (size 1) are left out: conv3d_with_blocks then pads that dimension itself.
+    # Unsplit blocks dims (size 1) are left out: the convolution ('SAME') pads that dimension itself.
     d_blocks = mtf.Dimension("d_blocks", pd) if pd > 1 else None
     h_blocks = mtf.Dimension("h_blocks", ph) if ph > 1 else None
     dims = [mtf.Dimension("batch", batch), d_blocks, h_blocks, mtf.Dimension("d", depth // pd),
@@ -340,9 +341,7 @@ def _conv_block(act: _Blocks, model: CosmoModelConfig, index: int, filters: int,
     name = f"conv{index + 1}"
     out_dim = mtf.Dimension(f"c{index + 1}", filters)
     k = model.kernel_size
-    x = mtf.layers.conv3d_with_blocks(act.x, out_dim, filter_size=(k, k, k), padding="SAME",
-                                      d_blocks_dim=act.d_blocks, h_blocks_dim=act.h_blocks,
-                                      filter_initializer=_UNSET, name=name)  # variable name/kernel
+    x = _conv_with_halos(act, out_dim, k, name)
     with tf.compat.v1.variable_scope(name):
         x = x + mtf.get_variable(x.mesh, "bias", [out_dim], initializer=_UNSET)
     act = _Blocks(_leaky_relu(x, model.leaky_slope), act.d_blocks, act.h_blocks)
@@ -351,6 +350,23 @@ def _conv_block(act: _Blocks, model: CosmoModelConfig, index: int, filters: int,
     if act.h_blocks is not None and not keep_h:
         act = _Blocks(_merge(act.x, act.h_blocks, "h"), act.d_blocks, None)
     return _Blocks(_pool(act.x, model), act.d_blocks, act.h_blocks)
+
+
+def _conv_with_halos(act: _Blocks, out_dim, k: int, name: str):
+    """Conv3D 'same' on blocks: each split dimension's block gets its neighbours' halo planes, the convolution
+    runs with padding "SAME" on the grown block, and the halo planes' outputs are sliced off. Mesh-TF's
+    conv3d_with_blocks instead zero-pads every dimension and convolves "VALID", whose filter gradient oneDNN
+    computes at half the rate (benchmarks/conv_padding.py). The kernel variable is "<name>/kernel" either way."""
+    halo = k // 2
+    split = [(blocks, dim) for blocks, dim in ((act.d_blocks, act.x.shape.dims[-4]), (act.h_blocks, act.x.shape.dims[-3]))
+             if blocks is not None and halo]
+    x = act.x
+    for blocks, dim in split:
+        x = mtf.halo_exchange(x, blocks, dim, halo)
+    x = mtf.layers.conv3d(x, out_dim, filter_size=(k, k, k), padding="SAME", filter_initializer=_UNSET, name=name)
+    for _, dim in split:
+        x = mtf.slice(x, halo, dim.size, dim.name)
+    return x
 
 
 def _pool(x, model: CosmoModelConfig):

@@ -160,12 +160,13 @@ SPLIT_SHAPE = (32, 32, 16, 4)  # 4 and 4 blocks of 8, halved by each pooling: me
 @pytest.mark.parametrize("spatial", [(2, 1), (1, 2), (2, 2), (4, 1), (4, 4)])
 def test_every_split_convolution_runs_on_its_own_device_with_its_block(spatial):
     """Read from the lowered graph itself: each conv layer has one Conv3D per device, on distinct devices,
-    whose input is that device's block, e.g. [2, 2] on 32^2 x 16: (batch, 16 + 2, 16 + 2, 16 + 2, 4)."""
+    whose input is that device's block, e.g. [2, 2] on 32^2 x 16: (batch, 16 + 2, 16 + 2, 16, 4): halo planes in
+    the split dimensions only (the convolution pads the others itself, 'SAME')."""
     cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
     devices = [f"/job:worker/task:{i}/cpu:0" for i in range(spatial[0] * spatial[1])]
     mesh = build_mesh_model(cfg, devices, spatial, batch_size=2, training=True)
     planned = planned_conv_inputs(cfg, spatial, mesh.layout.batch_splits, 2)
-    assert planned[0] == [2, 32 // spatial[0] + 2, 32 // spatial[1] + 2, 18, 4]
+    assert planned[0] == [2, 32 // spatial[0] + 2 * (spatial[0] > 1), 32 // spatial[1] + 2 * (spatial[1] > 1), 16, 4]
     convolutions = lowered_convolutions(mesh.graph)
     import tensorflow as tf
     assert {c["device"] for c in convolutions} == {tf.DeviceSpec.from_string(d).to_string() for d in devices}
@@ -208,7 +209,7 @@ def test_a_4x4_split_over_16_devices_equals_keras_and_runs_split(records_4x4, po
     assert max(g["rel"] for g in r["gradients"]) <= 1e-4, r["gradients"]
     assert r["reference"]["loss"] > 1e-3 and min(r["reference"]["gradient_norms"]) > 1e-4
     assert split_problems(r["convolutions"], r["planned_conv_inputs"], 16) == []
-    assert r["planned_conv_inputs"][0] == [2, 10, 10, 18, 4]
+    assert r["planned_conv_inputs"][0] == [2, 10, 10, 16, 4]  # halos in depth and height; width whole
 
 
 def test_tensorflow_max_pool_3d_gradient_reaches_near_ties():
