@@ -13,7 +13,7 @@ from typing import Literal
 
 import yaml
 
-from common.runtime.config import build
+from common.runtime.config import DistConfig, build
 from common.base.errors import BenchError
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
@@ -35,7 +35,7 @@ class HorovodTuning:
     """Exported as HOROVOD_* and passed as the runs' dist.* settings (the config is what the run applies)."""
 
     fusion_threshold_mb: float = 64.0
-    cycle_time_ms: float = 10.0  # as DistConfig's default (why: common/runtime/config.py)
+    cycle_time_ms: float = DistConfig.cycle_time_ms  # why this default: common/runtime/config.py
     hierarchical_allreduce: bool = False
     hierarchical_allgather: bool = False
 

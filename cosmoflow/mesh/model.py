@@ -90,8 +90,8 @@ def check_partitioning(model: CosmoModelConfig, spatial: Sequence[int]) -> MeshL
 def check_kernel(model: CosmoModelConfig) -> None:
     if model.kernel_size % 2 == 0:
         raise BenchError(f"model.kernel_size {model.kernel_size}: the mesh model needs an odd kernel size "
-                         f"(a block's halo grows it by kernel // 2 planes on both sides, which matches Keras 'same' only "
-                         f"for odd kernels)")
+                         f"(a block's halo grows it by kernel // 2 planes on both sides, which matches Keras "
+                         f"'same' only for odd kernels)")
 
 
 def pooling_splits(input_shape: Sequence[int], spatial: Sequence[int], blocks: int,
@@ -358,8 +358,8 @@ def _conv_with_halos(act: _Blocks, out_dim, k: int, name: str):
     conv3d_with_blocks instead zero-pads every dimension and convolves "VALID", whose filter gradient oneDNN
     computes at half the rate (benchmarks/conv_padding.py). The kernel variable is "<name>/kernel" either way."""
     halo = k // 2
-    split = [(blocks, dim) for blocks, dim in ((act.d_blocks, act.x.shape.dims[-4]), (act.h_blocks, act.x.shape.dims[-3]))
-             if blocks is not None and halo]
+    d_dim, h_dim = act.x.shape.dims[-4:-2]
+    split = [(blocks, dim) for blocks, dim in ((act.d_blocks, d_dim), (act.h_blocks, h_dim)) if blocks is not None and halo]
     x = act.x
     for blocks, dim in split:
         x = mtf.halo_exchange(x, blocks, dim, halo)
