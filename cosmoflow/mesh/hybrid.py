@@ -10,7 +10,8 @@ work. Every rank keeps the Keras model and optimizer: after each step the
 leaders' gradients (zeros from the other ranks) are summed over all ranks in one Horovod allreduce and
 divided by the number of groups, and every rank applies the same SGD update, so the weights stay
 identical everywhere; each rank then writes them into the mesh's copy on its own device
-(cosmoflow/mesh/slices.py), and a barrier lets the leader's next step read them. Evaluation runs the
+(cosmoflow/mesh/slices.py) and tells the leader so through the group's cluster (`Handoff`), which the leader
+waits for before its next step reads them. Evaluation runs the
 mesh's forward pass on the leaders' validation shards; the metric is summed over ranks as usual.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from cosmoflow.data import SampleBlock
 from cosmoflow.mesh.blocks import OwnBlocks
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
 from cosmoflow.mesh.groups import GroupLayout, data_view, group_layout, sample_block
-from cosmoflow.mesh.slices import OwnSlices
+from cosmoflow.mesh.slices import Handoff, OwnSlices
 
 
 class HybridStrategy(DataParallel):
@@ -94,7 +95,7 @@ class HybridStrategy(DataParallel):
             blocks = OwnBlocks(sorted(set(self.queues)), {self.cluster.rank: (self.cluster.own_device, self.block)},
                                self.sample_shape, self.batch, self.cluster.target, self.cluster.own_config(dist.threads))
             return hybrid_steps(trainee, dist, stop, layout=self.layout, mesh=self.mesh, slices=slices,
-                                blocks=blocks, queues=self.queues)
+                                blocks=blocks, queues=self.queues, handoff=handoff(self.cluster, self.layout))
         return make
 
     def mlperf_keys(self) -> dict:
@@ -143,6 +144,13 @@ def own_slices(model: Any, cluster: MeshCluster, threads: int) -> OwnSlices:
                      {cluster.rank: cluster.own_device}, cluster.target, cluster.own_config(threads))
 
 
+def handoff(cluster: MeshCluster, layout: GroupLayout) -> Handoff:
+    """The wait after each write of the slices: the leader's session reaches its peers' devices, the others' only
+    their own."""
+    config = session_config(1) if layout.is_leader else cluster.own_config(1)
+    return Handoff(cluster.rank, cluster.devices, layout.is_leader, cluster.target, config)
+
+
 def free_port() -> int:
     """A port the OS has just handed out (released again for the TensorFlow server to bind)."""
     with socket.socket() as s:
@@ -184,12 +192,15 @@ class GroupMesh:
 
 # ---------------------------------------------------------------------------- steps
 def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, *, layout: GroupLayout,
-                 mesh: GroupMesh | None, slices: OwnSlices, blocks: OwnBlocks, queues: tuple[str, str]) -> Steps:
+                 mesh: GroupMesh | None, slices: OwnSlices, blocks: OwnBlocks, queues: tuple[str, str],
+                 handoff: Handoff | None = None) -> Steps:
     """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks; `slices` this
     rank's copy of the weights in the mesh, `blocks` its input's way there through the training and
-    evaluation `queues`); the stop request rides in the gradients' sum."""
+    evaluation `queues`, `handoff` the wait for the group's writes of the slices, None in a one-process
+    mesh); the stop request rides in the gradients' sum."""
     runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
     runner.stop, runner.slices, runner.blocks, runner.queues = stop, slices, blocks, queues
+    runner.handoff = handoff
     return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop,
                  phases=lambda: dict(runner.phases))
 
@@ -205,6 +216,7 @@ class _HybridSteps:
         self.stop: StopFlag | None = None
         self.slices: OwnSlices | None = None
         self.blocks: OwnBlocks | None = None
+        self.handoff: Handoff | None = None
         self.queues = ("train", "train")
         variables = model.trainable_variables
         self.apply = tf.function(lambda grads: optimizer.apply_gradients(zip(grads, variables)))
@@ -212,7 +224,7 @@ class _HybridSteps:
         # What a rank that does not drive the mesh contributes: no gradient, and an empty batch to evaluate.
         self.no_gradients = [np.zeros(v.shape, np.float32) for v in variables]
         self.no_targets = np.zeros((0, model.output_shape[-1]), np.float32)
-        # Training steps' seconds by phase: the slices' write and barrier, queueing the block, the mesh step
+        # Training steps' seconds by phase: the slices' write and handoff, queueing the block, the mesh step
         # (the leader; the others' wait is in the allreduce), the allreduce, the update.
         self.phases = dict.fromkeys(("sync", "put", "mesh", "allreduce", "update"), 0.0)
         self.clock = 0.0  # when the phase being timed began (set at the start of each step)
@@ -264,19 +276,21 @@ class _HybridSteps:
         return batch_sums(self.loss_fn, self.metric, np.asarray(y), self.mesh.evaluate.predict(session, None))
 
     def sync(self) -> None:
-        """After an update (collective: every rank calls it at the same steps): write this rank's slices of the
-        new weights, then wait for every rank's, which the leader's next mesh step reads."""
+        """After an update (every rank of a group calls it at the same steps): write this rank's slices of the
+        new weights; the leader then waits for its peers' writes, which its next mesh step reads. (Their next
+        writes wait for the gradients' allreduce, which waits for the leader's step: no write under a read.)"""
         if self.written == self.version:
             return
         from cosmoflow.mesh.model import keras_weights
         self.slices.write(keras_weights(self.model))
         self.written = self.version
-        self.dist.barrier()
+        if self.handoff is not None:
+            self.handoff()
 
     def close(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
-        for own in (self.slices, self.blocks):
+        for own in (self.slices, self.blocks, self.handoff):
             if own is not None:
                 own.close()
 

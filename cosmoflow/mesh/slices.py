@@ -6,6 +6,10 @@ session on that server sees it by name. So after each update every rank writes i
 slices on its own device, through a session on its own server (in-process: nothing crosses a socket), and
 the leader's next mesh step reads them there. Before, the leader copied every weight to every device at every
 step (35.6 MB per device at the reference size).
+
+`Handoff` tells the leader when its peers' writes are done: a token per write in a queue on each peer's device,
+which the leader takes before its next step, so the wait stays inside the group's own cluster (a Horovod barrier
+over all ranks costs at least one Horovod cycle per step).
 """
 from __future__ import annotations
 
@@ -54,6 +58,42 @@ class OwnSlices:
             raise BenchError(f"weights of shapes {[tuple(np.shape(w)) for w in weights]} given, the mesh's are "
                              f"{self.shapes}")
         self.session.run(self.assign, feed_dict=dict(zip(self.feeds, weights)))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def written_queue(pnum: int, device: str) -> Any:
+    """The queue on `device` where device number `pnum`'s rank puts a token after each write of its slices."""
+    import tensorflow as tf
+    with tf.device(device):
+        return tf.compat.v1.FIFOQueue(2, [tf.int32], shapes=[[]], shared_name=f"cosmoflow_slices_written_{pnum}",
+                                      name=f"slices_written_{pnum}")
+
+
+class Handoff:
+    """After each write of the slices (`OwnSlices.write`): a rank that does not drive the mesh says it is done,
+    the leader waits until each of its peers has said so; its next mesh step then reads the new weights."""
+
+    def __init__(self, own: int, devices: Sequence[str], leader: bool, target: str, config: Any):
+        """
+        Args:
+            own: this rank's device number in its group's mesh; devices: the group's devices, by number.
+            leader: this rank drives the mesh (it waits); otherwise it signals.
+            target, config: a session on this rank's server; the leader's must reach its peers' devices.
+        """
+        import tensorflow as tf
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            if leader:
+                self.ops = [written_queue(p, d).dequeue() for p, d in enumerate(devices) if p != own]
+            else:
+                self.ops = [written_queue(own, devices[own]).enqueue([0])]
+        self.session = tf.compat.v1.Session(target, graph=self.graph, config=config)
+
+    def __call__(self) -> None:
+        if self.ops:
+            self.session.run(self.ops)
 
     def close(self) -> None:
         self.session.close()

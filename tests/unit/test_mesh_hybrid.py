@@ -185,3 +185,31 @@ def test_with_dropout_training_masks_and_evaluation_sees_the_updated_weights_wit
     # Both graphs read the same slices (one write per update serves training and evaluation).
     assert slices.writes == 1 + 3
     steps.close()
+
+
+def test_the_leader_waits_for_each_peers_write_of_the_slices_and_only_for_that():
+    import threading
+    from cosmoflow.mesh.cluster import session_config
+    from cosmoflow.mesh.slices import Handoff
+    cluster = _server()  # its own: its queues start empty
+    devices = [cluster.devices[0]] * 3  # a group of three whose devices share this process's CPU
+    leader = Handoff(0, devices, True, cluster.target, session_config(1))
+    peers = [Handoff(p, devices, False, cluster.target, session_config(1)) for p in (1, 2)]
+    waited = threading.Event()
+    waiting = threading.Thread(target=lambda: (leader(), waited.set()), daemon=True)
+    waiting.start()
+    peers[0]()
+    assert not waited.wait(0.5)  # one peer has written, the other not yet
+    peers[1]()
+    assert waited.wait(10)
+    # One token per write: the leader's wait for the next version needs both peers' next writes again.
+    peers[0]()
+    waiting = threading.Thread(target=leader, daemon=True)
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()
+    peers[1]()
+    waiting.join(10)
+    assert not waiting.is_alive()
+    for handoff in (leader, *peers):
+        handoff.close()
