@@ -95,6 +95,12 @@ def test_even_kernel_is_refused():
         build_mesh_model(cfg, DEVICES, (2, 2), 1)
 
 
+def test_negative_leaky_slope_is_refused():
+    cfg = CosmoModelConfig(input_shape=SHAPE, conv_filters=FILTERS, leaky_slope=-0.1, dropout=0.0)
+    with pytest.raises(BenchError, match=r"model.leaky_slope -0.1: the mesh model needs a slope >= 0"):
+        build_mesh_model(cfg, DEVICES, (2, 2), 1)
+
+
 def test_weights_must_match_the_mesh_model():
     from cosmoflow.model import build_model
     cfg = CosmoModelConfig(input_shape=(16, 16, 16, 4), conv_filters=(4, 8), dense_units=(8,), dropout=0.0)
@@ -232,8 +238,9 @@ def test_tensorflow_max_pool_3d_gradient_reaches_near_ties():
 
 @pytest.mark.parametrize("pooling", ["max", "avg"])
 def test_the_backward_pass_uses_tensorflows_fused_gradients_on_every_block(pooling):
-    """LeakyReLU and pooling get their gradients from TensorFlow's one-tensor ops (LeakyReluGrad,
-    MaxPool3DGrad / AvgPool3DGrad) on each device, not from element-wise ops as large as the activation."""
+    """LeakyReLU, the conv layers' bias and pooling get their gradients from TensorFlow's one-tensor ops
+    (LeakyReluGrad, BiasAddGrad, MaxPool3DGrad / AvgPool3DGrad) on each device, not from element-wise ops as
+    large as the activation or a Sum over four axes."""
     cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0,
                            pooling=pooling)
     devices = [f"/job:worker/task:{i}/cpu:0" for i in range(4)]
@@ -246,6 +253,9 @@ def test_the_backward_pass_uses_tensorflows_fused_gradients_on_every_block(pooli
     relus = [op for op in ops if op.type == "LeakyReluGrad"]
     assert len(relus) >= 4 * len(cfg.conv_filters) and len({op.device for op in relus}) == 4
     assert not [op for op in ops if op.type in ("Equal", "Greater", "LessEqual")]
+    # Every conv layer's bias: one BiasAddGrad per batch entry on every device (batch 2).
+    bias_sums = [op for op in ops if op.type == "BiasAddGrad"]
+    assert len(bias_sums) == 4 * 2 * len(cfg.conv_filters) and len({op.device for op in bias_sums}) == 4
 
 
 def test_the_equivalence_cases_ran_split(records):
