@@ -253,7 +253,7 @@ def table_rows(result: dict) -> list[str]:
                     f"{r['samples_per_second']:.2f} | {peaks} | {r['loopback_mb_per_step']:.1f} | "
                     f"{r['halo_mb_per_sample_forward']:.1f} |")
     rows += ["", "Where a hybrid step's time goes, on the group leader (rank 0) and, after the slash, the slowest "
-             "other rank: seconds per step writing the weights into its slices and the barrier after (sync), "
+             "other rank: seconds per step writing the weights into its slices and, on the leader, waiting for its peers' writes (sync), "
              "queueing its block (put), the leader's mesh step, the gradient allreduce (the other ranks wait "
              "there for the leader's step) and the SGD update.", "",
              "| sample | ranks | spatial | groups x local batch | step (s) | sync | put | mesh | allreduce | update |",
