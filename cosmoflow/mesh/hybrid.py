@@ -199,8 +199,7 @@ def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, 
     evaluation `queues`, `handoff` the wait for the group's writes of the slices, None in a one-process
     mesh); the stop request rides in the gradients' sum."""
     runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
-    runner.stop, runner.slices, runner.blocks, runner.queues = stop, slices, blocks, queues
-    runner.handoff = handoff
+    runner.stop, runner.slices, runner.blocks, runner.queues, runner.handoff = stop, slices, blocks, queues, handoff
     return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop,
                  phases=lambda: dict(runner.phases))
 
