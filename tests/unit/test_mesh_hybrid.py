@@ -86,6 +86,45 @@ class CountingSlices:
         self.inner.close()
 
 
+class ResendingSession:
+    """A session whose first run fails as TensorFlow's worker fails a request gRPC resent (or with `message`)."""
+
+    def __init__(self, inner, message):
+        self.inner, self.message, self.failures = inner, message, 0
+
+    def run(self, *args, **kwargs):
+        import tensorflow as tf
+        if not self.failures:
+            self.failures += 1
+            raise tf.errors.AbortedError(None, None, self.message)
+        return self.inner.run(*args, **kwargs)
+
+
+@pytest.mark.parametrize("message, retried", [
+    ("From /job:worker/replica:0/task:2:\nThe same RunGraph (Worker) request was received twice. graph_handle", True),
+    ("Cleanup 1234", False)])
+def test_a_slices_write_refused_as_a_resent_request_is_written_again_and_nothing_else_is(cluster, message, retried):
+    """The write assigns the same values whichever copy of the request ran, so only that refusal is retried."""
+    import tensorflow as tf
+    from cosmoflow.mesh.cluster import session_config
+    from cosmoflow.mesh.slices import OwnSlices, slice_name
+    slices = OwnSlices(["w"], [(3,)], {5: cluster.devices[0]}, cluster.target, session_config(1))
+    session = slices.session
+    slices.session = ResendingSession(session, message)
+    value = np.array([1.0, 2.0, 3.0], np.float32)
+    if not retried:
+        with pytest.raises(tf.errors.AbortedError, match="Cleanup 1234"):
+            slices.write([value])
+        return
+    slices.write([value])
+    with slices.graph.as_default():
+        handle = slices.graph.get_tensor_by_name(f"{slice_name('w', 5)}:0")
+        read = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32)
+    assert slices.session.failures == 1
+    np.testing.assert_array_equal(session.run(read), value)
+    session.close()
+
+
 @pytest.fixture(scope="module")
 def group_mesh(cluster):
     from cosmoflow.mesh.model import build_mesh_model
