@@ -34,7 +34,9 @@ RESULTS = RESULTS_DIR / "mesh_profile.json"
 CONFIGS = {"mini": "cosmoflow/configs/cosmo_mini.yaml", "full": "cosmoflow/configs/cosmo.yaml"}
 KINDS = (("conv_grad_filter", ("Conv3DBackpropFilter",)), ("conv_grad_input", ("Conv3DBackpropInput",)),
          ("conv", ("Conv3D",)), ("pool", ("MaxPool3D", "AvgPool3D")),
-         ("leaky_relu", ("LeakyRelu",)), ("halo_and_padding", ("Pad", "ConcatV2", "Slice", "StridedSlice")))
+         ("halo_conv", ("Conv2D",)),  # the halo planes' share (cosmoflow/mesh/haloconv.py), forward and gradients
+         ("leaky_relu", ("LeakyRelu",)),
+         ("halo_and_padding", ("Pad", "ConcatV2", "Slice", "StridedSlice", "TensorScatterAdd")))
 
 
 def kind_of(op_type: str) -> str:

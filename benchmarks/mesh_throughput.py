@@ -101,7 +101,8 @@ def halo_bytes_per_sample(input_shape, filters, spatial, pool_size: int, kernel:
 
     Each conv layer whose input is split pd ways in depth sends, across each of the pd - 1 internal
     boundaries and in both directions, kernel // 2 planes of (height x width x channels); likewise for
-    height. Splits follow the mesh model's rule (cosmoflow.mesh.model.pooling_splits): a split is merged
+    height; with both split, each block also takes its diagonal neighbours' corner rows (kernel // 2 squared
+    rows of width x channels each). Splits follow the mesh model's rule (cosmoflow.mesh.model.pooling_splits): a split is merged
     before a pooling whose windows would straddle blocks and stays merged.
     """
     depth, height, width, channels = input_shape
@@ -113,10 +114,41 @@ def halo_bytes_per_sample(input_shape, filters, spatial, pool_size: int, kernel:
             total += 2 * (pd - 1) * halo * height * width * channels
         if split_h:
             total += 2 * (ph - 1) * halo * depth * width * channels
+        if split_d and split_h:
+            total += 4 * (pd - 1) * (ph - 1) * halo * halo * width * channels
         split_d = split_d and (depth // pd) % pool_size == 0
         split_h = split_h and (height // ph) % pool_size == 0
         depth, height, width, channels = depth // pool_size, height // pool_size, width // pool_size, f
     return 4 * total
+
+
+def conv_macs_ratio(input_shape, filters, spatial, pool_size: int, kernel: int) -> float:
+    """The conv layers' multiply-adds summed over a group's devices, against the whole cube's (one sample).
+
+    Per layer, each device convolves its block; with a kernel of 3 each neighbouring block's boundary plane
+    adds one kernel face (k^2 taps) over that plane (cosmoflow/mesh/haloconv.py); with another kernel the
+    blocks grow by their halos and their halo planes' outputs are computed too. A layer whose split was merged
+    runs on every device that shares the merged block. Same merge rule as `halo_bytes_per_sample`.
+    """
+    depth, height, width, channels = input_shape
+    pd, ph = spatial
+    split_d, split_h, done, whole_total = pd > 1, ph > 1, 0.0, 0.0
+    for f in filters:
+        taps = channels * f * width
+        whole = depth * height * taps * kernel ** 3
+        n_d, n_h = (pd if split_d else 1), (ph if split_h else 1)
+        if kernel == 3:
+            extra = (split_d * 2 * (pd - 1) * height + split_h * 2 * (ph - 1) * depth) * taps * kernel ** 2
+            layer = whole + extra
+        else:
+            halo = kernel // 2
+            layer = (depth + split_d * 2 * halo * pd) * (height + split_h * 2 * halo * ph) * taps * kernel ** 3
+        done += layer * (pd * ph) // (n_d * n_h)
+        whole_total += whole
+        split_d = split_d and (depth // pd) % pool_size == 0
+        split_h = split_h and (height // ph) % pool_size == 0
+        depth, height, width, channels = depth // pool_size, height // pool_size, width // pool_size, f
+    return done / whole_total
 
 
 def loopback_bytes() -> int:
@@ -181,6 +213,8 @@ def worker(size: str, spatial: tuple[int, int], count: int, warmup: int, out: st
                         input_shape=list(model.input_shape), conv_filters=list(model.conv_filters),
                         halo_bytes_per_sample=halo_bytes_per_sample(model.input_shape, model.conv_filters, spatial,
                                                                     model.pool_size, model.kernel_size),
+                        conv_macs_ratio=conv_macs_ratio(model.input_shape, model.conv_filters, spatial,
+                                                        model.pool_size, model.kernel_size),
                         weight_bytes=4 * sum(int(np.prod(w.shape)) for w in trainee.model.trainable_weights))
 
 
@@ -215,6 +249,7 @@ def measure(size: str, case: Case, steps: int, warmup: int, local_batch: int, ov
             "cpu_seconds_per_step_per_rank": [m["cpu_seconds_per_step"] for m in res["memory"]],
             "loopback_mb_per_step": res["loopback_bytes_per_step"] / 1e6,
             "halo_mb_per_sample_forward": res["halo_bytes_per_sample"] / 1e6,
+            "conv_macs_ratio": res["conv_macs_ratio"],
             "weight_mb": res["weight_bytes"] / 1e6,
             # hybrid cases: each rank's mean seconds per timed step in each phase (cosmoflow/mesh/hybrid.py)
             "phase_seconds_per_rank": res["phases"] if res["phases"] and res["phases"][0] else None}
@@ -243,7 +278,8 @@ def case_record(run: dict) -> dict:
 
 def table_rows(result: dict) -> list[str]:
     rows = ["| sample | ranks | spatial | groups x local batch | median step (s) | samples/s | "
-            "peak RSS per rank (MB) | loopback MB/step | halo MB/sample (fwd) |", "|---|---|---|---|---|---|---|---|---|"]
+            "peak RSS per rank (MB) | loopback MB/step | halo MB/sample (fwd) | conv MACs / cube's |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         shape = "x".join(str(s) for s in r["input_shape"][:3])
         spatial = "data parallel" if r["spatial"] == [1, 1] else f"{r['spatial'][0]}x{r['spatial'][1]}"
@@ -251,7 +287,7 @@ def table_rows(result: dict) -> list[str]:
         rows.append(f"| {shape} (filters {r['conv_filters'][0]}..{r['conv_filters'][-1]}) | {r['ranks']} | {spatial} | "
                     f"{r['groups']} x {r['local_batch']} | {r['median_step_seconds']:.3f} | "
                     f"{r['samples_per_second']:.2f} | {peaks} | {r['loopback_mb_per_step']:.1f} | "
-                    f"{r['halo_mb_per_sample_forward']:.1f} |")
+                    f"{r['halo_mb_per_sample_forward']:.1f} | {r.get('conv_macs_ratio', float('nan')):.2f} |")
     rows += ["", "Where a hybrid step's time goes, on the group leader (rank 0) and, after the slash, the slowest "
              "other rank: seconds per step writing the weights into its slices and, on the leader, waiting for its peers' writes (sync), "
              "queueing its block (put), the leader's mesh step, the gradient allreduce (the other ranks wait "

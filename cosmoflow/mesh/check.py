@@ -32,6 +32,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--input-shape", type=int, nargs=4, default=[16, 16, 16, 4], metavar=("D", "H", "W", "C"))
     p.add_argument("--conv-filters", type=int, nargs="+", default=[4, 8, 8])
     p.add_argument("--dense-units", type=int, nargs="+", default=[8, 4])
+    p.add_argument("--kernel-size", type=int, default=3,
+                   help="3 convolves halo planes as 2-D faces (haloconv); others as whole halo planes")
     p.add_argument("--batch", type=int, default=4, help="global batch size")
     p.add_argument("--threads", type=int, default=1, help="TensorFlow intra/inter-op threads per process")
     p.add_argument("--seed", type=int, default=0)
@@ -110,7 +112,8 @@ def run_cases(args: argparse.Namespace, devices: list[str], target: str, cpus: i
     records = []
     for pooling in args.pooling:
         cfg = CosmoModelConfig(input_shape=tuple(args.input_shape), conv_filters=tuple(args.conv_filters),
-                               dense_units=tuple(args.dense_units), pooling=pooling, dropout=0.0)
+                               dense_units=tuple(args.dense_units), pooling=pooling, dropout=0.0,
+                               kernel_size=args.kernel_size)
         ref = keras_reference(cfg, args.batch, args.seed)
         for spatial in map(parse_spatial, args.spatial):
             mesh = build_mesh_model(cfg, devices, spatial, args.batch, training=False,

@@ -6,8 +6,9 @@ so the Keras model's weights load unchanged and give the same outputs, loss and 
 Mesh axes: "b" (data parallel: the batch is split), "pd" (depth blocks) and "ph" (height blocks);
 `len(devices) = b * pd * ph`, devices in row-major order of (b, pd, ph). The activations are
 (batch, [d_blocks], [h_blocks], d, h, w, c); the blocks dimensions exist while a spatial size is split
-and map to "pd"/"ph". Each conv layer is `_conv_with_halos` (halo exchange between
-neighbouring blocks). Pooling windows never straddle blocks when a block's size is a multiple of the
+and map to "pd"/"ph". Each split conv layer convolves every block as it is and adds its neighbours'
+boundary planes' share (`haloconv.halo_conv3d`, kernel 3), or, for another kernel, convolves the block grown
+by its neighbours' halo planes (`_conv_with_halos`). Pooling windows never straddle blocks when a block's size is a multiple of the
 pool size; when it is not, that split is merged first (an allconcat over the mesh axis; the merged
 dimension then stays whole), so pooling equals Keras' 'valid' pooling exactly. Before Flatten every
 split is merged, so the flatten order is Keras' (d, h, w, c) row-major order, and the dense layers run
@@ -19,6 +20,7 @@ Graph mode only (tf.compat.v1): the model is built into its own `tf.Graph`, lowe
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,6 +28,7 @@ import tensorflow as tf
 
 from common.base.errors import BenchError
 from cosmoflow.config import CosmoModelConfig
+from cosmoflow.mesh import haloconv
 from cosmoflow.mesh.groups import whole_groups
 from cosmoflow.mesh.shim import import_mtf
 
@@ -225,7 +228,8 @@ def build_mesh_model(model: CosmoModelConfig, devices: Sequence[str], spatial: S
         targets = tf.compat.v1.placeholder(tf.float32, [batch_size, model.target_size], name="targets")
         mesh_graph = mtf.Graph()
         mesh = mtf.Mesh(mesh_graph, "cosmoflow")
-        outputs, loss = _forward(mesh, model, layout, source, targets, training)
+        # Halo planes without their outputs (cosmoflow/mesh/haloconv.py) need one block per device: the model's layout.
+        outputs, loss = _forward(mesh, model, layout, source, targets, training, planes=layout_rules == LAYOUT)
         variables = list(mesh_graph.trainable_variables)  # creation order = Keras weight order
         grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
         lowering = mtf.Lowering(mesh_graph, {mesh: mesh_impl})
@@ -247,18 +251,31 @@ def lowered_convolutions(graph: Any) -> list[dict]:
     """Every forward Conv3D of a lowered mesh graph: its layer ("conv1" ...), device and input shape.
 
     This is what TensorFlow will run, read from the graph itself: with the cube split, each device's
-    convolution gets its own block (plus halos), not the whole cube.
+    convolution gets its own block (bare with a kernel of 3, grown by its halos otherwise), not the whole cube.
     """
-    return [{"layer": op.name.split("/")[0], "device": op.device, "input_shape": op.inputs[0].shape.as_list()}
+    return [{"layer": _layer(op.name), "device": op.device, "input_shape": op.inputs[0].shape.as_list()}
             for op in graph.get_operations() if op.type == "Conv3D"]
+
+
+def lowered_faces(graph: Any) -> list[dict]:
+    """Every forward Conv2D of a lowered mesh graph: a neighbour's boundary plane meeting one face of a conv
+    layer's kernel on a device (`haloconv`), with its layer, device and input shape."""
+    return [{"layer": _layer(op.name), "device": op.device, "input_shape": op.inputs[0].shape.as_list()}
+            for op in graph.get_operations() if op.type == "Conv2D"]
+
+
+def _layer(op_name: str) -> str:
+    """"conv1" from "conv1/Conv3D" or "conv1_2/Conv2D" (TensorFlow numbers a name scope used before)."""
+    return re.sub(r"_\d+$", "", op_name.split("/")[0])
 
 
 def planned_conv_inputs(model: CosmoModelConfig, spatial: Sequence[int], batch_splits: int,
                         batch_size: int) -> list[list[int]]:
-    """Per conv layer, the input shape each device's convolution must get under `spatial` = (pd, ph):
-    (batch / batch_splits, depth block, height block, width, channels), a split dimension grown by the
-    kernel's halo on both sides (exchanged with the neighbouring blocks, or zeros at the cube's faces); the
-    convolution pads the others inside the op ('SAME'), so they keep their bare sizes."""
+    """Per conv layer, the input shape each device's Conv3D must get under `spatial` = (pd, ph):
+    (batch / batch_splits, depth block, height block, width, channels). With a kernel of 3 the block is bare
+    (its neighbours' planes enter through 2-D convolutions, `haloconv`); with another kernel a split dimension
+    is grown by the kernel's halo on both sides (exchanged with the neighbouring blocks, or zeros at the
+    cube's faces). The convolution pads the others inside the op ('SAME'), so they keep their bare sizes."""
     sizes, split = list(model.input_shape[:3]), [p > 1 for p in spatial]
     channels = [model.input_shape[3], *model.conv_filters[:-1]]
     shapes = []
@@ -266,7 +283,7 @@ def planned_conv_inputs(model: CosmoModelConfig, spatial: Sequence[int], batch_s
                                                   model.pool_size), channels):
         depth = sizes[0] // spatial[0] if split[0] else sizes[0]
         height = sizes[1] // spatial[1] if split[1] else sizes[1]
-        halo = 2 * (model.kernel_size // 2)
+        halo = 0 if model.kernel_size == haloconv.KERNEL else 2 * (model.kernel_size // 2)
         shapes.append([batch_size // batch_splits, depth + halo * split[0], height + halo * split[1], sizes[2], c])
         split, sizes = [keep_d, keep_h], [size // model.pool_size for size in sizes]
     return shapes
@@ -290,12 +307,13 @@ class _Queued:
     mesh_impl: Any
 
 
-def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, source, targets, training: bool):
-    """Mesh-TF ops from the images (a placeholder, or `_Queued` blocks) to (outputs, loss)."""
+def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, source, targets, training: bool, planes: bool):
+    """Mesh-TF ops from the images (a placeholder, or `_Queued` blocks) to (outputs, loss); `planes`: convolve
+    split blocks with `halo_conv3d` (else with whole halo planes, `_conv_with_halos`)."""
     act = _import_blocks(mesh, source, layout, model.input_shape, targets.shape.as_list()[0])
     plan = pooling_splits(model.input_shape, layout.spatial, len(model.conv_filters), model.pool_size)
     for i, (filters, (keep_d, keep_h)) in enumerate(zip(model.conv_filters, plan)):
-        act = _conv_block(act, model, i, filters, keep_d, keep_h)
+        act = _conv_block(act, model, i, filters, (keep_d, keep_h), planes)
     x = _flatten(_merge_all(act))
     for i, units in enumerate(model.dense_units):
         x = _leaky_relu(_dense(x, units, f"dense{i + 1}"), model.leaky_slope)
@@ -339,12 +357,17 @@ def _import_queued(mesh, source: _Queued, layout: MeshLayout, shape) -> Any:
 
 
 def _conv_block(act: _Blocks, model: CosmoModelConfig, index: int, filters: int,
-                keep_d: bool, keep_h: bool) -> _Blocks:
+                keep: tuple[bool, bool], planes: bool) -> _Blocks:
     """Conv3D 'same' + bias -> LeakyReLU -> pool, merging the splits that the pooling cannot keep."""
     name = f"conv{index + 1}"
     out_dim = mtf.Dimension(f"c{index + 1}", filters)
     k = model.kernel_size
-    x = _conv_with_halos(act, out_dim, k, name)
+    split = act.d_blocks is not None or act.h_blocks is not None
+    if planes and split and k == haloconv.KERNEL:
+        x = _conv_planes(act, out_dim, name)
+    else:
+        x = _conv_with_halos(act, out_dim, k, name)
+    keep_d, keep_h = keep
     with tf.compat.v1.variable_scope(name):
         bias = mtf.get_variable(x.mesh, "bias", [out_dim], initializer=_UNSET)
     act = _Blocks(_bias_leaky_relu(x, bias, model.leaky_slope), act.d_blocks, act.h_blocks)
@@ -355,8 +378,18 @@ def _conv_block(act: _Blocks, model: CosmoModelConfig, index: int, filters: int,
     return _Blocks(_pool(act.x, model), act.d_blocks, act.h_blocks)
 
 
+def _conv_planes(act: _Blocks, out_dim, name: str):
+    """Conv3D 'same' on blocks, each block as is plus its neighbours' boundary planes' share
+    (`haloconv.halo_conv3d`); the kernel variable is "<name>/kernel", as `mtf.layers.conv3d` names it."""
+    taps = [mtf.Dimension(n, haloconv.KERNEL) for n in ("fd", "fh", "fw")]
+    with tf.compat.v1.variable_scope(name):
+        kernel = mtf.get_variable(act.x.mesh, "kernel", taps + [act.x.shape.dims[-1], out_dim], initializer=_UNSET)
+    return haloconv.halo_conv3d(act.x, kernel, act.d_blocks, act.h_blocks, name)
+
+
 def _conv_with_halos(act: _Blocks, out_dim, k: int, name: str):
-    """Conv3D 'same' on blocks: each split dimension's block gets its neighbours' halo planes, the convolution
+    """Conv3D 'same' on blocks for kernels other than 3 (and layouts that do not put one block on each device):
+    each split dimension's block gets its neighbours' halo planes, the convolution
     runs with padding "SAME" on the grown block, and the halo planes' outputs are sliced off. Mesh-TF's
     conv3d_with_blocks instead zero-pads every dimension and convolves "VALID", whose filter gradient oneDNN
     computes at half the rate (benchmarks/conv_padding.py). The kernel variable is "<name>/kernel" either way."""

@@ -13,13 +13,26 @@ def test_halo_bytes_count_both_directions_of_every_internal_boundary_while_split
     # depth split in 2: layer 0 sends 1 plane of 8x8x2 each way; the 4-deep blocks pool, so layer 1
     # (4x4x4x3) is still split and sends 1 plane of 4x4x3 each way.
     assert mt.halo_bytes_per_sample((8, 8, 8, 2), (3, 5), (2, 1), pool_size=2, kernel=3) == 4 * (2 * 64 * 2 + 2 * 16 * 3)
-    # depth and height split: each split dimension's planes span the other, whole, dimensions.
-    assert mt.halo_bytes_per_sample((4, 4, 4, 1), (1, 1), (2, 2), pool_size=2, kernel=3) == 4 * ((32 + 32) + (8 + 8))
+    # depth and height split: each split dimension's planes span the other, whole, dimensions, and each of the
+    # 4 blocks takes one corner row (width x channels) from its diagonal neighbour.
+    assert mt.halo_bytes_per_sample((4, 4, 4, 1), (1, 1), (2, 2), pool_size=2, kernel=3) == 4 * ((32 + 32 + 16) + (8 + 8 + 8))
     # 3-deep blocks cannot pool by 2: the split is merged after layer 0 and layer 1 exchanges nothing.
     assert mt.halo_bytes_per_sample((6, 6, 6, 1), (1, 1), (2, 1), pool_size=2, kernel=3) == 4 * 2 * 36
     # a kernel of 5 sends two planes; 4 partitions have 3 internal boundaries; no split, no halo.
     assert mt.halo_bytes_per_sample((8, 8, 8, 1), (1,), (4, 1), pool_size=2, kernel=5) == 4 * 2 * 3 * 2 * 64
     assert mt.halo_bytes_per_sample((8, 8, 8, 1), (1,), (1, 1), pool_size=2, kernel=3) == 0
+
+
+def test_conv_macs_count_each_face_once_and_merged_layers_on_every_device():
+    # 4^3 x 1 -> 1 filter, depth in 2: the cube's 4*4*4*27 multiply-adds, plus one kernel face (9 taps) over a
+    # 4x4 plane for each of the 2 directions of the one internal boundary.
+    assert mt.conv_macs_ratio((4, 4, 4, 1), (1,), (2, 1), pool_size=2, kernel=3) == pytest.approx(1 + 2 * 16 * 9 / 1728)
+    # 3-deep blocks cannot pool by 2: layer 1 (3^3, merged) runs whole on both devices.
+    assert mt.conv_macs_ratio((6, 6, 6, 1), (1, 1), (2, 1), pool_size=2, kernel=3) == pytest.approx(
+        (216 * 27 + 2 * 36 * 9 + 2 * 27 * 27) / (216 * 27 + 27 * 27))
+    # another kernel: the blocks grow by their halos (2 planes each side for 5), and their outputs are computed.
+    assert mt.conv_macs_ratio((8, 8, 8, 1), (1,), (2, 1), pool_size=2, kernel=5) == pytest.approx((8 + 8) / 8)
+    assert mt.conv_macs_ratio((8, 8, 8, 1), (1, 1), (1, 1), pool_size=2, kernel=3) == 1.0
 
 
 def test_cases_parse_and_refuse_ranks_the_partitions_do_not_divide():

@@ -150,8 +150,9 @@ def test_hybrid_steps_train_and_evaluate_as_the_keras_steps(cluster, group_mesh)
     losses = []
     for x, y in _batches(3):
         losses.append((hybrid.train(x, y), float(plain.train(x, y))))
-        # The mesh holds the updated weights at the next step: evaluation sees them too.
-        np.testing.assert_allclose(hybrid.evaluate(x, y).numpy(), plain.evaluate(x, y).numpy(), rtol=1e-4)
+        # The mesh holds the updated weights at the next step: evaluation sees them too. After updates, float32
+        # sums in another order (the halo planes' share added apart) differ by up to 1.1e-4 relative.
+        np.testing.assert_allclose(hybrid.evaluate(x, y).numpy(), plain.evaluate(x, y).numpy(), rtol=3e-4)
     np.testing.assert_allclose(*zip(*losses), rtol=1e-4)
     assert losses[0][0] != losses[-1][0]  # the weights did change
     for mine, theirs in zip(model.get_weights(), reference.get_weights()):

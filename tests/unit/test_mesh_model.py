@@ -19,7 +19,7 @@ import pytest
 
 from common.base.errors import BenchError
 from cosmoflow.config import CosmoModelConfig
-from cosmoflow.mesh.model import (build_mesh_model, keras_weights, lowered_convolutions, plan_layout,
+from cosmoflow.mesh.model import (build_mesh_model, keras_weights, lowered_convolutions, lowered_faces, plan_layout,
                                   planned_conv_inputs, pooling_splits)
 from tests.conftest import run_cmd, show
 
@@ -166,17 +166,65 @@ SPLIT_SHAPE = (32, 32, 16, 4)  # 4 and 4 blocks of 8, halved by each pooling: me
 @pytest.mark.parametrize("spatial", [(2, 1), (1, 2), (2, 2), (4, 1), (4, 4)])
 def test_every_split_convolution_runs_on_its_own_device_with_its_block(spatial):
     """Read from the lowered graph itself: each conv layer has one Conv3D per device, on distinct devices,
-    whose input is that device's block, e.g. [2, 2] on 32^2 x 16: (batch, 16 + 2, 16 + 2, 16, 4): halo planes in
-    the split dimensions only (the convolution pads the others itself, 'SAME')."""
+    whose input is that device's bare block, e.g. [2, 2] on 32^2 x 16: (batch, 16, 16, 16, 4) (the convolution
+    pads it itself, 'SAME'); and one Conv2D per neighbouring block on the same device, whose input is that
+    neighbour's boundary plane (see the next test)."""
     cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
     devices = [f"/job:worker/task:{i}/cpu:0" for i in range(spatial[0] * spatial[1])]
     mesh = build_mesh_model(cfg, devices, spatial, batch_size=2, training=True)
     planned = planned_conv_inputs(cfg, spatial, mesh.layout.batch_splits, 2)
-    assert planned[0] == [2, 32 // spatial[0] + 2 * (spatial[0] > 1), 32 // spatial[1] + 2 * (spatial[1] > 1), 16, 4]
+    assert planned[0] == [2, 32 // spatial[0], 32 // spatial[1], 16, 4]
     convolutions = lowered_convolutions(mesh.graph)
     import tensorflow as tf
     assert {c["device"] for c in convolutions} == {tf.DeviceSpec.from_string(d).to_string() for d in devices}
     assert split_problems(convolutions, planned, len(devices)) == []
+
+
+@pytest.mark.parametrize("spatial", [(2, 1), (2, 2), (4, 1), (4, 4)])
+def test_each_device_convolves_its_neighbours_boundary_planes_and_nothing_more(spatial):
+    """conv1's halo share on each device: one Conv2D per neighbouring block (none beyond the cube's faces), whose
+    input is one plane: (batch, height block [+ 2 corner rows when height is split too], width, channels) from a
+    depth neighbour, (batch, depth block, width, channels) from a height neighbour."""
+    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
+    pd, ph = spatial
+    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(pd * ph)]
+    mesh = build_mesh_model(cfg, devices, spatial, batch_size=2, training=True)
+    faces = [f for f in lowered_faces(mesh.graph) if f["layer"] == "conv1"]
+    d, h = 32 // pd, 32 // ph
+    import tensorflow as tf
+    for i, device in enumerate(devices):
+        shapes = sorted(f["input_shape"] for f in faces if f["device"] == tf.DeviceSpec.from_string(device).to_string())
+        cd, ch = divmod(i, ph)
+        expected = ([[2, h + 2 * (ph > 1), 16, 4]] * ((cd > 0) + (cd < pd - 1)) +
+                    [[2, d, 16, 4]] * ((ch > 0) + (ch < ph - 1)))
+        assert shapes == sorted(expected), (device, shapes, expected)
+
+
+def test_no_block_op_is_left_to_the_sessions_default_device():
+    """An op without a device runs on the session's default task: a reshape of a block left unplaced sent every
+    block to the leader and back (382 MB per 128^3 step under [2,1]). Every op that touches blocks, planes or
+    their gradients is placed."""
+    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
+    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(4)]
+    mesh = build_mesh_model(cfg, devices, (2, 2), batch_size=2, training=True, input_queue="train")
+    kinds = {"Reshape", "StridedSlice", "ConcatV2", "TensorScatterAdd", "Conv2D", "Conv3D", "Conv2DBackpropInput",
+             "Conv2DBackpropFilter", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"}
+    ops = [op for op in mesh.graph.get_operations() if op.type in kinds]
+    assert {op.type for op in ops} >= {"TensorScatterAdd", "Conv2D", "Conv2DBackpropInput", "Reshape"}
+    assert [op.name for op in ops if not op.device] == []
+
+
+def test_kernel_5_convolves_whole_halo_planes_and_equals_keras(tmp_path):
+    """Another kernel than 3 takes the block-plus-halos convolution (two halo planes each side)."""
+    out = tmp_path / "diffs.json"
+    proc = run_cmd([sys.executable, "-m", "cosmoflow.mesh.check", "--devices", 4, "--spatial", "2x1", "2x2",
+                    "--pooling", "avg", "--input-shape", *SPLIT_SHAPE, "--conv-filters", 4, 8, "--dense-units", 8,
+                    "--kernel-size", 5, "--batch", 4, "--out", out], timeout=300)
+    assert proc.returncode == 0, show(proc)
+    for r in json.loads(out.read_text()):
+        assert r["outputs"]["rel"] <= 1e-5 and max(g["rel"] for g in r["gradients"]) <= 1e-4, r
+        assert split_problems(r["convolutions"], r["planned_conv_inputs"], 4) == []
+        assert r["planned_conv_inputs"][0][1] == 32 // r["spatial"][0] + 4 * (r["spatial"][0] > 1)
 
 
 @pytest.mark.parametrize("rules", ["batch:b", ""])
@@ -215,7 +263,7 @@ def test_a_4x4_split_over_16_devices_equals_keras_and_runs_split(records_4x4, po
     assert max(g["rel"] for g in r["gradients"]) <= 1e-4, r["gradients"]
     assert r["reference"]["loss"] > 1e-3 and min(r["reference"]["gradient_norms"]) > 1e-4
     assert split_problems(r["convolutions"], r["planned_conv_inputs"], 16) == []
-    assert r["planned_conv_inputs"][0] == [2, 10, 10, 16, 4]  # halos in depth and height; width whole
+    assert r["planned_conv_inputs"][0] == [2, 8, 8, 16, 4]  # the bare block; width whole
 
 
 def test_tensorflow_max_pool_3d_gradient_reaches_near_ties():
