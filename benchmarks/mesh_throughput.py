@@ -96,29 +96,34 @@ class Case:
 
 
 # ----------------------------------------------------------------------------- measurements (pure)
+def _conv_layers(input_shape, filters, spatial, pool_size: int):
+    """Per conv layer: its input (depth, height, width, channels), its filters, and whether depth and height
+    are split there, by the mesh model's rule (`pooling_splits`: a split is merged before a pooling whose
+    windows would straddle blocks and stays merged)."""
+    from cosmoflow.mesh.model import pooling_splits
+    depth, height, width, channels = input_shape
+    split = (spatial[0] > 1, spatial[1] > 1)
+    for f, keep in zip(filters, pooling_splits(input_shape, spatial, len(filters), pool_size)):
+        yield (depth, height, width, channels), f, split
+        split = keep
+        depth, height, width, channels = depth // pool_size, height // pool_size, width // pool_size, f
+
+
 def halo_bytes_per_sample(input_shape, filters, spatial, pool_size: int, kernel: int) -> int:
     """Bytes (float32) the forward pass's halo exchanges move for one sample.
 
     Each conv layer whose input is split pd ways in depth sends, across each of the pd - 1 internal
     boundaries and in both directions, kernel // 2 planes of (height x width x channels); likewise for
     height; with both split, each block also takes its diagonal neighbours' corner rows (kernel // 2 squared
-    rows of width x channels each). Splits follow the mesh model's rule (cosmoflow.mesh.model.pooling_splits): a split is merged
-    before a pooling whose windows would straddle blocks and stays merged.
+    rows of width x channels each). Splits as `_conv_layers`.
     """
-    depth, height, width, channels = input_shape
     pd, ph = spatial
-    split_d, split_h, total = pd > 1, ph > 1, 0
-    for f in filters:
-        halo = kernel // 2
-        if split_d:
-            total += 2 * (pd - 1) * halo * height * width * channels
-        if split_h:
-            total += 2 * (ph - 1) * halo * depth * width * channels
-        if split_d and split_h:
-            total += 4 * (pd - 1) * (ph - 1) * halo * halo * width * channels
-        split_d = split_d and (depth // pd) % pool_size == 0
-        split_h = split_h and (height // ph) % pool_size == 0
-        depth, height, width, channels = depth // pool_size, height // pool_size, width // pool_size, f
+    halo, total = kernel // 2, 0
+    for (depth, height, width, channels), _, (split_d, split_h) in _conv_layers(input_shape, filters, spatial,
+                                                                                pool_size):
+        total += split_d * 2 * (pd - 1) * halo * height * width * channels
+        total += split_h * 2 * (ph - 1) * halo * depth * width * channels
+        total += split_d * split_h * 4 * (pd - 1) * (ph - 1) * halo * halo * width * channels
     return 4 * total
 
 
@@ -128,26 +133,21 @@ def conv_macs_ratio(input_shape, filters, spatial, pool_size: int, kernel: int) 
     Per layer, each device convolves its block; with a kernel of 3 each neighbouring block's boundary plane
     adds one kernel face (k^2 taps) over that plane (cosmoflow/mesh/haloconv.py); with another kernel the
     blocks grow by their halos and their halo planes' outputs are computed too. A layer whose split was merged
-    runs on every device that shares the merged block. Same merge rule as `halo_bytes_per_sample`.
+    runs on every device that shares the merged block. Splits as `_conv_layers`.
     """
-    depth, height, width, channels = input_shape
     pd, ph = spatial
-    split_d, split_h, done, whole_total = pd > 1, ph > 1, 0.0, 0.0
-    for f in filters:
+    done = whole_total = 0.0
+    for (depth, height, width, channels), f, (split_d, split_h) in _conv_layers(input_shape, filters, spatial,
+                                                                                pool_size):
         taps = channels * f * width
         whole = depth * height * taps * kernel ** 3
-        n_d, n_h = (pd if split_d else 1), (ph if split_h else 1)
         if kernel == 3:
-            extra = (split_d * 2 * (pd - 1) * height + split_h * 2 * (ph - 1) * depth) * taps * kernel ** 2
-            layer = whole + extra
+            layer = whole + (split_d * 2 * (pd - 1) * height + split_h * 2 * (ph - 1) * depth) * taps * kernel ** 2
         else:
             halo = kernel // 2
             layer = (depth + split_d * 2 * halo * pd) * (height + split_h * 2 * halo * ph) * taps * kernel ** 3
-        done += layer * (pd * ph) // (n_d * n_h)
+        done += layer * (pd * ph) // ((pd if split_d else 1) * (ph if split_h else 1))
         whole_total += whole
-        split_d = split_d and (depth // pd) % pool_size == 0
-        split_h = split_h and (height // ph) % pool_size == 0
-        depth, height, width, channels = depth // pool_size, height // pool_size, width // pool_size, f
     return done / whole_total
 
 

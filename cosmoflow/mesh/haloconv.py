@@ -38,13 +38,15 @@ def halo_conv3d(x, kernel, d_blocks, h_blocks, name: str):
 
 
 class HaloConv3dOperation(mtf.Operation):
-    """The forward convolution; `faces` keeps, per device, the neighbours' planes it used (for the gradient)."""
+    """The forward convolution; `blocks_in` and `faces` keep, per device, its folded block and the neighbours'
+    planes it used (for the gradient)."""
 
     def __init__(self, x, kernel, d_blocks, h_blocks, name: str):
         super().__init__([x, kernel], name=name)
         self.blocks = (d_blocks, h_blocks)
         out = mtf.Shape(x.shape.dims[:-1] + [kernel.shape.dims[-1]])
         self._outputs = [mtf.Tensor(self, out, x.dtype)]
+        self.blocks_in: list = []
         self.faces: list[list[_Face]] = []
 
     def gradient(self, grad_ys):
@@ -52,7 +54,7 @@ class HaloConv3dOperation(mtf.Operation):
 
     def lower(self, lowering):
         mesh_impl = lowering.mesh_impl(self)
-        xs = _folded(mesh_impl, _slices(lowering, self.inputs[0]))
+        self.blocks_in = xs = _folded(mesh_impl, _slices(lowering, self.inputs[0]))
         ks = _slices(lowering, self.inputs[1])
         grid = _Grid(mesh_impl, self.blocks)
         self.faces = [_faces(grid, xs, p) for p in range(len(xs))]
@@ -78,7 +80,7 @@ class HaloConv3dGradOperation(mtf.Operation):
     def lower(self, lowering):
         mesh_impl = lowering.mesh_impl(self)
         x_t, k_t, dy_t = self.inputs
-        xs, dys = (_folded(mesh_impl, _slices(lowering, s)) for s in (x_t, dy_t))
+        xs, dys = self.forward.blocks_in, _folded(mesh_impl, _slices(lowering, dy_t))
         ks = _slices(lowering, k_t)
         dxs, dks, sent = [], [], [[] for _ in xs]
         for p, (x, k, dy) in enumerate(zip(xs, ks, dys)):
