@@ -249,10 +249,18 @@ class _HybridSteps:
             grads, loss = self.no_gradients, 0.0
         self._phase("mesh")
         # Summed over every rank = summed over the groups (the other ranks add zeros); the stop requests too.
+        # When the layout's ranks are the job's processes, each one's digest of its batch's targets rides along:
+        # a group whose ranks read different samples would train on blocks of different cubes, so it stops the
+        # run (`check_group_read_alike`). (A one-process mesh has one reader: nothing to compare.)
         flags = [self.stop.local.read_value()] if self.stop is not None else []
-        summed = self.dist.sum_grouped([tf.constant(g) for g in grads] + [tf.constant(loss, tf.float32)] + flags)
+        checked = self.dist.size == self.layout.size > 1
+        digests = [tf.constant(targets_digests(y, self.layout.rank, self.layout.size))] if checked else []
+        summed = self.dist.sum_grouped([tf.constant(g) for g in grads] + [tf.constant(loss, tf.float32)] + digests
+                                       + flags)
         self._phase("allreduce")
         sums, loss_sum = summed[:len(grads)], summed[len(grads)]
+        if checked:
+            check_group_read_alike(np.asarray(summed[len(grads) + 1]), self.layout, self.version)
         if flags:
             self.stop.agreed.assign(summed[-1])
         groups = float(self.layout.groups)
@@ -292,6 +300,30 @@ class _HybridSteps:
         for own in (self.slices, self.blocks, self.handoff):
             if own is not None:
                 own.close()
+
+
+def targets_digests(targets, rank: int, size: int) -> np.ndarray:
+    """(size,) float64: zeros but at `rank`, this rank's digest of its batch's targets (a weighted sum that
+    equal batches give bit for bit and different ones almost never do). Summed over the ranks, it holds
+    every rank's digest."""
+    y = np.asarray(targets, np.float64).ravel()
+    digests = np.zeros(size, np.float64)
+    digests[rank] = float(np.dot(y, 1.0 + np.sqrt(np.arange(y.size, dtype=np.float64) + 2.0)))
+    return digests
+
+
+def check_group_read_alike(digests: np.ndarray, layout: GroupLayout, step: int) -> None:
+    """Raise BenchError unless every group's ranks held the same targets (`targets_digests` summed over the
+    job's ranks; rank r is task r % group_size of group r // group_size)."""
+    per_group = np.asarray(digests).reshape(layout.groups, layout.group_size)
+    for group, row in enumerate(per_group):
+        if np.any(row != row[0]):
+            first = group * layout.group_size
+            raise BenchError(
+                f"training step {step}: the ranks {first}..{first + layout.group_size - 1} of spatial group "
+                f"{group} hold different samples (their batches' target digests {row.tolist()}); a group's "
+                f"ranks must read the group's shard in the same order, each decoding its block of the same "
+                f"samples")
 
 
 def _penalty_gradients(model):

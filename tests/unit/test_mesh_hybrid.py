@@ -253,3 +253,17 @@ def test_the_leader_waits_for_each_peers_write_of_the_slices_and_only_for_that()
     assert not waiting.is_alive()
     for handoff in (leader, *peers):
         handoff.close()
+
+
+def test_a_group_whose_ranks_hold_different_samples_stops_the_run_naming_its_ranks():
+    from cosmoflow.mesh.hybrid import check_group_read_alike, targets_digests
+    layout = GroupLayout(0, 4, (2, 1))  # 2 groups of 2 ranks
+    batch = np.arange(8, dtype=np.float32).reshape(2, 4) / 10
+    swapped = batch[::-1].copy()  # the same samples in another order are other batches for the mesh
+    same = sum(targets_digests(batch, rank, 4) for rank in range(4))
+    check_group_read_alike(same, layout, step=3)
+    assert np.count_nonzero(targets_digests(batch, 2, 4)) == 1
+    mixed = sum(targets_digests(b, rank, 4) for rank, b in enumerate([batch, batch, batch, swapped]))
+    with pytest.raises(BenchError, match=r"training step 3: the ranks 2\.\.3 of spatial group 1 hold different "
+                                         r"samples"):
+        check_group_read_alike(mixed, layout, step=3)
