@@ -303,12 +303,12 @@ class _HybridSteps:
 
 
 def targets_digests(targets, rank: int, size: int) -> np.ndarray:
-    """(size,) float64: zeros but at `rank`, this rank's digest of its batch's targets (a weighted sum that
-    equal batches give bit for bit and different ones almost never do). Summed over the ranks, it holds
-    every rank's digest."""
+    """(size,) float32 (the dtype of the allreduce it rides in): zeros but at `rank`, this rank's digest of its
+    batch's targets (a weighted sum that equal batches give bit for bit and different ones almost never do).
+    Summed over the ranks, it holds every rank's digest exactly."""
     y = np.asarray(targets, np.float64).ravel()
-    digests = np.zeros(size, np.float64)
-    digests[rank] = float(np.dot(y, 1.0 + np.sqrt(np.arange(y.size, dtype=np.float64) + 2.0)))
+    digests = np.zeros(size, np.float32)
+    digests[rank] = np.float32(np.dot(y, 1.0 + np.sqrt(np.arange(y.size, dtype=np.float64) + 2.0)))
     return digests
 
 
