@@ -29,6 +29,11 @@ class CosmoDataConfig(StagedDataConfig):
     # MLPerf wants), or drop its last (files mod ranks) files so that every rank reads as many (for odd rank
     # counts, and for elastic runs that shrink to any size; docs/faults.md).
     uneven_files: Literal["refuse", "drop"] = "refuse"
+    # On the spatial path (parallel.spatial): where a rank's block of each sample comes from. auto: the
+    # dataset's per-block records when `python -m data_prep cosmo-blocks` wrote them for this partitioning
+    # (<dir>/blocks_<pd>x<ph>/, each rank then reads 1/(pd*ph) of the bytes), else cut from the whole records;
+    # records: the per-block records or an error; whole: always cut from the whole records.
+    blocks: Literal["auto", "records", "whole"] = "auto"
 
     def __post_init__(self):
         super().__post_init__()
@@ -145,3 +150,7 @@ class CosmoConfig:
     mlperf: MlperfConfig = MlperfConfig()
     parallel: ParallelConfig = ParallelConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+
+    def __post_init__(self):
+        check(self.data.blocks != "records" or self.parallel.hybrid, "data.blocks", self.data.blocks,
+              "auto or whole without parallel.spatial (per-block records serve only a spatial split)")

@@ -22,7 +22,8 @@ from common.io.formats import TRAIN, VALIDATION
 from common.io.formats import cosmoflow as record_format
 from common.io.formats.cosmoflow import FORMAT
 from common.io.loader import checksums_wanted, resolve_loader
-from common.io.manifest import Manifest, check_shard_files, check_split_counts, load_manifest, record_bytes
+from common.io.manifest import (MANIFEST_NAME, Manifest, check_shard_files, check_split_counts, load_manifest,
+                                record_bytes, sha256_file)
 from common.io.sharding import dali_reader_sharding, local_files_dataset, node_share
 from common.runtime.dist import DistEnv
 from cosmoflow.config import CosmoDataConfig
@@ -78,8 +79,12 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     """
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
+    whole_shape, own = manifest.sample_shape, None
     if block is not None:
         block.check(manifest.sample_shape, str(manifest.root / "manifest.json"))
+        own = block_records(cfg.blocks, manifest, block)
+        if own is not None:  # the block's own records: read whole, they hold only the block
+            manifest, block = own, None
     shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
     if dist.rank == 0:
         _report_dropped(manifest, shards, dist.size)
@@ -93,7 +98,52 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     val = make(pipe, shards[VALIDATION], False, seed)
     datasets = Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch,
                                     record_bytes(manifest, only=paths), loader)
+    if own is not None:
+        fraction = float(np.prod(own.sample_shape) / np.prod(whole_shape))
+        return dataclasses.replace(datasets, decoded_fraction=fraction, block_records=True)
     return dataclasses.replace(datasets, decoded_fraction=block.fraction(manifest.sample_shape)) if block else datasets
+
+
+def block_records(mode: str, manifest: Manifest, block: SampleBlock) -> Manifest | None:
+    """The manifest of `block`'s own records (python -m data_prep cosmo-blocks), checked against the whole
+    dataset's `manifest`; None when `mode` (data.blocks) is "whole", or "auto" and they were not written."""
+    if mode == "whole":
+        return None
+    shape = manifest.sample_shape
+    d, h = block.shape(shape)[:2]
+    spatial, (i, j) = (shape[0] // d, shape[1] // h), (block.depth[0] // d, block.height[0] // h)
+    root = manifest.root / record_format.blocks_dir_name(spatial) / f"{i}_{j}"
+    if not (root / MANIFEST_NAME).is_file():
+        if mode == "records":
+            raise BenchError(f"data.blocks=records: no {root / MANIFEST_NAME}; write the per-block records with "
+                             f"`python -m data_prep cosmo-blocks --data {manifest.root} --spatial "
+                             f"{spatial[0]}x{spatial[1]}`, or set data.blocks=auto to cut blocks from the whole records")
+        return None
+    own = load_manifest(root, expected_format=FORMAT)
+    check_block_manifest(own, manifest, block)
+    return own
+
+
+def check_block_manifest(own: Manifest, whole: Manifest, block: SampleBlock) -> None:
+    """Refuse block records that are not `block` of the samples of `whole` in the same files and order."""
+    where, src = own.root / MANIFEST_NAME, own.source or {}
+    digest = sha256_file(whole.root / MANIFEST_NAME)
+    facts = [("source.kind", src.get("kind"), record_format.BLOCKS_KIND),
+             ("source.manifest_sha256", src.get("manifest_sha256"), digest),
+             ("source.depth", src.get("depth"), list(block.depth)),
+             ("source.height", src.get("height"), list(block.height)),
+             ("sample_shape", list(own.sample_shape), list(block.shape(whole.sample_shape)))]
+    for key, found, expected in facts:
+        if found != expected:
+            raise BenchError(f"{where}: {key} is {found!r}, expected {expected!r} for this rank's block of "
+                             f"{whole.root} (the blocks of another dataset, version or partitioning: rerun "
+                             f"python -m data_prep cosmo-blocks, or set data.blocks=whole)")
+    for name, split in whole.splits.items():
+        mine = own.splits.get(name)
+        layout = [(f.path, f.records) for f in split.files]
+        if mine is None or [(f.path, f.records) for f in mine.files] != layout:
+            raise BenchError(f"{where}: split {name!r} does not list {whole.root}'s {len(layout)} files with their "
+                             f"record counts in the same order; rerun python -m data_prep cosmo-blocks")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ COMMANDS = {
     "cosmo-synth": "data_prep.cosmo_synth",
     "cosmo-convert": "data_prep.cosmo_convert",
     "cosmo-released": "data_prep.released",
+    "cosmo-blocks": "data_prep.cosmo_blocks",
     "deepcam-synth": "data_prep.climate_synth",
     "deepcam-stats": "data_prep.climate_stats",
     "deepcam-convert": "data_prep.deepcam_convert",

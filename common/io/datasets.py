@@ -26,6 +26,7 @@ class Datasets:
     loader: str = ""  # the input pipeline that reads them: tfdata or dali
     val_rank_samples: int = 0  # this rank's samples per evaluation (its last batch may be partial)
     decoded_fraction: float = 1.0  # the share of every sample this rank decodes (its block on a spatial group)
+    block_records: bool = False  # its block's own records (data_prep cosmo-blocks): bytes read fall with the split
 
     @classmethod
     def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0,

@@ -74,7 +74,8 @@ def planned_reads(data: Datasets, history: list[dict], reads: bool = True) -> di
     read = int((train_records + val_records) * data.record_bytes)
     return {"train_records": train_records, "eval_records": val_records, "bytes": read,
             "files_opened": round(passes * data.train_files) + evaluations * data.val_files,
-            "decoded_fraction": data.decoded_fraction if reads else 0.0}
+            "decoded_fraction": data.decoded_fraction if reads else 0.0,
+            "block_records": data.block_records if reads else False}
 
 
 def io_report(counters: IOCounters, staging: StageResult | None, history: list[dict], dist) -> dict:

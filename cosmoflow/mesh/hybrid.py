@@ -22,6 +22,7 @@ import hashlib
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -121,10 +122,30 @@ def check_hybrid(cfg: Any, size: int) -> None:
         raise BenchError(f"data.stage_mode node_share with parallel.spatial {list(cfg.parallel.spatial)}: a "
                          f"group's ranks read the group's files in the same order, which node_share's division "
                          f"between a node's ranks does not give; use data.stage_mode node or rank")
+    check_block_records(cfg.data, tuple(cfg.parallel.spatial))
     if cfg.train.precision != "float32" or cfg.train.jit_compile:
         raise BenchError(f"train.precision={cfg.train.precision}, train.jit_compile={cfg.train.jit_compile} with "
                          f"parallel.spatial {list(cfg.parallel.spatial)}: the Mesh-TF path computes in float32 "
                          f"graphs of its own; use train.precision=float32 and train.jit_compile=false")
+
+
+def check_block_records(data: Any, spatial: tuple[int, int]) -> None:
+    """data.blocks=records: every block's records must be there (python -m data_prep cosmo-blocks), and read in
+    place (staging copies the whole records only). Raises BenchError."""
+    if data.blocks != "records":
+        return
+    from common.io.formats.cosmoflow import blocks_dir_name
+    if data.stage_dir:
+        raise BenchError(f"data.blocks=records with data.stage_dir {data.stage_dir!r}: staging copies the whole "
+                         f"records, not the per-block ones; read the blocks in place (no data.stage_dir) or set "
+                         f"data.blocks=auto to cut blocks from the staged whole records")
+    root = Path(data.dir) / blocks_dir_name(spatial)
+    missing = [f"{i}_{j}" for i in range(spatial[0]) for j in range(spatial[1])
+               if not (root / f"{i}_{j}" / "manifest.json").is_file()]
+    if missing:
+        raise BenchError(f"data.blocks=records: {root} lacks the blocks {missing} of parallel.spatial "
+                         f"{list(spatial)}; write them with `python -m data_prep cosmo-blocks --data {data.dir} "
+                         f"--spatial {spatial[0]}x{spatial[1]}`")
 
 
 # ---------------------------------------------------------------------------- the group's cluster and mesh

@@ -132,6 +132,23 @@ def test_check_hybrid_refuses_node_share_staging():
     check_hybrid(_cfg((2, 1), stage_dir="/tmp/x", stage_mode="node"), 4)
 
 
+def test_check_hybrid_wants_every_blocks_records_read_in_place(tmp_path):
+    (tmp_path / "blocks_2x2" / "0_0").mkdir(parents=True)
+    (tmp_path / "blocks_2x2" / "0_0" / "manifest.json").write_text("{}")
+    with pytest.raises(BenchError, match=r"blocks_2x2 lacks the blocks \['0_1', '1_0', '1_1'\] of parallel.spatial "
+                                         r"\[2, 2\]; write them with `python -m data_prep cosmo-blocks --data "):
+        check_hybrid(_cfg((2, 2), dir=str(tmp_path), blocks="records"), 4)
+    with pytest.raises(BenchError, match=r"data.blocks=records with data.stage_dir '/tmp/x': staging copies the "
+                                         r"whole records"):
+        check_hybrid(_cfg((2, 2), dir=str(tmp_path), blocks="records", stage_dir="/tmp/x"), 4)
+    check_hybrid(_cfg((2, 2), dir=str(tmp_path), blocks="auto"), 4)  # auto: cut from the whole records if need be
+
+
+def test_block_records_without_a_spatial_split_are_refused():
+    with pytest.raises(BenchError, match=r"data.blocks.*records.*auto or whole without parallel.spatial"):
+        _cfg((1, 1), blocks="records")
+
+
 def test_check_hybrid_refuses_an_even_kernel():
     cfg = _cfg((2, 1))
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kernel_size=4))

@@ -48,6 +48,23 @@ RELEASED_IGNORED_DIRS = ("test",)  # listed in the v2 release's description; no 
 LOG1P = "log1p"  # the transform input_stats describe
 
 
+# Per-block records for the spatial path (data_prep/cosmo_blocks.py): block (i, j) of a dataset's samples for
+# parallel.spatial [pd, ph] is a dataset of its own in <dataset>/blocks_<pd>x<ph>/<i>_<j>/, its manifest's
+# source.kind BLOCKS_KIND.
+BLOCKS_KIND = "cosmoflow-blocks"
+
+
+def blocks_dir_name(spatial: Sequence[int]) -> str:
+    """The directory below a dataset that holds its blocks for `spatial` = (pd, ph): blocks_<pd>x<ph>."""
+    return f"blocks_{spatial[0]}x{spatial[1]}"
+
+
+def block_rows(shape: Sequence[int], spatial: Sequence[int], i: int, j: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((depth start, stop), (height start, stop)) of block (i, j) of a sample of `shape` split `spatial`."""
+    d, h = shape[0] // spatial[0], shape[1] // spatial[1]
+    return (i * d, (i + 1) * d), (j * h, (j + 1) * h)
+
+
 def released_file_name(parent: str, universe: str, sub_cube: int) -> str:
     """The name prepare.py gives sub-cube `sub_cube` (C order over the grid of cubes) of universe file
     `parent/universe.hdf5`: `<parent>_<universe>_<sub_cube:03d>.tfrecord`."""
