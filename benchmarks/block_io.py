@@ -1,6 +1,6 @@
 """Bytes read and decode rate of one rank of a CosmoFlow spatial group: whole records against per-block records.
 
-    python benchmarks/block_io.py --data DIR [--spatial 2x1 2x2 4x1] [--loader dali] [--batch 8]
+    python benchmarks/block_io.py --data DIR [--spatial 2x1 2x2 4x1] [--loaders tfdata dali] [--batch 8]
         [--batches 64] [--warmup 8]
 
 For each partitioning, the per-block records are written first when DIR lacks them (`python -m data_prep
@@ -12,8 +12,10 @@ every task's block has the same size) and pulls --warmup batches, then times --b
     whole    the block cut from the whole records (data.blocks=whole)
     records  the block's own records (data.blocks=records)
 
-Each case records the bytes its process read (/proc/self/io rchar, page cache included) per sample over the
-timed batches, and samples per second. The records are read once before each measurement, so they come
+Each case runs with each loader and records samples per second, the mean record size the manifest gives for
+the files it reads, and the bytes its process read (/proc/self/io rchar, page cache included) per sample over
+the timed batches. DALI maps the files into memory (mmap), which rchar does not count: its rchar is left out
+of the table, and tf.data's (read calls) is the measured figure. The records are read once before each measurement, so they come
 from the page cache, as staged data does. Writes benchmarks/results/block_io.json and the table between the
 markers in docs/performance.md, both with this invocation's runs only.
 """
@@ -36,17 +38,18 @@ from common.base.version import code_version
 RESULTS = RESULTS_DIR / "block_io.json"
 BEGIN, END = "<!-- block-io:begin -->", "<!-- block-io:end -->"
 CONFIG = REPO / "cosmoflow/configs/cosmo_mini.yaml"
+CODE_PATHS = ("common", "cosmoflow", "data_prep", "benchmarks/block_io.py")  # what the measured pipelines run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="a cosmoflow-tfrecord dataset (e.g. the demo's mini one)")
     p.add_argument("--spatial", nargs="+", default=["2x1", "2x2", "4x1"], help="partitionings DxH")
-    p.add_argument("--loader", choices=["tfdata", "dali"], default="dali")
+    p.add_argument("--loaders", nargs="+", choices=["tfdata", "dali"], default=["tfdata", "dali"])
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--batches", type=int, default=64)
     p.add_argument("--warmup", type=int, default=8)
-    p.add_argument("--worker", nargs=2, metavar=("SPATIAL", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", nargs=3, metavar=("SPATIAL", "MODE", "LOADER"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -56,13 +59,12 @@ def main(argv=None) -> int:
         return worker(args, *args.worker)
     check_marked_section(DOC, BEGIN, END)
     result = run_header(sgemm_gflops()) | {
-        "code": code_version(REPO), "data": str(args.data), "loader": args.loader, "batch": args.batch,
+        "code": code_version(CODE_PATHS), "data": str(args.data), "loaders": args.loaders, "batch": args.batch,
         "batches": args.batches, "blocks_written": [], "cases": []}
-    result["cases"].append(measure(args, "1x1", "data"))
     for spatial in args.spatial:
         result["blocks_written"] += ensure_blocks(args.data, spatial)
-        for mode in ("whole", "records"):
-            result["cases"].append(measure(args, spatial, mode))
+    for spatial, mode in [("1x1", "data")] + [(s, m) for s in args.spatial for m in ("whole", "records")]:
+        result["cases"].append({loader: measure(args, spatial, mode, loader) for loader in args.loaders})
     write_json_atomic(RESULTS, result)
     replace_marked_section(DOC, BEGIN, END, table(result))
     print(table(result))
@@ -79,18 +81,17 @@ def ensure_blocks(data: Path, spatial: str) -> list[dict]:
     return [{"spatial": spatial, "seconds": time.perf_counter() - t0}]
 
 
-def measure(args: argparse.Namespace, spatial: str, mode: str) -> dict:
+def measure(args: argparse.Namespace, spatial: str, mode: str, loader: str) -> dict:
     """One case in a fresh process (its own read counters), after the files it reads sit in the page cache."""
     warm_cache(args.data if mode != "records" else args.data / f"blocks_{spatial}" / "0_0")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--data", str(args.data), "--loader", args.loader,
-           "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
-           "--worker", spatial, mode]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--data", str(args.data), "--batch", str(args.batch),
+           "--batches", str(args.batches), "--warmup", str(args.warmup), "--worker", spatial, mode, loader]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "2"})
     if proc.returncode != 0:
-        raise SystemExit(f"block_io worker {spatial} {mode} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"block_io worker {spatial} {mode} {loader} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     case = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"{spatial} {mode}: {case['bytes_per_sample'] / 1e3:.1f} kB/sample, {case['samples_per_second']:.0f} "
-          f"samples/s", flush=True)
+    print(f"{spatial} {mode} {loader}: {case['record_bytes'] / 1e3:.1f} kB/record, rchar "
+          f"{case['bytes_per_sample'] / 1e3:.1f} kB/sample, {case['samples_per_second']:.0f} samples/s", flush=True)
     return case
 
 
@@ -101,7 +102,7 @@ def warm_cache(root: Path) -> None:
                 pass
 
 
-def worker(args: argparse.Namespace, spatial_text: str, mode: str) -> int:
+def worker(args: argparse.Namespace, spatial_text: str, mode: str, loader: str) -> int:
     os.sched_setaffinity(0, {0})  # one core, before TensorFlow starts its threads
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     import tensorflow as tf
@@ -117,7 +118,7 @@ def worker(args: argparse.Namespace, spatial_text: str, mode: str) -> int:
     spatial = tuple(int(p) for p in spatial_text.split("x"))
     blocks = "whole" if mode in ("data", "whole") else "records"
     shape = ",".join(map(str, load_manifest(args.data).sample_shape))  # the dataset's samples, whatever their size
-    cfg = load_config(str(CONFIG), [f"data.dir={args.data}", f"data.loader={args.loader}", "data.read_threads=1",
+    cfg = load_config(str(CONFIG), [f"data.dir={args.data}", f"data.loader={loader}", "data.read_threads=1",
                                     f"data.blocks={blocks}", f"parallel.spatial=[{spatial[0]},{spatial[1]}]",
                                     f"model.input_shape=[{shape}]", "model.conv_filters=[4]"],  # no model is built
                       CosmoConfig)
@@ -131,7 +132,7 @@ def worker(args: argparse.Namespace, spatial_text: str, mode: str) -> int:
         x, _y = next(batches)
     seconds, after = time.perf_counter() - t0, read_proc_io()
     samples = args.batches * args.batch
-    print(json.dumps({"spatial": spatial_text, "mode": mode, "block_shape": list(x.shape[1:]),
+    print(json.dumps({"spatial": spatial_text, "mode": mode, "loader": loader, "block_shape": list(x.shape[1:]),
                       "block_records": data.block_records, "decoded_fraction": data.decoded_fraction,
                       "bytes_per_sample": (after["rchar"] - before["rchar"]) / samples,
                       "record_bytes": data.record_bytes, "seconds": seconds, "samples_per_second": samples / seconds}))
@@ -139,22 +140,31 @@ def worker(args: argparse.Namespace, spatial_text: str, mode: str) -> int:
 
 
 def table(result: dict) -> str:
-    data = next(c for c in result["cases"] if c["mode"] == "data")
-    rows = ["| layout | reads | sample handed on | bytes read per sample | of the whole sample's | samples/s (1 core) "
-            "| against the whole sample's |", "|---|---|---|---|---|---|---|"]
+    """Rows per case; bytes from tf.data's read calls and the manifests, rates of every loader measured."""
+    loaders = result["loaders"]
+    first = result["cases"][0]
+    base = {loader: first[loader] for loader in loaders}
+    header = ("| layout | reads | sample handed on | record kB per sample | of the whole's | tf.data rchar kB per sample | "
+              + " | ".join(f"{loader} samples/s (1 core)" for loader in loaders) + " |")
+    rows = [header, "|" + "---|" * (6 + len(loaders))]
     names = {"data": "whole records, whole sample", "whole": "whole records, block cut",
              "records": "the block's own records"}
-    for c in result["cases"]:
-        rows.append(f"| {'data' if c['mode'] == 'data' else c['spatial']} | {names[c['mode']]} | "
-                    f"{' x '.join(map(str, c['block_shape']))} | {c['bytes_per_sample'] / 1e3:,.1f} kB | "
-                    f"{c['bytes_per_sample'] / data['bytes_per_sample']:.2f} | {c['samples_per_second']:,.0f} | "
-                    f"{c['samples_per_second'] / data['samples_per_second']:.2f}x |")
+    for case in result["cases"]:
+        any_run = case[loaders[0]]
+        rchar = f"{case['tfdata']['bytes_per_sample'] / 1e3:,.1f}" if "tfdata" in case else ""
+        rates = " | ".join(f"{case[loader]['samples_per_second']:,.0f} "
+                           f"({case[loader]['samples_per_second'] / base[loader]['samples_per_second']:.2f}x)"
+                           for loader in loaders)
+        rows.append(f"| {'data' if any_run['mode'] == 'data' else any_run['spatial']} | {names[any_run['mode']]} | "
+                    f"{' x '.join(map(str, any_run['block_shape']))} | {any_run['record_bytes'] / 1e3:,.1f} | "
+                    f"{any_run['record_bytes'] / base[loaders[0]]['record_bytes']:.2f} | {rchar} | {rates} |")
     written = "; ".join(f"{w['spatial']} {w['seconds']:.0f} s" for w in result["blocks_written"])
-    notes = [f"\nData: {result['data']} ({result['loader']}, batch {result['batch']}, {result['batches']} timed "
-             f"batches after the warm-up, from the page cache; task 0's block).",
-             f"Per-block records written by this run: {written}." if written else
+    notes = [f"\nData: {result['data']} (batch {result['batch']}, {result['batches']} timed batches after the warm-up, "
+             f"from the page cache; task 0's block). Rates in brackets: against the whole sample's with that loader.",
+             f"Per-block records written by this run (`data_prep cosmo-blocks`, 2 workers): {written}." if written else
              "Per-block records were already there (written by an earlier run).",
-             measured_note(result).strip() + f" Code {result['code']}."]
+             measured_note(result).strip() + f" Code {result['code']['commit'][:7]}"
+             f"{' with changes' if result['code']['modified'] else ''}."]
     return "\n".join(rows) + "\n" + "\n".join(notes)
 
 

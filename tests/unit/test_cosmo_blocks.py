@@ -111,9 +111,30 @@ def test_the_block_io_benchmark_worker_reads_as_a_rank_of_the_group_does(blocked
     import sys
     from tests.conftest import REPO
     proc = subprocess.run([sys.executable, "benchmarks/block_io.py", "--data", str(blocked), "--batch", "4",
-                           "--batches", "2", "--warmup", "1", "--worker", "2x2", mode],
+                           "--batches", "2", "--warmup", "1", "--worker", "2x2", mode, "tfdata"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     case = json.loads(proc.stdout.strip().splitlines()[-1])
     assert case["block_shape"] == shape and case["block_records"] is records
     assert case["bytes_per_sample"] > 0 and case["samples_per_second"] > 0
+    assert case["record_bytes"] == pytest.approx((189.0 if records else 573.0), abs=2)  # the records' own sizes
+
+
+def test_the_block_io_table_gives_each_cases_share_of_the_whole_samples_bytes_and_rates():
+    import sys
+    from tests.conftest import REPO
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import block_io
+
+    def case(spatial, mode, loader, shape, record_bytes, rate):
+        return {"spatial": spatial, "mode": mode, "loader": loader, "block_shape": shape, "bytes_per_sample": 1e3 *
+                record_bytes / 1e3, "record_bytes": record_bytes, "samples_per_second": rate}
+    result = {"loaders": ["tfdata", "dali"], "batch": 8, "batches": 4, "data": "/d", "blocks_written": [],
+              "sgemm_gflops": 1.0, "date": "2026-11-27", "machine": "m", "code": {"commit": "abcdef0123", "modified": []},
+              "cases": [{l: case("1x1", "data", l, [32, 32, 32, 4], 4000.0, 100.0) for l in ("tfdata", "dali")},
+                        {l: case("2x2", "records", l, [16, 16, 32, 4], 1000.0, 300.0) for l in ("tfdata", "dali")}]}
+    lines = block_io.table(result).splitlines()
+    assert lines[2] == "| data | whole records, whole sample | 32 x 32 x 32 x 4 | 4.0 | 1.00 | 4.0 | 100 (1.00x) | 100 (1.00x) |"
+    assert lines[3] == ("| 2x2 | the block's own records | 16 x 16 x 32 x 4 | 1.0 | 0.25 | 1.0 | 300 (3.00x) | "
+                        "300 (3.00x) |")
+    assert "Code abcdef0." in lines[-1]

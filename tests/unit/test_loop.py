@@ -102,7 +102,8 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
     assert [h["loss"] for h in result.history] == [0.5, 0.5]
     assert result.history[-1]["val_samples_seen"] == 0  # the empty batches' sums are zeros, not NaN
     assert planned_reads(data, result.history, reads=False) == {"train_records": 0, "eval_records": 0, "bytes": 0,
-                                                   "files_opened": 0, "decoded_fraction": 0.0}
+                                                   "files_opened": 0, "decoded_fraction": 0.0,
+                                                   "block_records": False}
 
 
 def test_batch_sums_of_an_empty_batch_are_zeros():
