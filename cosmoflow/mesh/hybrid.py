@@ -153,7 +153,7 @@ def start_group_cluster(dist: DistEnv, layout: GroupLayout) -> MeshCluster:
     """This rank's TensorFlow server in its group's cluster (collective: addresses go through Horovod)."""
     # horovodrun tells each rank the host name it launched it on; other launchers: this host's name.
     host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-    addresses = exchange_addresses(dist, host, free_port())
+    addresses = distinct_addresses(dist, host)
     return start_server(layout.task, addresses[layout.leader:layout.leader + layout.group_size], dist.threads)
 
 
@@ -170,6 +170,21 @@ def handoff(cluster: MeshCluster, layout: GroupLayout) -> Handoff:
     their own."""
     config = session_config(1) if layout.is_leader else cluster.own_config(1)
     return Handoff(cluster.rank, cluster.devices, layout.is_leader, cluster.target, config)
+
+
+def distinct_addresses(dist: Any, host: str, tries: int = 5) -> list[str]:
+    """Every rank's "host:port" in rank order (collective), each rank's port one the OS handed it. Two ranks of a
+    node can be handed the same port, as each releases its own for its server: then the later rank picks again,
+    and all exchange again, up to `tries` times (a clash left is named by `start_server`)."""
+    port = free_port()
+    addresses = exchange_addresses(dist, host, port)
+    for _ in range(tries - 1):
+        if len(set(addresses)) == len(addresses):
+            break
+        if addresses[dist.rank] in addresses[:dist.rank]:
+            port = free_port()
+        addresses = exchange_addresses(dist, host, port)
+    return addresses
 
 
 def free_port() -> int:

@@ -1,5 +1,6 @@
 """CosmoFlow's hybrid path under real `horovodrun -np 4` with parallel.spatial=[2,1]: 2 groups of 2 ranks;
-and one group of all ranks split [2,2] (4 ranks) or [1,2] (2 ranks, staging its data first) against one rank.
+and one group of all ranks split [2,2] (4 ranks, each reading its block's own records) or [1,2] (2 ranks,
+staging its data first) against one rank.
 
 The hybrid run and a data-parallel reference with one rank per group (`horovodrun -np 2`) train the same
 steps on the same data from the same initial weights (rank 0's, seeded as group 0), so their losses and
@@ -7,12 +8,13 @@ validation MAE must agree to float32 rounding: the mesh splits every cube in two
 and sums gradients over 4 ranks, the reference convolves whole cubes and averages over 2.
 """
 import json
+import sys
 
 import numpy as np
 import pytest
 
 from common.campaign.compliance import check_log
-from tests.conftest import REPO, horovodrun, show
+from tests.conftest import REPO, horovodrun, run_cmd, show
 from tests.integration.cosmo_fixtures import make_dataset, write_config
 
 pytestmark = pytest.mark.slow
@@ -101,8 +103,12 @@ def one_group_runs(dataset, tmp_path_factory):
     (data.stage_mode=node: local rank 0 stages, the other rank waits), against one data-parallel rank."""
     root = tmp_path_factory.mktemp("one-group")
     staged = {"stage_dir": str(root / "local"), "stage_mode": "node"}
+    # [2,2] reads each block's own records (python -m data_prep cosmo-blocks), the others cut theirs.
+    proc = run_cmd([sys.executable, "-m", "data_prep", "cosmo-blocks", "--data", str(dataset), "--spatial", "2x2",
+                    "--workers", "1"])
+    assert proc.returncode == 0, show(proc)
     outs = {}
-    for name, ranks, spatial, data in (("2x2", 4, "[2,2]", {}), ("1x2", 2, "[1,2]", staged),
+    for name, ranks, spatial, data in (("2x2", 4, "[2,2]", {"blocks": "records"}), ("1x2", 2, "[1,2]", staged),
                                        ("reference", 1, "[1,1]", {})):
         outs[name] = root / name
         cfg = write_config(root / f"{name}.yaml", dataset, outs[name], train=SECTIONS["train"],
@@ -148,3 +154,14 @@ def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(dataset, tmp_p
     assert " ".join(text.split()).count("parallel.spatial [2, 1]: 3 ranks are not divisible by 2 partitions") == 3, \
         show(proc)
     assert not out.exists()  # before any work: not even config.yaml
+
+
+def test_the_ranks_of_a_group_reading_their_blocks_own_records_read_a_quarter_of_the_bytes(one_group_runs):
+    """The [2,2] run above trained as one rank does while each rank read only its block's records."""
+    mine = {r["rank"]: r["planned"] for r in json.loads((one_group_runs["2x2"] / "io_report.json").read_text())["ranks"]}
+    whole = json.loads((one_group_runs["reference"] / "io_report.json").read_text())["ranks"][0]["planned"]
+    for rank in range(4):
+        assert mine[rank]["block_records"] and mine[rank]["decoded_fraction"] == 0.25
+        assert mine[rank]["train_records"] == whole["train_records"]
+        assert 0.24 < mine[rank]["bytes"] / whole["bytes"] < 0.27  # a quarter of each sample, plus the framing
+    assert not whole["block_records"]

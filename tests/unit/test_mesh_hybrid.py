@@ -267,3 +267,27 @@ def test_a_group_whose_ranks_hold_different_samples_stops_the_run_naming_its_ran
     with pytest.raises(BenchError, match=r"training step 3: the ranks 2\.\.3 of spatial group 1 hold different "
                                          r"samples"):
         check_group_read_alike(mixed, layout, step=3)
+
+
+class _Exchange:
+    """Two ranks' address exchange as Horovod's allgather gives it: rank 0's part scripted, this rank's its own."""
+
+    def __init__(self, rank, others):
+        self.rank, self.others, self.sent = rank, list(others), []
+
+    def gather_object(self, address):
+        self.sent.append(address)
+        other = self.others.pop(0)
+        return [other, address] if self.rank == 1 else [address, other]
+
+
+def test_a_rank_handed_a_port_an_earlier_rank_holds_picks_another_and_all_exchange_again(monkeypatch):
+    from cosmoflow.mesh import hybrid
+    ports = iter([5000, 5001])
+    monkeypatch.setattr(hybrid, "free_port", lambda: next(ports))
+    later = _Exchange(1, ["vm:5000", "vm:5000"])  # rank 0 was handed 5000 too, and keeps it
+    assert hybrid.distinct_addresses(later, "vm") == ["vm:5000", "vm:5001"]
+    assert later.sent == ["vm:5000", "vm:5001"]
+    ports = iter([5000])
+    earlier = _Exchange(0, ["vm:5000", "vm:5001"])  # the earlier rank keeps its port and exchanges again
+    assert hybrid.distinct_addresses(earlier, "vm") == ["vm:5000", "vm:5001"] and earlier.sent == ["vm:5000"] * 2
