@@ -79,7 +79,7 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     """
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
-    whole_shape, own = manifest.sample_shape, None
+    whole_shape, own, mine = manifest.sample_shape, None, block  # `block` is what the pipeline cuts, if anything
     if block is not None:
         block.check(manifest.sample_shape, str(manifest.root / "manifest.json"))
         own = block_records(cfg.blocks, manifest, block)
@@ -98,10 +98,9 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
     val = make(pipe, shards[VALIDATION], False, seed)
     datasets = Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch,
                                     record_bytes(manifest, only=paths), loader)
-    if own is not None:
-        fraction = float(np.prod(own.sample_shape) / np.prod(whole_shape))
-        return dataclasses.replace(datasets, decoded_fraction=fraction, block_records=True)
-    return dataclasses.replace(datasets, decoded_fraction=block.fraction(manifest.sample_shape)) if block else datasets
+    if mine is None:
+        return datasets
+    return dataclasses.replace(datasets, decoded_fraction=mine.fraction(whole_shape), block_records=own is not None)
 
 
 def block_records(mode: str, manifest: Manifest, block: SampleBlock) -> Manifest | None:
@@ -112,7 +111,7 @@ def block_records(mode: str, manifest: Manifest, block: SampleBlock) -> Manifest
     shape = manifest.sample_shape
     d, h = block.shape(shape)[:2]
     spatial, (i, j) = (shape[0] // d, shape[1] // h), (block.depth[0] // d, block.height[0] // h)
-    root = manifest.root / record_format.blocks_dir_name(spatial) / f"{i}_{j}"
+    root = record_format.block_dir(manifest.root, spatial, i, j)
     if not (root / MANIFEST_NAME).is_file():
         if mode == "records":
             raise BenchError(f"data.blocks=records: no {root / MANIFEST_NAME}; write the per-block records with "

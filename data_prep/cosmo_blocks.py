@@ -27,7 +27,7 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.io.formats import cosmoflow as cosmo_format
-from common.io.formats.cosmoflow import BLOCKS_KIND, block_rows, blocks_dir_name
+from common.io.formats.cosmoflow import BLOCKS_KIND, block_dir, block_rows, blocks_dir_name
 from common.io.manifest import MANIFEST_NAME, Manifest, SplitEntry, load_manifest, sha256_file, write_manifest
 from common.io.tfrecord import read_records
 from data_prep import tfrecords
@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     check_divides(manifest, spatial)
     out = manifest.root / blocks_dir_name(spatial)
     blocks = [(i, j) for i in range(spatial[0]) for j in range(spatial[1])]
-    jobs = plan_jobs(manifest, spatial, out, blocks)
+    jobs = plan_jobs(manifest, spatial, blocks)
     results = tfrecords.run_in_pool(cut_file, jobs, args.workers, "cosmo-blocks", "file")
     written = dict(zip((o for job in jobs for o in job.outputs), (r for result in results for r in result)))
     parent_sha = sha256_file(manifest.root / MANIFEST_NAME)
     for i, j in blocks:
-        block_manifest(manifest, spatial, (i, j), out / f"{i}_{j}", written, parent_sha)
+        block_manifest(manifest, spatial, (i, j), block_dir(manifest.root, spatial, i, j), written, parent_sha)
     share = sum(r.bytes for r in written.values()) / len(blocks) / max(1, sum(
         f.bytes for s in manifest.splits.values() for f in s.files))
     print(f"cosmo-blocks: {len(jobs)} files cut into {len(blocks)} blocks of {list(block_shape(manifest, spatial))} "
@@ -100,13 +100,13 @@ def block_shape(manifest: Manifest, spatial: tuple[int, int]) -> tuple[int, ...]
     return (shape[0] // spatial[0], shape[1] // spatial[1], *shape[2:])
 
 
-def plan_jobs(manifest: Manifest, spatial: tuple[int, int], out: Path, blocks: list) -> list[FileJob]:
+def plan_jobs(manifest: Manifest, spatial: tuple[int, int], blocks: list) -> list[FileJob]:
     rows = tuple(block_rows(manifest.sample_shape, spatial, i, j) for i, j in blocks)
     level = (manifest.source or {}).get("gzip_level") or 6
     jobs = []
     for split in manifest.splits.values():
         for entry in split.files:
-            outputs = tuple(out / f"{i}_{j}" / entry.path for i, j in blocks)
+            outputs = tuple(block_dir(manifest.root, spatial, i, j) / entry.path for i, j in blocks)
             jobs.append(FileJob(manifest.root / entry.path, outputs, rows, entry.records,
                                 tuple(manifest.sample_shape), manifest.compression, level))
     return jobs
@@ -136,16 +136,10 @@ def cut_file(job: FileJob) -> list[tfrecords.RecordFile]:
 
 def decode_record(payload: bytes, sample_shape: tuple[int, ...], path: Path, number: int):
     """(sample (D, H, W, C) int16, target float32) of one record, or BenchError naming the record."""
-    tfrecords.quiet_tensorflow()
-    from google.protobuf.message import DecodeError
-    from tensorflow.core.example import example_pb2
     try:
-        features = example_pb2.Example.FromString(payload).features.feature
-        raw = features[cosmo_format.SAMPLE_KEY].bytes_list.value[0]
-        target = np.asarray(features[cosmo_format.TARGET_KEY].float_list.value, np.float32)
-    except (DecodeError, IndexError) as err:
-        raise BenchError(f"{path}: record {number} is not {cosmo_format.describe(cosmo_format.TARGET_SIZE)} "
-                         f"({type(err).__name__}: {err})") from None
+        raw, target = cosmo_format.parse_record(payload)
+    except ValueError as err:
+        raise BenchError(f"{path}: record {number} is not {cosmo_format.describe()}: {err}") from None
     expected = int(np.prod(sample_shape)) * cosmo_format.STORED_SAMPLE_DTYPE.itemsize
     if len(raw) != expected:
         raise BenchError(f"{path}: record {number} holds {len(raw)} bytes of sample, expected {expected} for the "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -57,6 +58,11 @@ BLOCKS_KIND = "cosmoflow-blocks"
 def blocks_dir_name(spatial: Sequence[int]) -> str:
     """The directory below a dataset that holds its blocks for `spatial` = (pd, ph): blocks_<pd>x<ph>."""
     return f"blocks_{spatial[0]}x{spatial[1]}"
+
+
+def block_dir(root: str | os.PathLike, spatial: Sequence[int], i: int, j: int) -> Path:
+    """The dataset of block (i, j) of the samples of the dataset at `root`, split `spatial`."""
+    return Path(root) / blocks_dir_name(spatial) / f"{i}_{j}"
 
 
 def block_rows(shape: Sequence[int], spatial: Sequence[int], i: int, j: int) -> tuple[tuple[int, int], tuple[int, int]]:
