@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from common.base.errors import BenchError
+from common.io.formats.cosmoflow import block_rows
 from cosmoflow.data import SampleBlock
 
 
@@ -99,6 +100,4 @@ def sample_block(input_shape: Sequence[int], spatial: Sequence[int], task: int) 
     pd, ph = (int(p) for p in spatial)
     if not 0 <= task < pd * ph:
         raise BenchError(f"task {task}: expected 0 <= task < {pd * ph} (pd x ph = {pd} x {ph})")
-    depth, height = input_shape[0] // pd, input_shape[1] // ph
-    i, j = divmod(task, ph)
-    return SampleBlock((i * depth, (i + 1) * depth), (j * height, (j + 1) * height))
+    return SampleBlock(*block_rows(input_shape, (pd, ph), *divmod(task, ph)))

@@ -135,13 +135,14 @@ def check_block_records(data: Any, spatial: tuple[int, int]) -> None:
     if data.blocks != "records":
         return
     from common.io.formats.cosmoflow import block_dir, blocks_dir_name
+    from common.io.manifest import MANIFEST_NAME
     if data.stage_dir:
         raise BenchError(f"data.blocks=records with data.stage_dir {data.stage_dir!r}: staging copies the whole "
                          f"records, not the per-block ones; read the blocks in place (no data.stage_dir) or set "
                          f"data.blocks=auto to cut blocks from the staged whole records")
     root = Path(data.dir) / blocks_dir_name(spatial)
     missing = [f"{i}_{j}" for i in range(spatial[0]) for j in range(spatial[1])
-               if not (block_dir(data.dir, spatial, i, j) / "manifest.json").is_file()]
+               if not (block_dir(data.dir, spatial, i, j) / MANIFEST_NAME).is_file()]
     if missing:
         raise BenchError(f"data.blocks=records: {root} lacks the blocks {missing} of parallel.spatial "
                          f"{list(spatial)}; write them with `python -m data_prep cosmo-blocks --data {data.dir} "
