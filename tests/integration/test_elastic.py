@@ -50,18 +50,25 @@ def dataset(cosmo_learnable):
     return cosmo_learnable
 
 
-def _launch(tmp_path, data, workers: int, hosts, launcher_args=(), **sections) -> tuple[subprocess.Popen, object]:
+def _launch(tmp_path, data, workers: int, hosts, launcher_args=(), gloo_timeout=5,
+            **sections) -> tuple[subprocess.Popen, object]:
     """horovodrun in elastic mode (2 to 3 workers, `workers` at the start) on the tiny CosmoFlow run."""
     out = tmp_path / "run"
     cfg = write_learning_config(tmp_path / "c.yaml", data, out, **(ELASTIC_CFG | sections))
-    return _launch_app(TRAIN, cfg, workers, hosts, launcher_args), out
+    return _launch_app(TRAIN, cfg, workers, hosts, launcher_args, gloo_timeout=gloo_timeout), out
 
 
-def _launch_app(train, cfg, workers: int, hosts, launcher_args=(), sizes=(2, 3)) -> subprocess.Popen:
+# Gloo's timeout bounds both the wait before a dead peer is declared failed and the wait for a joining worker's
+# start-up (TensorFlow import, model build: over 5 s on 2 loaded cores). The kill tests shorten it to 5 s; the
+# tests where a worker joins keep a timeout its start-up fits in, or every worker aborts in hvd.init.
+JOIN_GLOO_TIMEOUT = 30  # Horovod's default
+
+
+def _launch_app(train, cfg, workers: int, hosts, launcher_args=(), sizes=(2, 3), gloo_timeout=5) -> subprocess.Popen:
     """horovodrun in elastic mode (`sizes` = (min, max) workers, `workers` at the start): application `train`,
-    config `cfg`."""
+    config `cfg`, Gloo timeout `gloo_timeout` s."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path(),
-           "HOROVOD_GLOO_TIMEOUT_SECONDS": "5", "PYTHONFAULTHANDLER": "1"}
+           "HOROVOD_GLOO_TIMEOUT_SECONDS": str(gloo_timeout), "PYTHONFAULTHANDLER": "1"}
     launcher = subprocess.Popen(
         [BIN / "horovodrun", "--network-interface", "lo", "-np", str(workers), "--min-np", str(sizes[0]), "--max-np", str(sizes[1]),
          "--host-discovery-script", _discovery_script(hosts), *launcher_args, sys.executable, train, cfg],
@@ -146,7 +153,7 @@ def test_a_killed_worker_comes_back_on_its_host_after_the_blacklist_cooldown(tmp
     # More epochs (48, of 10 steps at size 3), the first evaluation at the end: time for the host's cooldown and the new
     # worker's start.
     launcher, out = _launch(tmp_path, dataset, 3, hosts, ["--blacklist-cooldown-range", "1", "2"],
-                            train={**ELASTIC_CFG["train"], "max_epochs": 48, "eval_every": 48})
+                            gloo_timeout=JOIN_GLOO_TIMEOUT, train={**ELASTIC_CFG["train"], "max_epochs": 48, "eval_every": 48})
     _signal_in_epoch_3(launcher, out, 2, signal.SIGKILL)
     summary = _finished(tmp_path, launcher, out)
     elastic = summary["elastic"]
@@ -164,7 +171,7 @@ def test_a_killed_worker_comes_back_on_its_host_after_the_blacklist_cooldown(tmp
 def test_a_host_added_to_discovery_joins_and_the_run_finishes_at_size_three(tmp_path, dataset):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("\n".join(LOCAL_HOSTS[:2]) + "\n")
-    launcher, out = _launch(tmp_path, dataset, 2, hosts)
+    launcher, out = _launch(tmp_path, dataset, 2, hosts, gloo_timeout=JOIN_GLOO_TIMEOUT)
     try:
         _wait_for_epoch(out / "mlperf.log", 3, launcher)
         hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
