@@ -27,7 +27,7 @@ def run_cmd(args, timeout=600, env=None, cwd=REPO) -> subprocess.CompletedProces
 
 
 def horovodrun(np_: int, args, timeout=900, env=None) -> subprocess.CompletedProcess:
-    """`horovodrun -np N -H localhost:N python ARGS` (Gloo controller)."""
+    """`horovodrun -np N -H localhost:N python ARGS` (MPI controller: horovodrun prefers it when built in)."""
     return run_cmd([BIN / "horovodrun", "-np", np_, "-H", f"localhost:{np_}", sys.executable, *args],
                    timeout=timeout, env=env)
 

@@ -2,7 +2,7 @@
 
 `init_distributed(cfg.dist)` returns a frozen `DistEnv`. Under horovodrun (or mpirun/srun
 with an MPI launcher) it sets Horovod's tensor-fusion, cycle-time and hierarchical-allreduce
-environment before `hvd.init()`; otherwise it returns a single-process env whose collectives
+environment before `hvd.init()` (common/runtime/hvd_settings.py; a variable the user set wins); otherwise it returns a single-process env whose collectives
 are identities, so every tool also runs plainly. It also pins one GPU per local rank when
 GPUs exist and sets TensorFlow's CPU thread pools from the cores and ranks per node.
 """
@@ -12,6 +12,7 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
+from common.runtime import hvd_settings
 from common.runtime.config import DistConfig
 
 # Launchers set one of these in every rank's environment.
@@ -38,7 +39,11 @@ class DistEnv:
     # what DALI's device_id must be. 0 on every rank when each rank sees one GPU (the shipped job scripts).
     gpu_index: int | None = None
     horovod: bool = False
+    # The HOROVOD_* variables hvd.init() read (common/runtime/hvd_settings.py), the ones of them the environment
+    # set (over the config), and what Horovod uses with them in this layout and build.
     settings: dict = dataclasses.field(default_factory=dict)
+    settings_from_env: tuple = ()
+    horovod_used: dict = dataclasses.field(default_factory=dict)
     # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor
     # allreduce, allgather and broadcast, so grouped allreduces become one allreduce per tensor.
     elastic: bool = False
@@ -124,31 +129,16 @@ class DistEnv:
 def current_layout(env: DistEnv) -> DistEnv:
     """`env` with the rank layout Horovod has now (after an elastic reset re-initialised it), elastic set."""
     import horovod.tensorflow as hvd
+    settings = hvd_settings.HorovodSettings(env.settings, env.settings_from_env)
+    used = settings.effective(hvd.size(), hvd.local_size(), bool(hvd.nccl_built() or hvd.ddl_built()))
     return dataclasses.replace(env, rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                               local_size=hvd.local_size(), node=hvd.cross_rank(), elastic=True)
+                               local_size=hvd.local_size(), node=hvd.cross_rank(), elastic=True, horovod_used=used)
 
 
 def _tf_variable(v: Any) -> Any:
     """The tf.Variable behind a Keras 3 variable (Horovod needs the TF object)."""
     inner = getattr(v, "value", v)
     return inner if hasattr(inner, "assign") else v
-
-
-def horovod_environment(cfg: DistConfig) -> dict[str, str]:
-    """Horovod settings from config as the environment variables hvd.init() reads.
-
-    Elastic runs leave HOROVOD_CYCLE_TIME at Horovod's default: with it and HOROVOD_FUSION_THRESHOLD both set,
-    the hvd.init() of an elastic reset crashed with a segmentation fault here (Horovod 0.28.1, Gloo)."""
-    settings = {
-        "HOROVOD_FUSION_THRESHOLD": str(int(cfg.fusion_threshold_mb * 1024 * 1024)),
-        "HOROVOD_CYCLE_TIME": f"{cfg.cycle_time_ms:g}",
-        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1" if cfg.hierarchical_allreduce else "0",
-        "HOROVOD_HIERARCHICAL_ALLGATHER": "1" if (cfg.hierarchical_allreduce if cfg.hierarchical_allgather is None
-                                                  else cfg.hierarchical_allgather) else "0",
-    }
-    if cfg.elastic.enabled:
-        del settings["HOROVOD_CYCLE_TIME"]
-    return settings
 
 
 def available_cores() -> int:
@@ -173,19 +163,24 @@ def init_distributed(cfg: DistConfig) -> DistEnv:
     # float32 means float32: oneDNN may otherwise compute fp32 convolutions in bf16 on CPUs
     # with AMX. A site that wants that trade sets ONEDNN_DEFAULT_FPMATH_MODE=BF16 itself.
     os.environ.setdefault("ONEDNN_DEFAULT_FPMATH_MODE", "STRICT")
-    settings = {}
-    if launched_distributed():
-        settings = horovod_environment(cfg)
-        os.environ.update(settings)
-        import horovod.tensorflow as hvd
-        hvd.init()
-        layout = dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                      local_size=hvd.local_size(), node=hvd.cross_rank(), horovod=True)
-    else:
-        layout = dict(rank=0, size=1, local_rank=0, local_size=1, horovod=False)
+    layout = _start_horovod(cfg) if launched_distributed() else dict(rank=0, size=1, local_rank=0, local_size=1,
+                                                                     horovod=False)
     threads = threads_per_rank(cfg, layout["local_size"])
     gpu_index = _configure_tensorflow(threads, cfg.inter_op_threads, layout["local_rank"])
-    return DistEnv(threads=threads, gpu=gpu_index is not None, gpu_index=gpu_index, settings=settings, **layout)
+    return DistEnv(threads=threads, gpu=gpu_index is not None, gpu_index=gpu_index, **layout)
+
+
+def _start_horovod(cfg: DistConfig) -> dict:
+    """hvd.init() with the config's Horovod settings where the environment sets none; the layout and settings
+    as DistEnv fields."""
+    settings = hvd_settings.resolve(cfg)
+    os.environ.update(settings.values)
+    import horovod.tensorflow as hvd
+    hvd.init()
+    used = settings.effective(hvd.size(), hvd.local_size(), bool(hvd.nccl_built() or hvd.ddl_built()))
+    return dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
+                node=hvd.cross_rank(), horovod=True, settings=settings.values,
+                settings_from_env=settings.from_environment, horovod_used=used)
 
 
 def pick_gpu(local_rank: int, visible: int) -> int | None:
@@ -212,11 +207,9 @@ def _configure_tensorflow(threads: int, inter_op: int, local_rank: int) -> int |
 
 def describe(env: DistEnv) -> str:
     """One line for the log: layout, threads and Horovod settings."""
-    hv = env.settings
     if not env.horovod:
         return f"single process, {env.threads} CPU threads, {'GPU' if env.gpu else 'CPU'}"
-    fusion = int(hv["HOROVOD_FUSION_THRESHOLD"]) / 2**20
+    used = hvd_settings.describe(hvd_settings.HorovodSettings(env.settings, env.settings_from_env),
+                                 env.horovod_used)
     return (f"horovod: {env.size} ranks on {env.num_nodes} node(s), {env.local_size} per node, "
-            f"{env.threads} CPU threads per rank, {'GPU per rank' if env.gpu else 'CPU'}; "
-            f"fusion threshold {fusion:g} MiB, cycle time {hv.get('HOROVOD_CYCLE_TIME', 'default')} ms, "
-            f"hierarchical allreduce {'on' if hv['HOROVOD_HIERARCHICAL_ALLREDUCE'] == '1' else 'off'}")
+            f"{env.threads} CPU threads per rank, {'GPU per rank' if env.gpu else 'CPU'}; {used}")

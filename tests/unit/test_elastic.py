@@ -7,7 +7,8 @@ import pytest
 
 from common.runtime.checkpoint import Progress
 from common.runtime.config import load_config
-from common.runtime.dist import DistEnv, horovod_environment
+from common.runtime.dist import DistEnv
+from common.runtime.hvd_settings import from_config as horovod_environment
 from common.runtime.elastic import (Hooks, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
                             state_variables)
 from common.base.errors import BenchError

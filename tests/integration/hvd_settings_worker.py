@@ -1,0 +1,29 @@
+"""Worker for test_horovod_settings: init_distributed with a config (fusion threshold 1 MiB, cycle time 10 ms),
+then 300 fused gradient allreduces of 8 small tensors. Rank 0 prints the run's log line and the settings it
+records (DistEnv.settings, settings_from_env, horovod_used) as one JSON line after `SETTINGS `."""
+import json
+import sys
+
+from common.runtime.config import DistConfig
+from common.runtime.dist import describe, init_distributed
+
+
+def main() -> int:
+    env = init_distributed(DistConfig(fusion_threshold_mb=1, cycle_time_ms=10, hierarchical_allreduce=False))
+    import tensorflow as tf
+
+    @tf.function
+    def step(x):
+        return env.allreduce_gradients([x * i for i in range(8)])
+
+    for _ in range(300):
+        step(tf.ones((1000,)))
+    if env.is_root:
+        print("SETTINGS " + json.dumps({"log": describe(env), "settings": env.settings,
+                                        "from_environment": list(env.settings_from_env),
+                                        "used": env.horovod_used}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
