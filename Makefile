@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
 
-.PHONY: setup demo slurm-demo test test-fast bench study clean-demo help
+.PHONY: setup demo slurm-demo test test-fast bench study scaling clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
@@ -18,6 +18,8 @@ help:
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
 	@echo "make study   CosmoFlow mini campaigns at global batch 4, 8 and 16 (SEEDS=3 runs each, about"
 	@echo "             11 min per run here), then the analysis report in docs/study (docs/campaigns.md)"
+	@echo "make scaling CosmoFlow mini on 1 and 2 ranks (one epoch each, about 20 min here): weak and strong"
+	@echo "             scaling efficiency and where a step goes, report in docs/scaling (docs/metrics.md)"
 	@echo "make bench   CosmoFlow and DeepCAM training throughput, input-pipeline (loader) throughput and"
 	@echo "             staging throughput against cp -r / tar -x (writes benchmarks/results/*.json and"
 	@echo "             the tables in docs/performance.md)"
@@ -50,6 +52,9 @@ bench: $(STAMP)
 
 study: $(STAMP)
 	PY=$(PY) scripts/study.sh
+
+scaling: $(STAMP)
+	PY=$(PY) scripts/scaling.sh
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from common.runtime.flops import training_gflop_per_sample
 # Run as a script, so benchmarks/ is on sys.path.
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, run_worker, sgemm_gflops, step_figures, time_steps, write_json_atomic,
@@ -54,41 +55,6 @@ def load_case(name: str):
     from deepcam.config import DeepCamConfig
     cfg = load_config(REPO / CASES[name].config, schema=DeepCamConfig)
     return cfg, CASES[name].local_batch or cfg.train.local_batch_size
-
-
-# ----------------------------------------------------------------------------- work per sample
-
-def forward_multiply_adds(layer) -> int:
-    """Multiply-adds of one sample's forward pass through `layer`; 0 for layers without a kernel.
-
-    Dilation does not change the count. Transposed convs count every input pixel's k x k
-    scatter, including the row and column the crop drops.
-    """
-    from keras import layers
-    if isinstance(layer, layers.SeparableConv2D):  # depthwise k x k, then pointwise 1 x 1
-        (_, h, w, cout), cin = layer.output.shape, layer.input.shape[-1]
-        return h * w * cin * (np.prod(layer.kernel_size) * layer.depth_multiplier + cout)
-    if isinstance(layer, layers.DepthwiseConv2D):
-        (_, h, w, _), cin = layer.output.shape, layer.input.shape[-1]
-        return h * w * cin * layer.depth_multiplier * np.prod(layer.kernel_size)
-    if isinstance(layer, layers.Conv2DTranspose):
-        _, h, w, cin = layer.input.shape
-        return h * w * cin * layer.filters * np.prod(layer.kernel_size)
-    if isinstance(layer, layers.Conv2D):
-        (_, h, w, cout), cin = layer.output.shape, layer.input.shape[-1]
-        return h * w * cin * cout * np.prod(layer.kernel_size)
-    if isinstance(layer, layers.Dense):
-        return layer.input.shape[-1] * layer.units
-    return 0
-
-
-def training_gflop_per_sample(model) -> float:
-    """Conv and dense work of one training sample: 2 flops per multiply-add, x3 for the forward
-    pass, the input gradient and the weight gradient (x2 for the first conv, whose input gradient
-    is not computed). Batch norm, activations, loss and optimizer update are not counted."""
-    macs = [int(forward_multiply_adds(layer)) for layer in model.layers]  # model.layers: topological order
-    first = next(m for m in macs if m)
-    return 2.0 * (3 * sum(macs) - first) / 1e9
 
 
 # ----------------------------------------------------------------------------- worker

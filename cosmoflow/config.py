@@ -5,7 +5,7 @@ import dataclasses
 from typing import Literal
 
 from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, RunConfig, StagedDataConfig,
-                                   TrainConfig, check)
+                                   SystemConfig, TensorBoardConfig, TrainConfig, check)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +150,8 @@ class CosmoConfig:
     mlperf: MlperfConfig = MlperfConfig()
     parallel: ParallelConfig = ParallelConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    system: SystemConfig = SystemConfig()
+    tensorboard: TensorBoardConfig = TensorBoardConfig()
 
     def __post_init__(self):
         check(self.data.blocks != "records" or self.parallel.hybrid, "data.blocks", self.data.blocks,

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Literal
 
 from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, RunConfig, StagedDataConfig,
-                                   TrainConfig, check)
+                                   SystemConfig, TensorBoardConfig, TrainConfig, check)
 
 LOADERS = ("auto", "tfdata", "dali")
 NORMALIZATIONS = ("minmax", "meanstd")
@@ -155,6 +155,8 @@ class DeepCamConfig:
     train: DeepCamTrainConfig = DeepCamTrainConfig()
     mlperf: MlperfConfig = MlperfConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    system: SystemConfig = SystemConfig()
+    tensorboard: TensorBoardConfig = TensorBoardConfig()
 
     def __post_init__(self):
         check(len(self.loss.class_frequencies) == self.model.num_classes, "loss.class_frequencies",

@@ -36,6 +36,7 @@ from common.campaign.spec import CampaignSpec, load_record, load_spec, required_
 from common.base.files import atomic_path, write_json_atomic
 from common.campaign.compliance import check_log
 from common.base.errors import BenchError
+from common.base.host import cpu_model
 
 USAGE, RULESET = "hpc", "3.0.0"
 IMPLEMENTATION = "hpc-sciml-bench"
@@ -223,7 +224,7 @@ def system_description(spec: CampaignSpec, runs: list[RunScore], division: str, 
     """The fields mlperf-logging's system description checker requires, detected on this machine where
     possible; a --system-file's fields replace them (a site describes its own interconnect, storage...)."""
     nodes = max((r.nodes or 1 for r in runs), default=1)
-    cpu = _cpu_model()
+    cpu = cpu_model()
     detected = {
         "submitter": "hpc-sciml-bench", "division": division, "status": "onprem", "system_name": spec.system,
         "number_of_nodes": str(nodes), "host_processors_per_node": "1",
@@ -253,16 +254,6 @@ def system_description(spec: CampaignSpec, runs: list[RunScore], division: str, 
     if not isinstance(given, dict):
         raise BenchError(f"--system-file {system_file}: a JSON {type(given).__name__}, expected an object")
     return {**detected, **given, "system_name": spec.system, "division": division}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _memory_gib() -> float:

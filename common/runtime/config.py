@@ -68,6 +68,31 @@ class DistConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SystemConfig:
+    """summary.json's `system` figures (common/runtime/system.py)."""
+
+    enabled: bool = True
+    probe: bool = True  # measure the node's peak FLOP/s once per host when not cached (common/runtime/probe.py)
+    warmup_steps: int = 5  # training steps before the Horovod timeline window opens
+    window_steps: int = 20  # training steps the window records (0: no timeline, no collective figures)
+
+    def __post_init__(self):
+        check(self.warmup_steps >= 1, "system.warmup_steps", self.warmup_steps, ">= 1")
+        check(self.window_steps >= 0, "system.window_steps", self.window_steps, ">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorBoardConfig:
+    """TensorBoard event files that rank 0 writes into the run directory (tensorboard --logdir runs/)."""
+
+    enabled: bool = True
+    every_steps: int = 10  # training loss, learning rate and samples/s every this many steps
+
+    def __post_init__(self):
+        check(self.every_steps >= 1, "tensorboard.every_steps", self.every_steps, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Epoch budget, batch size per rank and the quality target."""
 

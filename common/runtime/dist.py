@@ -175,6 +175,8 @@ def _start_horovod(cfg: DistConfig) -> dict:
     as DistEnv fields."""
     settings = hvd_settings.resolve(cfg)
     os.environ.update(settings.values)
+    if not cfg.elastic.enabled:  # lets the run record a window of steps (common/runtime/system.py)
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     import horovod.tensorflow as hvd
     hvd.init()
     used = settings.effective(hvd.size(), hvd.local_size(), bool(hvd.nccl_built() or hvd.ddl_built()))

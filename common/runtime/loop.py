@@ -160,6 +160,19 @@ class LoopContext:
     control: Control = Control()
     log: Callable[[str], None] = print  # rank 0's progress lines (a no-op elsewhere)
     hooks: LoopHooks | None = None  # what the strategy adds (elastic: the in-memory state and its commits)
+    monitor: "StepMonitor | None" = None  # the run's measurements (common/runtime/system.py, TensorBoard)
+
+
+class StepMonitor(Protocol):
+    """Told after every training step what the loop has timed so far (system figures, TensorBoard)."""
+
+    def tick(self, done: int, step: int, boundary: bool, totals: dict, running: dict) -> None:
+        """`done` steps in this attempt, `step` the global step; `boundary`: an epoch's end or an evaluation
+        follows; `totals`: the loop's running sums (input_wait_seconds, step_seconds); `running`: the epoch's
+        figures so far (loss, lr, samples_per_second)."""
+
+    def evaluated(self, step: int, record: dict) -> None:
+        """After an evaluation at global step `step`: its history record."""
 
 
 def fit(trainee: Trainee, data: Datasets, ctx: LoopContext, make_steps: StepsFactory = None) -> FitResult:
@@ -206,11 +219,14 @@ class EpochStats:
     samples_per_second: float
     loss_sum: float
     stopped: bool = False  # by a stop signal
+    input_wait_seconds: float = 0.0  # in next() on the input
+    step_seconds: float = 0.0  # in the training steps (their collectives included)
 
     def record(self) -> dict:
         """The figures the epoch's history record gets."""
         return {"loss": self.loss, "lr": self.lr, "steps": self.steps, "train_seconds": self.train_seconds,
-                "samples_per_second": self.samples_per_second}
+                "samples_per_second": self.samples_per_second, "input_wait_seconds": self.input_wait_seconds,
+                "step_seconds": self.step_seconds}
 
     def partial(self) -> dict:
         """The running sums a checkpoint of the epoch in progress keeps."""
@@ -227,6 +243,8 @@ class _Training:
         self.start = ctx.hooks.start() if ctx.hooks else ctx.control.progress()
         self.evaluator.history = list(self.start.history)
         self.saver = _Saver(ctx.control, self.start, trainee, train_iter, data, ctx.log)
+        self.done = 0  # training steps in this attempt
+        self.totals = {"input_wait_seconds": 0.0, "step_seconds": 0.0}
 
     def run(self) -> FitResult:
         options, metric = self.ctx.options, self.trainee.metric
@@ -264,7 +282,12 @@ class _Training:
         return None
 
     def after_step(self, epoch: int, step: int, running: dict) -> bool:
-        """After each step: evaluate when due (True ends the epoch), then the strategy's hook."""
+        """After each step: the monitor, evaluation when due (True ends the epoch), then the strategy's hook."""
+        self.done += 1
+        if self.ctx.monitor:
+            every, global_step = self.ctx.options.eval_every_steps, (epoch - 1) * self.data.train_steps + step
+            boundary = step == self.data.train_steps or bool(every and global_step % every == 0)
+            self.ctx.monitor.tick(self.done, global_step, boundary, self.totals, running)
         stop = self.evaluator.on_step(epoch, step, running)
         if self.ctx.hooks and not stop:
             self.ctx.hooks.after_step(epoch, step, running, self.evaluator.history)
@@ -280,13 +303,20 @@ class _Training:
         t0 = last_report = time.perf_counter()
         loss_sum, steps_done, paused = partial.get("loss_sum", 0.0), first_step, -partial.get("seconds", 0.0)
         lr, stopped = self.schedule(epoch - 1 + first_step / data.train_steps), False
+        wait_s = step_s = 0.0
         for step in range(first_step, data.train_steps):
             lr = self.schedule(epoch - 1 + step / data.train_steps)
             optimizer.learning_rate.assign(lr)
             if self.ctx.control.stop is not None:
                 self.ctx.control.stop.arm()  # a signal that arrived is allreduced with this step's gradients
+            waited = time.perf_counter()
             x, y = next(self.train_iter)
+            stepped = time.perf_counter()
             loss = float(self.steps.train(x, y))
+            ended = time.perf_counter()
+            wait_s, step_s = wait_s + stepped - waited, step_s + ended - stepped
+            self.totals["input_wait_seconds"] += stepped - waited
+            self.totals["step_seconds"] += ended - stepped
             loss_sum, steps_done = loss_sum + loss, steps_done + 1
             if not math.isfinite(loss):
                 break
@@ -308,7 +338,7 @@ class _Training:
         samples = steps_done * data.train_samples / data.train_steps
         return EpochStats(loss=loss_sum / max(1, steps_done) if math.isfinite(loss_sum) else loss_sum, lr=lr,
                           steps=steps_done, train_seconds=seconds, samples_per_second=samples / max(seconds, 1e-9),
-                          loss_sum=loss_sum, stopped=stopped)
+                          loss_sum=loss_sum, stopped=stopped, input_wait_seconds=wait_s, step_seconds=step_s)
 
 
 class _Evaluator:
@@ -317,6 +347,7 @@ class _Evaluator:
     def __init__(self, eval_step, val_iter, trainee: Trainee, data: Datasets, ctx: LoopContext):
         self.eval_step, self.val_iter, self.model, self.metric = eval_step, val_iter, trainee.model, trainee.metric
         self.data, self.dist, self.options, self.mlperf = data, ctx.dist, ctx.options, ctx.mlperf
+        self.monitor = ctx.monitor
         self.log = ctx.log if ctx.dist.is_root else (lambda _msg: None)
         self.history: list[dict] = []
         self.reached = False
@@ -351,6 +382,8 @@ class _Evaluator:
         self.mlperf.event(self.metric.mlperf_key, value, epoch_num=epoch)
         current = self.record(epoch, record | {"step": (epoch - 1) * self.data.train_steps + step})
         self.log(_progress_line(current, self.metric, self.options, self.start, self.data.train_steps))
+        if self.monitor:
+            self.monitor.evaluated(current["step"], current)
         self.reached = _reached(value, self.metric, self.options.target)
         return self.reached
 

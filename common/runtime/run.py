@@ -39,7 +39,8 @@ from common.runtime.loop import Control, FitOptions, FitResult, LoopContext, Tra
 from common.runtime.mllog import MLPerfLog, dataset_keys, scale_keys
 from common.runtime.stopping import StopRequests
 from common.runtime.strategy import DataParallel, Rebuild, reseeded
-from common.runtime.summary import exit_code, run_summary, write_summary
+from common.runtime.monitor import RunMonitor
+from common.runtime.summary import exit_code, run_summary, throughput, write_summary
 
 # What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
 ATTEMPT_FILES = ("summary.json", "io_report.json")
@@ -85,6 +86,7 @@ class Run:
         self.time_to_train = 0.0
         self.trainee: Trainee | None = None
         self.data: Datasets | None = None
+        self.monitor = RunMonitor(cfg, dist)
 
     @classmethod
     def open(cls, benchmark: str, cfg: Any, dist: DistEnv) -> "Run":
@@ -137,9 +139,11 @@ class Run:
         self.mlperf.end("init_stop")
 
     def start(self) -> None:
-        """run_start: the timed part begins."""
+        """The node's peak probed if need be (untimed), then run_start: the timed part begins."""
+        self.monitor.prepare()
         self.run_start = time.time()
         self.mlperf.start("run_start")
+        self.monitor.started()
         if self.resume:
             progress = self.resume.progress
             self.mlperf.event("resumed_from_checkpoint", {
@@ -175,6 +179,7 @@ class Run:
             raise read_error(err) from None
         self.mlperf.end("run_stop", status=result.status)
         self.time_to_train = time.time() - self.run_start
+        self.monitor.stopped()
         self.io.stop(self.data, result.history, strategy.reads)
         return result
 
@@ -182,9 +187,13 @@ class Run:
         """io_report.json and summary.json (rank 0; collectives on every rank); returns the exit code."""
         report = io_report(self.io, self.staging, result.history, self.dist)  # collective
         extra = strategy.summary(self.trainee)  # collective too
+        figures = self.monitor.system_figures(self.dist, result.history, self.trainee.model,
+                                              throughput(result.history)["samples_per_second_steady"])  # collective
+        self.monitor.close(figures)
         out = Path(self.cfg.run.output_dir)
         if self.dist.is_root:
-            summary = run_summary(self, result, self.trainee.metric.name, strategy.replicas) | extra | {"io": report}
+            summary = run_summary(self, result, self.trainee.metric.name, strategy.replicas) | extra | {
+                "io": report, "system": figures}
             write_io_report(report, out)
             write_summary(summary | self._attempt_summary(result), out)
             self.log(f"{result.status}: {result.reason}; time to train {self.time_to_train:.1f} s; summary in "
@@ -209,7 +218,7 @@ class Run:
         # The input position is saved only when every rank reads its own tf.data stream.
         control = Control(checkpointer=checkpointer, resume=self.resume, stop=self.stop, run_start=self.run_start,
                           input_state=ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position)
-        return LoopContext(self.dist, self.mlperf, options, control, self.log)
+        return LoopContext(self.dist, self.mlperf, options, control, self.log, monitor=self.monitor)
 
     def _stage(self, rank_files: RankFiles) -> StageResult:
         """Stage the dataset to data.stage_dir between staging_start and staging_stop."""

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from common.campaign.compliance import check_log
+from common.runtime.tensorboard import read_scalars
 from tests.conftest import REPO, horovodrun, run_cmd, show
 from tests.integration.cosmo_fixtures import LEARNED_MAE, make_dataset, write_config, write_learning_config
+from tests.integration.system_checks import assert_plausible_system
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "cosmoflow/train.py"
@@ -41,6 +43,13 @@ def test_two_rank_run_writes_a_structurally_compliant_log(dataset, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["epochs"] == 2 and summary["status"] == "aborted"
     assert (out / "config.yaml").is_file()
+    assert_plausible_system(summary, ranks=2)
+    assert summary["horovod"]["used"]["fusion_threshold_bytes"] == 64 * 2**20 and (out / "horovod_timeline.json").is_file()
+    # TensorBoard: rank 0's event files hold the training scalars every 10 steps, each evaluation and the system.
+    scalars = read_scalars(out)
+    assert [step for step, _ in scalars["train/loss"]] == [10] and len(scalars["eval/mae"]) == 2
+    assert scalars["eval/mae"][-1][1] == pytest.approx(summary["final_metric"], rel=1e-6)
+    assert scalars["system/allreduce_share"][0][1] == pytest.approx(summary["system"]["allreduce_share"], rel=1e-6)
 
 
 def test_single_process_run_learns_to_its_target_and_passes_the_checker(cosmo_learnable, tmp_path):
@@ -55,6 +64,8 @@ def test_single_process_run_learns_to_its_target_and_passes_the_checker(cosmo_le
     assert errors[-1] < LEARNED_MAE < 0.5 and events[-1]["key"] == "run_stop", errors
     assert events[-1]["metadata"]["status"] == "success"
     assert check_log(out / "mlperf.log").structural_problems == ()
+    system = assert_plausible_system(json.loads((out / "summary.json").read_text()), ranks=1)
+    assert system["reasons"]["allreduce_share" if system["allreduce_share"] is None else "step_breakdown"]
 
 
 def test_tfdata_and_dali_give_identical_batches(dataset):

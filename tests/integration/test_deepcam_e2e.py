@@ -15,6 +15,7 @@ import yaml
 
 from common.campaign.compliance import check_log
 from tests.conftest import REPO, horovodrun, run_cmd, show
+from tests.integration.system_checks import assert_plausible_system
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "deepcam/train.py"
@@ -71,6 +72,7 @@ def test_two_rank_mini_run_writes_an_open_division_log_the_checker_accepts(tiny,
     summary = json.loads((out / "summary.json").read_text())
     assert summary["benchmark"] == "deepcam" and summary["ranks"] == 2 and summary["status"] == "aborted"
     assert 0.0 < summary["final_metric"] <= 1.0 and summary["epochs"] == 2
+    assert_plausible_system(summary, ranks=2)
 
 
 def test_two_ranks_evaluating_every_n_steps_log_each_evaluation(tiny, tmp_path):

@@ -118,6 +118,34 @@ def test_analyses_of_the_constructed_runs():
     assert join["compute_seconds"].tolist() == pytest.approx(join["measured_training_and_eval_seconds"].tolist())
     var = analyses.variability(runs)
     assert var["time_to_train_cv"].fillna(0).tolist() == pytest.approx([0, 0, 0], abs=1e-12)
+    # Weak scaling at local batch 4: per-unit throughput 100 U^-0.1 against U=1's.
+    assert scal["efficiency"].tolist() == pytest.approx([u ** -0.1 for u in (1, 2, 4)])
+    assert analyses.strong_scaling(runs).empty  # each global batch ran on one unit count only
+
+
+def test_strong_scaling_and_the_system_figures_per_configuration():
+    runs = constructed_runs()
+    same_batch = runs[runs["units"] == 2].assign(units=4, samples_per_second=300.0)  # B=8 on 4 units too
+    runs = pd.concat([runs, same_batch], ignore_index=True)
+    strong = analyses.strong_scaling(runs)
+    row = strong[(strong["global_batch_size"] == 8) & (strong["units"] == 4)].iloc[0]
+    assert row["speedup"] == pytest.approx(300 / (100 * 2 ** 0.9)) and row["efficiency"] == pytest.approx(
+        row["speedup"] / 2)
+    system = {"sustained_gflops": 50.0, "fraction_of_peak": 0.4, "input_wait_share": 0.05, "allreduce_share": 0.2,
+              "allreduce_wait_share": 0.1, "allreduce_gb_per_s": 1.5, "energy_j_per_sample": None,
+              "peak_rss_mb": [900.0, 1000.0],
+              "step_breakdown": {"compute": 0.7, "allreduce": 0.2, "input_wait": 0.05, "other": 0.05}}
+    columns = logs.system_columns(system)
+    assert columns["peak_rss_mb"] == 1000.0 and math.isnan(columns["energy_j_per_sample"])
+    assert columns["step_allreduce"] == 0.2 and math.isnan(logs.system_columns(None)["fraction_of_peak"])
+    with_system = runs.assign(**columns)
+    table = analyses.system(with_system)
+    assert len(table) == 4 and table["fraction_of_peak"].tolist() == pytest.approx([0.4] * 4)
+    assert (table["step_compute"] + table["step_allreduce"] + table["step_input_wait"] + table["step_other"]).tolist() \
+        == pytest.approx([1.0] * 4)
+    png = report.figures.step_breakdown(table)
+    assert 300 < png_size(png)[0] < 1500
+    assert analyses.system(runs.assign(**logs.system_columns(None))).empty  # runs without the object: no table
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -133,8 +161,8 @@ def test_report_writes_html_with_embedded_figures_markdown_and_csv(tmp_path, cap
     assert analysis_main(["report", str(tmp_path / "camp"), "--out", str(out), "--predict", "deepcam:4:16"]) == 0
     html = (out / "report.html").read_text()
     figures = sorted(p.name for p in (out / "figures").iterdir())
-    assert figures == ["breakdown.png", "compute_time_deepcam.png", "convergence_deepcam.png", "throughput_deepcam.png",
-                       "variability.png"]
+    assert figures == ["breakdown.png", "compute_time_deepcam.png", "convergence_deepcam.png", "efficiency_deepcam.png",
+                       "throughput_deepcam.png", "variability.png"]
     assert html.count("data:image/png;base64,") == len(figures)
     for name in figures:
         width, height = png_size((out / "figures" / name).read_bytes())

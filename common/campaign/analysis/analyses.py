@@ -2,7 +2,10 @@
 
 - `breakdown`: time to solution split into staging, training, evaluation and other, per configuration.
 - `convergence`: epochs to converge against global batch size (converged runs; failures counted).
-- `scaling`: training sample throughput against compute units, per local batch size.
+- `scaling`: training sample throughput against compute units, per local batch size, with the weak-scaling
+  efficiency (throughput per unit against the smallest unit count's, at the same local batch).
+- `strong_scaling`: the same global batch on different unit counts: speed-up and efficiency against the smallest.
+- `system`: where a step's time and the machine go per configuration (summary.json's `system` figures).
 - `compute_time`: their join: epochs(B) x train samples / throughput(units) for every measured pairing
   of a batch size with the units that run it at the campaign's local batch size.
 - `budget`: compute budget in unit-hours (units x time to train).
@@ -48,7 +51,44 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     table.columns = ["samples_per_second", "samples_per_second_std", "runs"]
     table = table.reset_index()
     table["per_unit"] = table["samples_per_second"] / table["units"]
+    smallest = table.groupby(["benchmark", "local_batch_size"])["units"].transform("min")
+    base = table.loc[table["units"] == smallest].set_index(["benchmark", "local_batch_size"])["per_unit"]
+    table["efficiency"] = table["per_unit"] / [base.get((b, lb), float("nan"))
+                                               for b, lb in zip(table["benchmark"], table["local_batch_size"])]
     return table
+
+
+def strong_scaling(runs: pd.DataFrame) -> pd.DataFrame:
+    """Training samples/s of one global batch size on different unit counts: speed-up over the smallest count
+    and efficiency (speed-up over the units' ratio); configurations run at one unit count only are left out."""
+    table = runs.groupby(["benchmark", "global_batch_size", "units"])["samples_per_second"].mean().reset_index()
+    rows = []
+    for (bench, batch), group in table.groupby(["benchmark", "global_batch_size"]):
+        if len(group) < 2:
+            continue
+        first = group.loc[group["units"].idxmin()]
+        for r in group.itertuples():
+            speedup = r.samples_per_second / first["samples_per_second"]
+            rows.append({"benchmark": bench, "global_batch_size": batch, "units": r.units,
+                         "samples_per_second": r.samples_per_second, "speedup": speedup,
+                         "efficiency": speedup / (r.units / first["units"])})
+    return pd.DataFrame(rows, columns=["benchmark", "global_batch_size", "units", "samples_per_second", "speedup",
+                                       "efficiency"])
+
+
+SYSTEM = ["fraction_of_peak", "sustained_gflops", "allreduce_share", "allreduce_wait_share", "allreduce_gb_per_s",
+          "input_wait_share", "peak_rss_mb", "energy_j_per_sample"]
+STEP = ["step_compute", "step_allreduce", "step_input_wait", "step_other"]
+
+
+def system(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean system figures and step shares per configuration, over the runs that recorded them."""
+    columns = [c for c in SYSTEM + STEP if c in runs]
+    measured = runs.dropna(subset=["sustained_gflops"]) if "sustained_gflops" in runs else runs.iloc[0:0]
+    table = measured.groupby(CONFIG)[columns].mean()
+    table["runs"] = measured.groupby(CONFIG).size()
+    table["time_to_train"] = measured.groupby(CONFIG)["time_to_train"].mean()
+    return table.reset_index()
 
 
 def compute_time(runs: pd.DataFrame) -> pd.DataFrame:

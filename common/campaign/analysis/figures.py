@@ -16,9 +16,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from common.campaign.analysis.analyses import PARTS  # noqa: E402
+from common.campaign.analysis.analyses import PARTS, STEP  # noqa: E402
 
 COLOURS = {"staging": "#8c6d31", "training": "#3182bd", "evaluation": "#e6550d", "other": "#bdbdbd"}
+STEP_COLOURS = {"step_compute": "#3182bd", "step_allreduce": "#e6550d", "step_input_wait": "#8c6d31",
+                "step_other": "#bdbdbd"}
 DPI = 110
 
 
@@ -63,6 +65,46 @@ def time_breakdown(table: pd.DataFrame) -> bytes:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.3 / len(table)), ncol=len(PARTS), fontsize=8,
               frameon=False)
     ax.set_title("Where the time to solution goes")
+    return _png(fig)
+
+
+def step_breakdown(table: pd.DataFrame) -> bytes:
+    """Stacked bars of a training step's shares per configuration (the recorded window of steps), with the
+    fraction of the node's peak each configuration sustained."""
+    rows = table.dropna(subset=STEP)
+    labels = [f"{r.benchmark}, {r.units} units, B={r.global_batch_size}\n{r.fraction_of_peak:.0%} of peak"
+              for r in rows.itertuples()]
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * max(len(rows), 1)))
+    left = np.zeros(len(rows))
+    for part in STEP:
+        share = rows[part].to_numpy()
+        ax.barh(labels, share, left=left, color=STEP_COLOURS[part], label=part.removeprefix("step_"))
+        left += share
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of a training step's wall time")
+    ax.invert_yaxis()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.3 / max(len(rows), 1)), ncol=len(STEP), fontsize=8,
+              frameon=False)
+    ax.set_title("Where a training step goes")
+    return _png(fig)
+
+
+def efficiency(weak: pd.DataFrame, strong: pd.DataFrame, benchmark: str) -> bytes:
+    """Scaling efficiency against compute units: weak (per local batch) and strong (per global batch)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for local, group in weak[weak["benchmark"] == benchmark].groupby("local_batch_size"):
+        ax.plot(group["units"], group["efficiency"], "o-", label=f"weak, local batch {local:g}")
+    for batch, group in strong[strong["benchmark"] == benchmark].groupby("global_batch_size"):
+        ax.plot(group["units"], group["efficiency"], "s--", label=f"strong, global batch {batch:g}")
+    units = [*weak.loc[weak["benchmark"] == benchmark, "units"], *strong.loc[strong["benchmark"] == benchmark, "units"]]
+    if units:
+        _log2_x(ax, units)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_ylim(0, 1.2)
+    ax.set_xlabel("compute units (accelerators, or ranks on CPU)")
+    ax.set_ylabel("scaling efficiency (1 = linear)")
+    ax.set_title(f"{benchmark}: scaling efficiency")
+    ax.legend(fontsize=8)
     return _png(fig)
 
 

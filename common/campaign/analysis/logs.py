@@ -13,7 +13,11 @@ local_batch_size, train_samples, eval_samples, time_to_train, staging, training,
 (time to train not spent in those three: pipeline set-up, the gaps between), epochs,
 epochs_to_converge (NaN when the target was not reached), metric_name, final_metric, samples_per_second
 (training samples over the time inside the epochs), epoch_seconds_mean, staging_ratio (staging over
-the mean epoch time, the paper's Table 5), unit_hours (units x time to train), attempts (1 + the times it was resumed).
+the mean epoch time, the paper's Table 5), unit_hours (units x time to train), attempts (1 + the times it was resumed),
+and from summary.json's `system` object (docs/metrics.md; NaN when the run has none): sustained_gflops,
+fraction_of_peak, input_wait_share, allreduce_share, allreduce_wait_share, allreduce_gb_per_s,
+energy_j_per_sample, peak_rss_mb (the largest rank's), step_compute, step_allreduce, step_input_wait, step_other
+(the shares of a recorded window of steps).
 Epoch columns: benchmark, campaign, run, attempt, epoch, start (s since run_start, earlier attempts'
 time included), epoch_seconds (training only: evaluations inside the epoch excluded), eval_seconds,
 metric (the epoch's last evaluation), samples_per_second (NaN for the pieces of an epoch cut by a stop).
@@ -204,7 +208,26 @@ def _run_row(run, attempts: list[_Attempt], summary, metrics, metric_key, train_
         "staging_ratio": staging / epoch_mean if epochs and epoch_mean > 0 else math.nan,
         "unit_hours": units * ttt / 3600,
         "attempts": len(attempts),
+        **system_columns(summary.get("system")),
     }
+
+
+SYSTEM_FIELDS = ("sustained_gflops", "fraction_of_peak", "input_wait_share", "allreduce_share", "allreduce_wait_share",
+                 "allreduce_gb_per_s", "energy_j_per_sample")
+STEP_PARTS = ("compute", "allreduce", "input_wait", "other")
+
+
+def system_columns(system: dict | None) -> dict:
+    """The run row's columns from summary.json's `system` object (NaN for what it lacks)."""
+    system = system or {}
+    columns = {k: _number(system.get(k)) for k in SYSTEM_FIELDS}
+    columns["peak_rss_mb"] = max(system.get("peak_rss_mb") or [math.nan])
+    steps = system.get("step_breakdown") or {}
+    return columns | {f"step_{part}": _number(steps.get(part)) for part in STEP_PARTS}
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
 def _staging_seconds(events: list[dict]) -> float:

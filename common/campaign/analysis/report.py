@@ -49,6 +49,7 @@ def build(runs: pd.DataFrame, targets: list[tuple[str, int, int]]) -> Report:
         ("Compute time as the join", "Epochs to converge at B times training samples over throughput at U, plus "
          "evaluation, for each measured B run on U units at the campaigns' local batch size.",
          join, {f"compute_time_{b}.png": figures.compute_time(join, b) for b in benches} if len(join) else {}),
+        *_system_sections(runs, benches, scal),
         ("Compute budget", "Unit-hours: compute units x time to train.", analyses.budget(runs), {}),
         ("Staging ratio", "Staging seconds over the mean epoch seconds (the paper's Table 5): how many epochs' "
          "worth of time the staging costs.", analyses.staging_ratios(runs), {}),
@@ -56,6 +57,24 @@ def build(runs: pd.DataFrame, targets: list[tuple[str, int, int]]) -> Report:
          {"variability.png": figures.variability(runs)}),
     ]
     return Report(sections=sections, predictions=[predict(runs, *t) for t in targets])
+
+
+def _system_sections(runs: pd.DataFrame, benches: list[str], scal: pd.DataFrame) -> list:
+    """Where a step's time goes (from the runs' summary.json `system` figures) and scaling efficiency."""
+    strong, system = analyses.strong_scaling(runs), analyses.system(runs)
+    sections = [("Scaling efficiency", "Weak: throughput per unit against the smallest unit count's at the same "
+                 "local batch (the throughput table's `efficiency`). Strong: one global batch on more units, "
+                 "speed-up over the smallest count divided by the units' ratio.", strong,
+                 {f"efficiency_{b}.png": figures.efficiency(scal, strong, b) for b in benches})]
+    if len(system):
+        sections.append(("Where a training step goes", "Mean per configuration of the runs' `system` figures "
+                         "(docs/metrics.md): sustained FLOP/s and its fraction of the nodes' probed peak; a "
+                         "recorded window of steps split into compute, allreduce (waiting for every rank and "
+                         "exchanging), input wait and the loop around the steps; peak memory of the largest rank; "
+                         "energy per sample where counters exist.", system,
+                         {"step_breakdown.png": figures.step_breakdown(system)}
+                         if system[analyses.STEP].notna().all(axis=1).any() else {}))
+    return sections
 
 
 def write(report: Report, runs: pd.DataFrame, epochs: pd.DataFrame, out: Path, sources: list[str]) -> Path:

@@ -1,0 +1,134 @@
+"""What a run measures besides its MLPerf events: summary.json's `system` object and TensorBoard.
+
+    monitor = RunMonitor(cfg, dist)
+    monitor.prepare()        # before run_start: the node's peak (probed once per host, cached)
+    monitor.started()        # at run_start: energy counters
+    ... fit() calls monitor.tick after every training step and monitor.evaluated after every evaluation
+    monitor.stopped()        # at run_stop: energy counters
+    figures = monitor.system_figures(result, model, samples_per_second)   # collective
+    monitor.close(figures)
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from common.runtime import energy, probe, system
+from common.runtime.dist import DistEnv
+from common.runtime.flops import training_gflop_per_sample
+from common.runtime.tensorboard import EventWriter
+
+
+class RunMonitor:
+    """This rank's measurements of one run."""
+
+    def __init__(self, cfg: Any, dist: DistEnv):
+        out = Path(cfg.run.output_dir)
+        self.cfg, self.dist = cfg.system, dist
+        steps = cfg.system.window_steps if cfg.system.enabled and not cfg.dist.elastic.enabled else 0
+        self.window = system.CollectiveWindow(dist, out / system.TIMELINE_FILE, cfg.system.warmup_steps, steps)
+        self.elastic = cfg.dist.elastic.enabled
+        self.energy = energy.EnergyMeter(dist)
+        self.readings: tuple | None = None
+        self.board = EventWriter(out, cfg.tensorboard.every_steps) if cfg.tensorboard.enabled and dist.is_root \
+            else None
+        self.peak: dict | None = None
+        self.peak_reason = ""
+        self.last_step = self.last_done = 0
+        self.last_totals: dict = {}
+
+    def prepare(self) -> None:
+        """Rank 0 reads (or, with system.probe, measures once) its node's peak; nodes are taken as alike."""
+        if not (self.cfg.enabled and self.dist.is_root):
+            return
+        cached = probe.cached()
+        if cached is None and not self.cfg.probe:
+            self.peak_reason = (f"no probe of this host in {probe.cache_path()} and system.probe=false: run "
+                                f"python -m common.runtime.probe")
+            return
+        self.peak = cached or probe.probe()
+
+    def started(self) -> None:
+        if self.cfg.enabled:
+            self.energy.start()
+
+    def stopped(self) -> None:
+        if self.cfg.enabled:
+            self.readings = self.energy.stop()
+
+    def tick(self, done: int, step: int, boundary: bool, totals: dict, running: dict) -> None:
+        self.window.tick(done, boundary, totals)
+        self.last_step, self.last_done, self.last_totals = step, done, dict(totals)
+        if self.board:
+            self.board.train(step, running)
+
+    def evaluated(self, step: int, record: dict) -> None:
+        if self.board:
+            self.board.evaluation(step, record)
+
+    def system_figures(self, dist: DistEnv, history: list[dict], model: Any,
+                       samples_per_second: float | None) -> dict | None:
+        """summary.json's `system` (on rank 0; a collective on every rank of `dist`, the run's layout now);
+        None when system.enabled is off."""
+        if not self.cfg.enabled:
+            return None
+        self.dist = dist
+        self.window.finish(self.last_done, self.last_totals)  # a run that ended inside the window
+        rss = self.dist.gather_object(system.peak_rss_mb())
+        gpu = self.dist.gather_object(system.gpu_peak_mb(self.dist))
+        readings = self.dist.gather_object(self.readings or (None, None, "energy counters not read"))
+        if not self.dist.is_root:
+            return None
+        return self._figures(history, model, samples_per_second, rss, gpu, readings)
+
+    def _figures(self, history, model, samples_per_second, rss, gpu, readings) -> dict:
+        joules, source, reason = energy.job_energy(readings)
+        trained = system.samples_trained(history)
+        figures = {"peak": system.describe_peak(self.peak),
+                   **system.flops_figures(training_gflop_per_sample(model), samples_per_second, self.peak,
+                                          self.dist.num_nodes),
+                   "input_wait_share": system.input_wait_share(history),
+                   **self._collectives(),
+                   "peak_rss_mb": rss, "gpu_peak_memory_mb": gpu if self.dist.gpu else None,
+                   "energy_joules": joules, "energy_source": source or None,
+                   "energy_j_per_sample": joules / trained if joules is not None and trained else None}
+        figures["reasons"] = _reasons(figures, self.peak_reason, reason, self._window_reason())
+        return figures
+
+    def _collectives(self) -> dict:
+        w = self.window.window
+        if not self.window.closed or w is None or w.steps == 0 or not self.window.path.is_file():
+            single = self.dist.size == 1 or not self.dist.horovod
+            return {"allreduce_share": 0.0 if single else None, "allreduce_wait_share": 0.0 if single else None,
+                    "allreduce_gb_per_s": None, "step_breakdown": None, "window": None}
+        figures = system.collective_figures(self.window.path, w)
+        breakdown = system.step_breakdown(w.totals, w.seconds, figures.pop("allreduce_seconds"))
+        return figures | {"step_breakdown": breakdown,
+                          "window": {"first_step": w.first_step, "steps": w.steps, "seconds": w.seconds,
+                                     "timeline": str(self.window.path)}}
+
+    def _window_reason(self) -> str:
+        if self.dist.size == 1 or not self.dist.horovod:
+            return "one rank: no allreduce"
+        if self.elastic:
+            return "elastic runs record no Horovod timeline (its ranks change)"
+        if self.cfg.window_steps == 0:
+            return "system.window_steps is 0"
+        if not self.window.enabled:
+            return f"HOROVOD_TIMELINE={os.environ.get('HOROVOD_TIMELINE')} set by the user records the whole run"
+        return f"the run trained fewer than system.warmup_steps + 1 = {self.cfg.warmup_steps + 1} steps"
+
+    def close(self, figures: dict | None) -> None:
+        if self.board:
+            if figures:
+                self.board.system(self.last_step, figures)
+            self.board.close()
+
+
+def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason: str) -> dict:
+    """Why each null figure is null."""
+    why = {"fraction_of_peak": peak_reason or "no peak probe", "energy_j_per_sample": energy_reason,
+           "allreduce_share": window_reason, "allreduce_gb_per_s": window_reason, "step_breakdown": window_reason,
+           "gpu_peak_memory_mb": "no GPU", "sustained_gflops": "no steady samples/s"}
+    return {k: v for k, v in why.items() if figures.get(k) is None and v}

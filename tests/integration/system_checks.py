@@ -1,0 +1,33 @@
+"""What every run's summary.json `system` object must hold (issue 24), checked on real runs' summaries."""
+from __future__ import annotations
+
+import math
+
+
+def assert_plausible_system(summary: dict, ranks: int) -> dict:
+    """Each field present and plausible: shares in [0, 1], FLOP/s below the probe's peak, memory per rank; a
+    null figure comes with its reason. Returns the object."""
+    system = summary["system"]
+    peak = system["peak"]
+    assert peak["peak_gflops"] >= max(peak["gemm_gflops"], peak["conv3d_gflops"]) > 0, peak
+    assert system["gflop_per_sample"] > 0
+    assert 0 < system["sustained_gflops"] < peak["peak_gflops"] * summary["nodes"], system
+    assert 0 < system["fraction_of_peak"] < 1 and math.isclose(
+        system["fraction_of_peak"], system["sustained_gflops"] / peak["peak_gflops"] / summary["nodes"])
+    assert 0 <= system["input_wait_share"] <= 1
+    assert len(system["peak_rss_mb"]) == ranks and all(100 < mb < 24 * 1024 for mb in system["peak_rss_mb"])
+    for name in ("energy_j_per_sample", "allreduce_gb_per_s", "gpu_peak_memory_mb"):
+        assert system[name] is not None or system["reasons"].get(name), (name, system["reasons"])
+    if ranks == 1:
+        assert system["allreduce_share"] == 0.0 and system["step_breakdown"] is None
+        return system
+    if system["window"] is None:  # a run shorter than the window's warm-up
+        assert system["allreduce_share"] is None and system["reasons"]["allreduce_share"], system
+        return system
+    assert 0 <= system["allreduce_wait_share"] <= system["allreduce_share"] <= 1
+    breakdown = system["step_breakdown"]
+    assert set(breakdown) == {"compute", "allreduce", "input_wait", "other"}
+    assert all(0 <= v <= 1 for v in breakdown.values()) and math.isclose(sum(breakdown.values()), 1.0)
+    assert system["allreduce_gb_per_s"] > 0 and system["allreduce_bytes_per_step"] > 0
+    assert system["window"]["steps"] >= 1 and system["window"]["seconds"] > 0
+    return system
