@@ -97,16 +97,19 @@ class RunMonitor:
         return figures
 
     def _collectives(self) -> dict:
-        w = self.window.window
-        if not self.window.closed or w is None or w.steps == 0 or not self.window.path.is_file():
-            single = self.dist.size == 1 or not self.dist.horovod
-            return {"allreduce_share": 0.0 if single else None, "allreduce_wait_share": 0.0 if single else None,
-                    "allreduce_gb_per_s": None, "step_breakdown": None, "window": None}
-        figures = system.collective_figures(self.window.path, w)
+        w, single = self.window.window, not self.window.timeline
+        none = 0.0 if single else None  # one rank: nothing to wait for or exchange
+        figures = {"allreduce_share": none, "allreduce_wait_share": none, "allreduce_gb_per_s": None,
+                   "allreduce_bytes_per_step": none, "allreduce_seconds": 0.0}
+        if not self.window.closed or w is None or w.steps == 0:
+            return {k: v for k, v in figures.items() if k != "allreduce_seconds"} | {"step_breakdown": None,
+                                                                                     "window": None}
+        if not single:
+            figures = system.collective_figures(self.window.path, w)
         breakdown = system.step_breakdown(w.totals, w.seconds, figures.pop("allreduce_seconds"))
         return figures | {"step_breakdown": breakdown,
                           "window": {"first_step": w.first_step, "steps": w.steps, "seconds": w.seconds,
-                                     "timeline": str(self.window.path)}}
+                                     "timeline": None if single else str(self.window.path)}}
 
     def _window_reason(self) -> str:
         if self.dist.size == 1 or not self.dist.horovod:

@@ -10,6 +10,7 @@
   copies): the step is blocked from the first to the last, since the gradients go in one grouped allreduce
   after the backward pass. Their union over the window, against the window's wall time, is `allreduce_share`;
   the bytes of the exchanged tensors over the exchange time are `allreduce_gb_per_s` (algorithm bandwidth).
+  A one-rank run times the same window without a timeline (no collectives: allreduce 0).
 - FLOP/s: the model's training GFLOP per sample (common/runtime/flops.py) x the steady samples/s, against the
   node's probed peak (common/runtime/probe.py) times the nodes.
 - Memory: each rank's peak resident set (getrusage), and the GPU's peak allocation where there is one.
@@ -48,15 +49,16 @@ class Window:
 
 
 class CollectiveWindow:
-    """Opens Horovod's timeline after `warmup` steps and closes it after `steps` more (or at a boundary)."""
+    """Times a window of `steps` training steps after `warmup` (closed early at a boundary); with more than one
+    rank, Horovod's timeline records it too. One rank has no collectives: its window is timed only."""
 
     def __init__(self, dist: DistEnv, path: Path, warmup: int, steps: int):
         self.dist, self.path, self.warmup, self.steps = dist, path, warmup, steps
         self.window: Window | None = None
         self.closed = False
+        self.timeline = dist.horovod and dist.size > 1
         # A HOROVOD_TIMELINE file the user set records the whole run instead; only DYNAMIC allows a window.
-        self.enabled = (dist.horovod and dist.size > 1 and steps > 0
-                        and os.environ.get("HOROVOD_TIMELINE") == "DYNAMIC")
+        self.enabled = steps > 0 and (not self.timeline or os.environ.get("HOROVOD_TIMELINE") == "DYNAMIC")
 
     def tick(self, done: int, boundary: bool, totals: dict) -> None:
         """After a training step: `done` steps so far in this attempt; `boundary`: an epoch's end or an
@@ -76,16 +78,18 @@ class CollectiveWindow:
             self._close(done, totals)
 
     def _open(self, done: int, totals: dict) -> None:
-        import horovod.tensorflow as hvd
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        hvd.start_timeline(str(self.path), mark_cycles=False)
+        if self.timeline:
+            import horovod.tensorflow as hvd
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            hvd.start_timeline(str(self.path), mark_cycles=False)
         self.window = Window(first_step=done, start=time.perf_counter(), totals_at_start=dict(totals))
 
     def _close(self, done: int, totals: dict) -> None:
-        import horovod.tensorflow as hvd
         w = self.window
         w.steps, w.seconds = done - w.first_step, time.perf_counter() - w.start
-        hvd.stop_timeline()
+        if self.timeline:
+            import horovod.tensorflow as hvd
+            hvd.stop_timeline()
         w.totals = {k: totals[k] - w.totals_at_start.get(k, 0.0) for k in totals}
         self.closed = True
 

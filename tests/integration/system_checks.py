@@ -18,8 +18,10 @@ def assert_plausible_system(summary: dict, ranks: int) -> dict:
     assert len(system["peak_rss_mb"]) == ranks and all(100 < mb < 24 * 1024 for mb in system["peak_rss_mb"])
     for name in ("energy_j_per_sample", "allreduce_gb_per_s", "gpu_peak_memory_mb"):
         assert system[name] is not None or system["reasons"].get(name), (name, system["reasons"])
-    if ranks == 1:
-        assert system["allreduce_share"] == 0.0 and system["step_breakdown"] is None
+    if ranks == 1:  # the window timed, no timeline: nothing exchanged
+        assert system["allreduce_share"] == 0.0 and system["reasons"]["allreduce_gb_per_s"] == "one rank: no allreduce"
+        assert system["step_breakdown"]["allreduce"] == 0.0 and system["window"]["timeline"] is None
+        assert math.isclose(sum(system["step_breakdown"].values()), 1.0)
         return system
     if system["window"] is None:  # a run shorter than the window's warm-up
         assert system["allreduce_share"] is None and system["reasons"]["allreduce_share"], system

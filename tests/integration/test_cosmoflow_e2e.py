@@ -65,7 +65,7 @@ def test_single_process_run_learns_to_its_target_and_passes_the_checker(cosmo_le
     assert events[-1]["metadata"]["status"] == "success"
     assert check_log(out / "mlperf.log").structural_problems == ()
     system = assert_plausible_system(json.loads((out / "summary.json").read_text()), ranks=1)
-    assert system["reasons"]["allreduce_share" if system["allreduce_share"] is None else "step_breakdown"]
+    assert system["step_breakdown"]["compute"] > 0 and system["window"]["steps"] >= 1
 
 
 def test_tfdata_and_dali_give_identical_batches(dataset):
