@@ -2,8 +2,9 @@
 
 `init_distributed(cfg.dist)` returns a frozen `DistEnv`. Under horovodrun (or mpirun/srun
 with an MPI launcher) it sets Horovod's tensor-fusion, cycle-time and hierarchical-allreduce
-environment before `hvd.init()` (common/runtime/hvd_settings.py; a variable the user set wins); otherwise it returns a single-process env whose collectives
-are identities, so every tool also runs plainly. It also pins one GPU per local rank when
+environment before `hvd.init()` (common/runtime/hvd_settings.py; a variable the user set wins);
+otherwise it returns a single-process env whose collectives are identities, so every tool also
+runs plainly. It also pins one GPU per local rank when
 GPUs exist and sets TensorFlow's CPU thread pools from the cores and ranks per node.
 """
 from __future__ import annotations
