@@ -40,10 +40,9 @@ class DistEnv:
     # what DALI's device_id must be. 0 on every rank when each rank sees one GPU (the shipped job scripts).
     gpu_index: int | None = None
     horovod: bool = False
-    # The HOROVOD_* variables hvd.init() read (common/runtime/hvd_settings.py), the ones of them the environment
-    # set (over the config), and what Horovod uses with them in this layout and build.
-    settings: dict = dataclasses.field(default_factory=dict)
-    settings_from_env: tuple = ()
+    # The HOROVOD_* variables hvd.init() read and which of them the environment set over the config
+    # (common/runtime/hvd_settings.py), and what Horovod uses of them in this layout and build.
+    settings: hvd_settings.HorovodSettings = dataclasses.field(default_factory=hvd_settings.HorovodSettings)
     horovod_used: dict = dataclasses.field(default_factory=dict)
     # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor
     # allreduce, allgather and broadcast, so grouped allreduces become one allreduce per tensor.
@@ -130,10 +129,9 @@ class DistEnv:
 def current_layout(env: DistEnv) -> DistEnv:
     """`env` with the rank layout Horovod has now (after an elastic reset re-initialised it), elastic set."""
     import horovod.tensorflow as hvd
-    settings = hvd_settings.HorovodSettings(env.settings, env.settings_from_env)
-    used = settings.effective(hvd.size(), hvd.local_size(), bool(hvd.nccl_built() or hvd.ddl_built()))
     return dataclasses.replace(env, rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                               local_size=hvd.local_size(), node=hvd.cross_rank(), elastic=True, horovod_used=used)
+                               local_size=hvd.local_size(), node=hvd.cross_rank(), elastic=True,
+                               horovod_used=_horovod_used(env.settings))
 
 
 def _tf_variable(v: Any) -> Any:
@@ -180,10 +178,14 @@ def _start_horovod(cfg: DistConfig) -> dict:
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     import horovod.tensorflow as hvd
     hvd.init()
-    used = settings.effective(hvd.size(), hvd.local_size(), bool(hvd.nccl_built() or hvd.ddl_built()))
     return dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
-                node=hvd.cross_rank(), horovod=True, settings=settings.values,
-                settings_from_env=settings.from_environment, horovod_used=used)
+                node=hvd.cross_rank(), horovod=True, settings=settings, horovod_used=_horovod_used(settings))
+
+
+def _horovod_used(settings: hvd_settings.HorovodSettings) -> dict:
+    """What the initialised Horovod uses of `settings` in its current layout and build."""
+    import horovod.tensorflow as hvd
+    return settings.effective(hvd.size(), hvd.local_size(), bool(hvd.nccl_built() or hvd.ddl_built()))
 
 
 def pick_gpu(local_rank: int, visible: int) -> int | None:
@@ -212,7 +214,6 @@ def describe(env: DistEnv) -> str:
     """One line for the log: layout, threads and Horovod settings."""
     if not env.horovod:
         return f"single process, {env.threads} CPU threads, {'GPU' if env.gpu else 'CPU'}"
-    used = hvd_settings.describe(hvd_settings.HorovodSettings(env.settings, env.settings_from_env),
-                                 env.horovod_used)
+    used = hvd_settings.describe(env.settings, env.horovod_used)
     return (f"horovod: {env.size} ranks on {env.num_nodes} node(s), {env.local_size} per node, "
             f"{env.threads} CPU threads per rank, {'GPU per rank' if env.gpu else 'CPU'}; {used}")

@@ -303,7 +303,7 @@ class _Training:
         t0 = last_report = time.perf_counter()
         loss_sum, steps_done, paused = partial.get("loss_sum", 0.0), first_step, -partial.get("seconds", 0.0)
         lr, stopped = self.schedule(epoch - 1 + first_step / data.train_steps), False
-        wait_s = step_s = 0.0
+        at_start = dict(self.totals)
         for step in range(first_step, data.train_steps):
             lr = self.schedule(epoch - 1 + step / data.train_steps)
             optimizer.learning_rate.assign(lr)
@@ -313,10 +313,8 @@ class _Training:
             x, y = next(self.train_iter)
             stepped = time.perf_counter()
             loss = float(self.steps.train(x, y))
-            ended = time.perf_counter()
-            wait_s, step_s = wait_s + stepped - waited, step_s + ended - stepped
             self.totals["input_wait_seconds"] += stepped - waited
-            self.totals["step_seconds"] += ended - stepped
+            self.totals["step_seconds"] += time.perf_counter() - stepped
             loss_sum, steps_done = loss_sum + loss, steps_done + 1
             if not math.isfinite(loss):
                 break
@@ -338,7 +336,8 @@ class _Training:
         samples = steps_done * data.train_samples / data.train_steps
         return EpochStats(loss=loss_sum / max(1, steps_done) if math.isfinite(loss_sum) else loss_sum, lr=lr,
                           steps=steps_done, train_seconds=seconds, samples_per_second=samples / max(seconds, 1e-9),
-                          loss_sum=loss_sum, stopped=stopped, input_wait_seconds=wait_s, step_seconds=step_s)
+                          loss_sum=loss_sum, stopped=stopped,
+                          **{k: v - at_start[k] for k, v in self.totals.items()})
 
 
 class _Evaluator:

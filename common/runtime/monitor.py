@@ -59,7 +59,7 @@ class RunMonitor:
 
     def tick(self, done: int, step: int, boundary: bool, totals: dict, running: dict) -> None:
         self.window.tick(done, boundary, totals)
-        self.last_step, self.last_done, self.last_totals = step, done, dict(totals)
+        self.last_step, self.last_done, self.last_totals = step, done, totals  # the loop's, kept current
         if self.board:
             self.board.train(step, running)
 
@@ -73,7 +73,7 @@ class RunMonitor:
         None when system.enabled is off."""
         if not self.cfg.enabled:
             return None
-        self.dist = dist
+        self.dist = dist  # an elastic run's layout now
         self.window.finish(self.last_done, self.last_totals)  # a run that ended inside the window
         rss = self.dist.gather_object(system.peak_rss_mb())
         gpu = self.dist.gather_object(system.gpu_peak_mb(self.dist))

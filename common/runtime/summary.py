@@ -59,7 +59,7 @@ def run_summary(run: Any, result: FitResult, metric_name: str, replicas: int) ->
         "threads_per_rank": dist.threads,
         "gpu": dist.gpu,
         # The HOROVOD_* variables hvd.init() read, those the environment set over the config, what Horovod used.
-        "horovod": {"settings": dist.settings, "from_environment": list(dist.settings_from_env),
+        "horovod": {"settings": dist.settings.values, "from_environment": list(dist.settings.from_environment),
                     "used": dist.horovod_used} if dist.horovod else None,
         "global_batch_size": data.local_batch_size * replicas,
         "train_samples": data.train_samples,

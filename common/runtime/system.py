@@ -26,7 +26,6 @@ import os
 import resource
 import time
 from pathlib import Path
-from typing import Any
 
 from common.runtime.dist import DistEnv
 
@@ -196,8 +195,3 @@ def describe_peak(peak: dict | None) -> dict | None:
     keep = ("host", "cpu", "cores", "tensorflow", "gemm_gflops", "conv3d_gflops", "peak_gflops", "measured_at",
             "cache")
     return {k: peak[k] for k in keep if k in peak} if peak else None
-
-
-def collect(values: Any, dist: DistEnv) -> list:
-    """Every rank's value, in rank order, on every rank (collective)."""
-    return dist.gather_object(values)

@@ -1,6 +1,6 @@
 """Worker for test_horovod_settings: init_distributed with a config (fusion threshold 1 MiB, cycle time 10 ms),
 then 300 fused gradient allreduces of 8 small tensors. Rank 0 prints the run's log line and the settings it
-records (DistEnv.settings, settings_from_env, horovod_used) as one JSON line after `SETTINGS `."""
+records (DistEnv.settings' values and from_environment, horovod_used) as one JSON line after `SETTINGS `."""
 import json
 import sys
 
@@ -19,8 +19,8 @@ def main() -> int:
     for _ in range(300):
         step(tf.ones((1000,)))
     if env.is_root:
-        print("SETTINGS " + json.dumps({"log": describe(env), "settings": env.settings,
-                                        "from_environment": list(env.settings_from_env),
+        print("SETTINGS " + json.dumps({"log": describe(env), "settings": env.settings.values,
+                                        "from_environment": list(env.settings.from_environment),
                                         "used": env.horovod_used}), flush=True)
     return 0
 
