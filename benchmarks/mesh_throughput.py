@@ -197,12 +197,12 @@ def worker(size: str, spatial: tuple[int, int], count: int, warmup: int, out: st
         train(x, y)
     dist.barrier()
     sent = loopback_bytes()
-    before, cpu_before = steps.phases() if steps.phases else {}, os.times()
+    before, cpu_before = steps.clock.snapshot() if steps.clock else {}, os.times()
     seconds = [timed(lambda: train(x, y)) for _ in range(count)]
     cpu = os.times()
     cpu = {"user": (cpu.user - cpu_before.user) / count, "system": (cpu.system - cpu_before.system) / count}
     dist.barrier()
-    phases = {k: (v - before[k]) / count for k, v in steps.phases().items()} if steps.phases else None
+    phases = {k: (v - before[k]) / count for k, v in steps.clock.snapshot().items()} if steps.clock else None
     sent = loopback_bytes() - sent
     memory = dist.gather_object({"rank": dist.rank, "built_rss_mb": built_rss, "peak_rss_mb": peak_rss_mb(),
                                  "cpu_seconds_per_step": cpu})

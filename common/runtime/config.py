@@ -73,8 +73,8 @@ class SystemConfig:
 
     enabled: bool = True
     probe: bool = True  # measure the node's peak FLOP/s once per host when not cached (common/runtime/probe.py)
-    warmup_steps: int = 5  # training steps before the Horovod timeline window opens
-    window_steps: int = 20  # training steps the window records (0: no timeline, no collective figures)
+    warmup_steps: int = 5  # training steps before the window opens
+    window_steps: int = 20  # training steps the window times by phase (0: none, no collective figures)
 
     def __post_init__(self):
         check(self.warmup_steps >= 1, "system.warmup_steps", self.warmup_steps, ">= 1")

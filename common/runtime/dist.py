@@ -174,8 +174,6 @@ def _start_horovod(cfg: DistConfig) -> dict:
     as DistEnv fields."""
     settings = hvd_settings.resolve(cfg)
     os.environ.update(settings.values)
-    if not cfg.elastic.enabled:  # lets the run record a window of steps (common/runtime/system.py)
-        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     import horovod.tensorflow as hvd
     hvd.init()
     return dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),

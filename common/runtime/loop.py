@@ -26,7 +26,12 @@ from common.io.datasets import Datasets
 from common.runtime.checkpoint import Checkpointer, Progress, Resume, restore_rank, restore_shared
 from common.runtime.dist import DistEnv
 from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
+from common.runtime.phases import PhaseClock, device_sync_for
 from common.runtime.stopping import StopFlag, StopRequests
+
+
+# The data-parallel step's phases (make_train_step).
+STEP_PHASES = ("compute", "allreduce", "update")
 
 
 class Metric(Protocol):
@@ -70,8 +75,9 @@ class Steps:
     evaluate: Callable[[Any, Any], Any]  # (x, y) -> this rank's float32 sums [count, loss sum, metric sums ...]
     close: Callable[[], None] = lambda: None  # after the last step (e.g. closes sessions)
     stop: StopFlag | None = None  # the stop request train() allreduces with its gradients (None: it does not)
-    # Seconds this rank's training steps spent in each of their phases so far, for benchmarks (None: not kept).
-    phases: Callable[[], dict] | None = None
+    # Seconds this rank's training steps spent in each of their phases so far (None: not kept). The system
+    # window reads its "allreduce" phase: the step blocked in the gradients' collective.
+    clock: PhaseClock | None = None
 
 
 # (trainee, dist, stop flag or None) -> Steps: built after the initial state is broadcast.
@@ -81,9 +87,10 @@ StepsFactory = Callable[["Trainee", DistEnv, "StopFlag | None"], Steps]
 def data_parallel_steps(trainee: "Trainee", dist: DistEnv, stop: StopFlag | None = None) -> Steps:
     """The Keras model in `tf.function` steps, gradients (and the stop flag) averaged over all ranks in one
     grouped allreduce."""
+    clock = PhaseClock(STEP_PHASES, device_sync_for(dist.gpu))
     return Steps(train=make_train_step(trainee.model, trainee.optimizer, trainee.loss, dist, stop,
-                                       jit_compile=trainee.jit_compile),
-                 evaluate=_make_eval_step(trainee.model, trainee.loss, trainee.metric), stop=stop)
+                                       jit_compile=trainee.jit_compile, clock=clock),
+                 evaluate=_make_eval_step(trainee.model, trainee.loss, trainee.metric), stop=stop, clock=clock)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +173,9 @@ class LoopContext:
 class StepMonitor(Protocol):
     """Told after every training step what the loop has timed so far (system figures, TensorBoard)."""
 
+    def attach(self, clock: PhaseClock | None) -> None:
+        """Before the first step: the phase clock of the steps being trained (None: they keep none)."""
+
     def tick(self, done: int, step: int, boundary: bool, totals: dict, running: dict) -> None:
         """`done` steps in this attempt, `step` the global step; `boundary`: an epoch's end or an evaluation
         follows; `totals`: the loop's running sums (input_wait_seconds, step_seconds); `running`: the epoch's
@@ -245,6 +255,8 @@ class _Training:
         self.saver = _Saver(ctx.control, self.start, trainee, train_iter, data, ctx.log)
         self.done = 0  # training steps in this attempt
         self.totals = {"input_wait_seconds": 0.0, "step_seconds": 0.0}
+        if ctx.monitor:
+            ctx.monitor.attach(steps.clock)
 
     def run(self) -> FitResult:
         options, metric = self.ctx.options, self.trainee.metric
@@ -428,12 +440,16 @@ def _reached(value: float, metric: Metric, target: float) -> bool:
 
 
 def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopFlag | None = None,
-                    jit_compile: bool = False):
-    """One data-parallel training step in a tf.function: (x, y) -> the loss averaged over the ranks; with
-    `stop`, the ranks' stop requests ride in the same allreduce into `stop.agreed`. The forward and backward
-    pass is XLA-compiled with `jit_compile`; the allreduce and the update are not (Horovod's ops)."""
+                    jit_compile: bool = False, clock: PhaseClock | None = None):
+    """One data-parallel training step: (x, y) -> the loss averaged over the ranks; with `stop`, the ranks'
+    stop requests ride in the same allreduce into `stop.agreed`. Three `tf.function`s, each timed on `clock`:
+    the forward and backward pass ("compute", XLA-compiled with `jit_compile`), one grouped allreduce of the
+    gradients, the loss and the stop request ("allreduce"; none on one rank), the optimizer's update ("update").
+    The allreduce takes every gradient at once, so splitting the step there costs it no overlap."""
     import tensorflow as tf
+    clock = clock or PhaseClock(STEP_PHASES)
     flags = [stop.local] if stop is not None else []
+    variables = model.trainable_variables
 
     def gradients(x, y):
         with tf.GradientTape() as tape:
@@ -442,19 +458,31 @@ def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopFlag | N
             if model.losses:  # regularization penalties (CosmoFlow's L2 weight decay), as Keras' fit adds them
                 loss = loss + tf.add_n(model.losses)
             scaled = optimizer.scale_loss(loss)  # mixed_float16: times the loss scale; else the loss
-        return loss, tape.gradient(scaled, model.trainable_variables)
+        return loss, tape.gradient(scaled, variables)
 
-    compute = tf.function(gradients, jit_compile=True) if jit_compile else gradients
+    compute = tf.function(gradients, jit_compile=jit_compile)
+    reduce = tf.function(lambda tensors: dist.allreduce_gradients(list(tensors) + [f.read_value() for f in flags]))
 
     @tf.function
-    def train_step(x, y):
-        loss, grads = compute(x, y)
-        # One grouped allreduce for the gradients, the loss (for reporting) and the stop request.
-        reduced = dist.allreduce_gradients(list(grads) + [loss] + [f.read_value() for f in flags])
-        grads, loss = reduced[:len(grads)], reduced[len(grads)]
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # a loss-scale wrapper unscales them
+    def update(grads, agreed):
+        optimizer.apply_gradients(zip(grads, variables))  # a loss-scale wrapper unscales them
         if flags:
-            stop.agreed.assign(reduced[-1])
+            stop.agreed.assign(agreed)
+
+    exchanged = dist.horovod and dist.size > 1
+
+    def train_step(x, y):
+        clock.start()
+        loss, grads = compute(x, y)
+        clock.lap("compute")
+        agreed = flags[0].read_value() if flags else None  # one rank: its own request
+        if exchanged:
+            reduced = reduce(list(grads) + [loss])
+            grads, loss = reduced[:len(grads)], reduced[len(grads)]
+            agreed = reduced[-1] if flags else None
+            clock.lap("allreduce")
+        update(list(grads), agreed)
+        clock.lap("update")
         return loss
 
     return train_step

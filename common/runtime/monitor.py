@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ class RunMonitor:
         out = Path(cfg.run.output_dir)
         self.cfg, self.dist = cfg.system, dist
         steps = cfg.system.window_steps if cfg.system.enabled and not cfg.dist.elastic.enabled else 0
-        self.window = system.CollectiveWindow(dist, out / system.TIMELINE_FILE, cfg.system.warmup_steps, steps)
+        self.window = system.StepWindow(cfg.system.warmup_steps, steps)
         self.elastic = cfg.dist.elastic.enabled
         self.energy = energy.EnergyMeter(dist)
         self.readings: tuple | None = None
@@ -57,6 +56,10 @@ class RunMonitor:
         if self.cfg.enabled:
             self.readings = self.energy.stop()
 
+    def attach(self, clock) -> None:
+        """The phase clock of the steps fit() is about to train (None: steps that keep none)."""
+        self.window.attach(clock)
+
     def tick(self, done: int, step: int, boundary: bool, totals: dict, running: dict) -> None:
         self.window.tick(done, boundary, totals)
         self.last_step, self.last_done, self.last_totals = step, done, totals  # the loop's, kept current
@@ -78,48 +81,59 @@ class RunMonitor:
         rss = self.dist.gather_object(system.peak_rss_mb())
         gpu = self.dist.gather_object(system.gpu_peak_mb(self.dist))
         readings = self.dist.gather_object(self.readings or (None, None, "energy counters not read"))
+        collectives = self._collectives(model)
         if not self.dist.is_root:
             return None
-        return self._figures(history, model, samples_per_second, rss, gpu, readings)
+        return self._figures(history, model, samples_per_second, rss, gpu, readings, collectives)
 
-    def _figures(self, history, model, samples_per_second, rss, gpu, readings) -> dict:
+    def _figures(self, history, model, samples_per_second, rss, gpu, readings, collectives: dict) -> dict:
         joules, source, reason = energy.job_energy(readings)
         trained = system.samples_trained(history)
         figures = {"peak": system.describe_peak(self.peak),
                    **system.flops_figures(training_gflop_per_sample(model), samples_per_second, self.peak,
                                           self.dist.num_nodes),
                    "input_wait_share": system.input_wait_share(history),
-                   **self._collectives(),
                    "peak_rss_mb": rss, "gpu_peak_memory_mb": gpu if self.dist.gpu else None,
                    "energy_joules": joules, "energy_source": source or None,
-                   "energy_j_per_sample": joules / trained if joules is not None and trained else None}
+                   "energy_j_per_sample": joules / trained if joules is not None and trained else None,
+                   **collectives}
         figures["reasons"] = _reasons(figures, self.peak_reason, reason, self._window_reason())
         return figures
 
-    def _collectives(self) -> dict:
-        w, single = self.window.window, not self.window.timeline
-        none = 0.0 if single else None  # one rank: nothing to wait for or exchange
+    def _collectives(self, model: Any) -> dict:
+        """The window's figures on rank 0 (a collective: every rank's window is gathered, and with more than one
+        rank the gradients' allreduce is timed on its own)."""
+        w = self.window.window if self.window.closed else None
+        timed = w is not None and w.steps > 0
+        exchanged = self.dist.horovod and self.dist.size > 1
+        none = None if exchanged else 0.0  # one rank: nothing to wait for or exchange
         figures = {"allreduce_share": none, "allreduce_wait_share": none, "allreduce_gb_per_s": None,
-                   "allreduce_bytes_per_step": none, "allreduce_seconds": 0.0}
-        if not self.window.closed or w is None or w.steps == 0:
-            return {k: v for k, v in figures.items() if k != "allreduce_seconds"} | {"step_breakdown": None,
-                                                                                     "window": None}
-        if not single:
-            figures = system.collective_figures(self.window.path, w)
-        breakdown = system.step_breakdown(w.totals, w.seconds, figures.pop("allreduce_seconds"))
-        return figures | {"step_breakdown": breakdown,
+                   "allreduce_bytes_per_step": none}
+        if not timed:
+            self.dist.gather_object(None)
+            return figures | {"step_breakdown": None, "window": None}
+        blocked = w.phases.get("allreduce", 0.0)
+        breakdown = system.step_breakdown(w.totals, w.seconds, blocked)
+        ranks = self.dist.gather_object(((blocked, w.seconds), breakdown))
+        exchange = system.exchange_timing(self.dist, model.trainable_variables) if exchanged else None
+        if not self.dist.is_root:
+            return {}
+        if exchange:
+            figures = system.collective_figures([r[0] for r in ranks], w.steps, exchange)
+        return figures | {"step_breakdown": system.mean_shares([r[1] for r in ranks]),
                           "window": {"first_step": w.first_step, "steps": w.steps, "seconds": w.seconds,
-                                     "timeline": None if single else str(self.window.path)}}
+                                     "exchange": exchange}}
 
     def _window_reason(self) -> str:
         if self.dist.size == 1 or not self.dist.horovod:
             return "one rank: no allreduce"
+        if self.window.closed and self.window.window.steps:
+            return ("the gradients' allreduce on its own took no longer than a one-element one: too small to "
+                    "time beside Horovod's coordination")
         if self.elastic:
-            return "elastic runs record no Horovod timeline (its ranks change)"
+            return "elastic runs record no window of steps (their ranks may change inside it)"
         if self.cfg.window_steps == 0:
             return "system.window_steps is 0"
-        if not self.window.enabled:
-            return f"HOROVOD_TIMELINE={os.environ.get('HOROVOD_TIMELINE')} set by the user records the whole run"
         return f"the run trained fewer than system.warmup_steps + 1 = {self.cfg.warmup_steps + 1} steps"
 
     def close(self, figures: dict | None) -> None:

@@ -2,15 +2,16 @@
 
 - Input wait and step time: the training loop times every `next()` on the input and every training step
   (the history's `input_wait_seconds` and `step_seconds` per epoch).
-- Collectives: a window of `system.window_steps` training steps, opened after `system.warmup_steps` steps
-  (tracing and the first allocations done) and closed early at an epoch's end or an evaluation, is recorded
-  with Horovod's timeline (HOROVOD_TIMELINE=DYNAMIC, hvd.start_timeline/stop_timeline) into
-  `horovod_timeline.json` in the run directory. Rank 0's timeline shows, per tensor, the wait for every rank
-  to be ready (NEGOTIATE_*: slower ranks and the cycle time) and the exchange (ALLREDUCE with its memory
-  copies): the step is blocked from the first to the last, since the gradients go in one grouped allreduce
-  after the backward pass. Their union over the window, against the window's wall time, is `allreduce_share`;
-  the bytes of the exchanged tensors over the exchange time are `allreduce_gb_per_s` (algorithm bandwidth).
-  A one-rank run times the same window without a timeline (no collectives: allreduce 0).
+- Collectives: the training steps keep a clock of their phases (common/runtime/phases.py; the data-parallel step
+  runs its forward and backward pass, the grouped allreduce of its gradients and the update as three calls).
+  A window of `system.window_steps` steps, opened after `system.warmup_steps` steps (tracing and the first
+  allocations done) and closed early at an epoch's end or an evaluation, reads it: the seconds the steps were
+  blocked in the allreduce, against the window's wall time, are `allreduce_share` (the mean over the ranks;
+  each rank's in `allreduce_share_per_rank`). After the run the same grouped allreduce runs on its own with the
+  ranks starting together, and a one-element one beside it (Horovod's coordination: its cycle and negotiation).
+  Their difference is the transfer: the bytes over it are `allreduce_gb_per_s`, and what the steps were blocked
+  beyond it is `allreduce_wait_share` (waiting for the other ranks, for Horovod's cycle and its negotiation). Horovod's own timeline is not used: its writer thread
+  spins on rank 0 for the whole run once HOROVOD_TIMELINE is set, which costs a core's share on a full node.
 - FLOP/s: the model's training GFLOP per sample (common/runtime/flops.py) x the steady samples/s, against the
   node's probed peak (common/runtime/probe.py) times the nodes.
 - Memory: each rank's peak resident set (getrusage), and the GPU's peak allocation where there is one.
@@ -20,24 +21,21 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import resource
+import statistics
 import time
-from pathlib import Path
 
 from common.runtime.dist import DistEnv
+from common.runtime.phases import PhaseClock, device_sync_for
 
-TIMELINE_FILE = "horovod_timeline.json"
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1,
-               "int8": 1, "bool": 1}
-COLLECTIVES = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
+EXCHANGE_REPEATS = 10  # runs of the gradients' allreduce on its own, and of a one-element one (median of each)
 
 
 @dataclasses.dataclass
 class Window:
-    """The steps recorded in Horovod's timeline: where they start, and the loop's totals at both ends."""
+    """The steps the system window timed: where they start, and the loop's totals and the step phases' seconds
+    inside them."""
 
     first_step: int = 0
     steps: int = 0
@@ -45,19 +43,27 @@ class Window:
     seconds: float = 0.0
     totals_at_start: dict = dataclasses.field(default_factory=dict)
     totals: dict = dataclasses.field(default_factory=dict)  # what the loop timed inside the window
+    phases_at_start: dict = dataclasses.field(default_factory=dict)
+    phases: dict = dataclasses.field(default_factory=dict)  # the steps' phase seconds inside the window
 
 
-class CollectiveWindow:
-    """Times a window of `steps` training steps after `warmup` (closed early at a boundary); with more than one
-    rank, Horovod's timeline records it too. One rank has no collectives: its window is timed only."""
+class StepWindow:
+    """Times a window of `steps` training steps after `warmup` (closed early at a boundary): the loop's totals
+    and the phases of the steps' clock (on a GPU the clock waits for the device inside the window only)."""
 
-    def __init__(self, dist: DistEnv, path: Path, warmup: int, steps: int):
-        self.dist, self.path, self.warmup, self.steps = dist, path, warmup, steps
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.steps = warmup, steps
+        self.clock: PhaseClock | None = None
         self.window: Window | None = None
         self.closed = False
-        self.timeline = dist.horovod and dist.size > 1
-        # A HOROVOD_TIMELINE file the user set records the whole run instead; only DYNAMIC allows a window.
-        self.enabled = steps > 0 and (not self.timeline or os.environ.get("HOROVOD_TIMELINE") == "DYNAMIC")
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps > 0
+
+    def attach(self, clock: PhaseClock | None) -> None:
+        """The clock of the steps about to be trained (None: steps that keep none)."""
+        self.clock = clock
 
     def tick(self, done: int, boundary: bool, totals: dict) -> None:
         """After a training step: `done` steps so far in this attempt; `boundary`: an epoch's end or an
@@ -77,67 +83,63 @@ class CollectiveWindow:
             self._close(done, totals)
 
     def _open(self, done: int, totals: dict) -> None:
-        if self.timeline:
-            import horovod.tensorflow as hvd
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            hvd.start_timeline(str(self.path), mark_cycles=False)
-        self.window = Window(first_step=done, start=time.perf_counter(), totals_at_start=dict(totals))
+        phases = {}
+        if self.clock is not None:
+            self.clock.sync = True
+            phases = self.clock.snapshot()
+        self.window = Window(first_step=done, start=time.perf_counter(), totals_at_start=dict(totals),
+                             phases_at_start=phases)
 
     def _close(self, done: int, totals: dict) -> None:
         w = self.window
         w.steps, w.seconds = done - w.first_step, time.perf_counter() - w.start
-        if self.timeline:
-            import horovod.tensorflow as hvd
-            hvd.stop_timeline()
         w.totals = {k: totals[k] - w.totals_at_start.get(k, 0.0) for k in totals}
+        if self.clock is not None:
+            self.clock.sync = False
+            w.phases = {k: v - w.phases_at_start.get(k, 0.0) for k, v in self.clock.snapshot().items()}
         self.closed = True
 
 
-def timeline_spans(path: Path) -> list[tuple[str, float, float, dict]]:
-    """(activity, start s, end s, end args) of every top-level activity in a Horovod timeline file."""
-    # Horovod leaves the array open while it records, and a comma may precede its closing bracket.
-    events = json.loads(path.read_text().rstrip().rstrip("]").rstrip().rstrip(",") + "]")
-    open_by_tensor: dict[int, list] = {}
-    spans = []
-    for e in events:
-        if e.get("ph") == "B":
-            open_by_tensor.setdefault(e["pid"], []).append((e["name"], e["ts"]))
-        elif e.get("ph") == "E" and open_by_tensor.get(e["pid"]):
-            name, start = open_by_tensor[e["pid"]].pop()
-            if not open_by_tensor[e["pid"]]:  # top level: NEGOTIATE_* or the collective itself
-                spans.append((name, start / 1e6, e["ts"] / 1e6, e.get("args") or {}))
-    return spans
+def exchange_timing(dist: DistEnv, variables: list, repeats: int = EXCHANGE_REPEATS) -> dict:
+    """The gradients' grouped allreduce on its own, the ranks starting together (a barrier before each run):
+    the median seconds of `repeats` runs, those of a one-element allreduce (Horovod's coordination: the wait
+    for its cycle and the negotiation, no data to speak of), and the bytes. A collective."""
+    import tensorflow as tf
+    tensors = [tf.zeros(v.shape, v.dtype) for v in variables]
+    nbytes = sum(math.prod(t.shape) * t.dtype.size for t in tensors)
+    reduce = tf.function(dist.allreduce_gradients)
+    seconds = _median_seconds(dist, lambda: reduce(tensors), repeats)
+    latency = _median_seconds(dist, lambda: reduce([tf.zeros((1,))]), repeats)
+    return {"seconds": seconds, "latency_seconds": latency, "bytes": nbytes, "repeats": repeats}
 
 
-def union_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Total length of the union of [start, end] intervals."""
-    total, reach = 0.0, -math.inf
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
+def _median_seconds(dist: DistEnv, run, repeats: int) -> float:
+    sync = device_sync_for(dist.gpu) or (lambda: None)
+    run()  # traces
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def tensor_bytes(args: dict) -> int:
-    """Bytes of the tensor an activity's end event describes ({"dtype": "float32", "shape": "[3, 3]"})."""
-    shape = [int(d) for d in str(args.get("shape", "[]")).strip("[]").split(",") if d.strip()]
-    return math.prod(shape) * DTYPE_BYTES.get(str(args.get("dtype")), 4)
-
-
-def collective_figures(path: Path, window: Window) -> dict:
-    """allreduce_share (waiting and exchanging), its waiting part, and the exchange's bandwidth in the window."""
-    spans = timeline_spans(path)
-    exchange = [(s, e) for name, s, e, _ in spans if name in COLLECTIVES]
-    waiting = [(s, e) for name, s, e, _ in spans if name.startswith("NEGOTIATE_")]
-    nbytes = sum(tensor_bytes(args) for name, _, _, args in spans if name in COLLECTIVES)
-    exchange_s = union_seconds(exchange)
-    blocked = union_seconds(exchange + waiting)
-    return {"allreduce_share": min(1.0, blocked / window.seconds),
-            "allreduce_wait_share": min(1.0, union_seconds(waiting) / window.seconds),
-            "allreduce_gb_per_s": nbytes / exchange_s / 1e9 if exchange_s > 0 else None,
-            "allreduce_bytes_per_step": nbytes / max(1, window.steps),
-            "allreduce_seconds": blocked}
+def collective_figures(windows: list[tuple[float, float]], steps: int, exchange: dict) -> dict:
+    """allreduce_share (the steps blocked in the gradients' allreduce), its part spent waiting (for the other
+    ranks, Horovod's cycle and its negotiation: all but the transfer), and the transfer's bandwidth. `windows`:
+    each rank's (seconds in the allreduce phase, window seconds) over the window's `steps`; `exchange`:
+    exchange_timing (the transfer: the gradients' allreduce on its own less a one-element one)."""
+    shares = [blocked / seconds for blocked, seconds in windows]
+    share = min(1.0, statistics.mean(shares))
+    transfer = max(0.0, exchange["seconds"] - exchange["latency_seconds"])
+    waits = [max(0.0, blocked - steps * transfer) / seconds for blocked, seconds in windows]
+    return {"allreduce_share": share, "allreduce_share_per_rank": shares,
+            "allreduce_wait_share": min(share, statistics.mean(waits)),
+            "allreduce_gb_per_s": exchange["bytes"] / transfer / 1e9 if transfer > 0 else None,
+            "allreduce_bytes_per_step": exchange["bytes"]}
 
 
 def peak_rss_mb() -> float:
@@ -162,6 +164,11 @@ def step_breakdown(window_totals: dict, seconds: float, collective_seconds: floa
               "other": max(0.0, seconds - steps_s - wait_s)}
     total = sum(shares.values()) or 1.0
     return {k: v / total for k, v in shares.items()}
+
+
+def mean_shares(breakdowns: list[dict]) -> dict:
+    """The ranks' step breakdowns averaged share by share."""
+    return {k: statistics.mean(b[k] for b in breakdowns) for k in breakdowns[0]}
 
 
 def steady(history: list[dict]) -> list[dict]:

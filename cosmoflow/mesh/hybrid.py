@@ -21,7 +21,6 @@ import functools
 import hashlib
 import os
 import socket
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +29,7 @@ import numpy as np
 from common.base.errors import BenchError
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Metric, Steps, StepsFactory, Trainee, batch_sums
+from common.runtime.phases import PhaseClock
 from common.runtime.strategy import DataParallel
 from common.runtime.stopping import StopFlag
 from cosmoflow.data import SampleBlock
@@ -237,8 +237,7 @@ def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, 
     mesh); the stop request rides in the gradients' sum."""
     runner = _HybridSteps(trainee.model, trainee.optimizer, trainee.loss, trainee.metric, dist, layout, mesh)
     runner.stop, runner.slices, runner.blocks, runner.queues, runner.handoff = stop, slices, blocks, queues, handoff
-    return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop,
-                 phases=lambda: dict(runner.phases))
+    return Steps(train=runner.train, evaluate=runner.evaluate, close=runner.close, stop=stop, clock=runner.clock)
 
 
 class _HybridSteps:
@@ -262,29 +261,23 @@ class _HybridSteps:
         self.no_targets = np.zeros((0, model.output_shape[-1]), np.float32)
         # Training steps' seconds by phase: the slices' write and handoff, queueing the block, the mesh step
         # (the leader; the others' wait is in the allreduce), the allreduce, the update.
-        self.phases = dict.fromkeys(("sync", "put", "mesh", "allreduce", "update"), 0.0)
-        self.clock = 0.0  # when the phase being timed began (set at the start of each step)
-
-    def _phase(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] += now - self.clock
-        self.clock = now
+        self.clock = PhaseClock(("sync", "put", "mesh", "allreduce", "update"))
 
     def train(self, x, y) -> float:
         """One step: the group's gradients through the mesh, their mean over the groups, the same update everywhere."""
         import tensorflow as tf
-        self.clock = time.perf_counter()
+        self.clock.start()
         self.sync()
-        self._phase("sync")
+        self.clock.lap("sync")
         self.blocks.put(self.queues[0], x)  # this rank's block, on its own device for the leader's step
-        self._phase("put")
+        self.clock.lap("put")
         if self.mesh is not None:
             session = self.mesh.session(self.mesh.train)
             result = self.mesh.train.step(session, None, np.asarray(y))
             grads, loss = result.gradients, result.loss
         else:
             grads, loss = self.no_gradients, 0.0
-        self._phase("mesh")
+        self.clock.lap("mesh")
         # Summed over every rank = summed over the groups (the other ranks add zeros); the stop requests too.
         # When the layout's ranks are the job's processes, each one's digest of its batch's targets rides along:
         # a group whose ranks read different samples would train on blocks of different cubes, so it stops the
@@ -294,7 +287,7 @@ class _HybridSteps:
         digests = [tf.constant(targets_digests(y, self.layout.rank, self.layout.size))] if checked else []
         summed = self.dist.sum_grouped([tf.constant(g) for g in grads] + [tf.constant(loss, tf.float32)] + digests
                                        + flags)
-        self._phase("allreduce")
+        self.clock.lap("allreduce")
         sums, loss_sum = summed[:len(grads)], summed[len(grads)]
         if checked:
             check_group_read_alike(np.asarray(summed[len(grads) + 1]), self.layout, self.version)
@@ -307,7 +300,7 @@ class _HybridSteps:
             grads, loss = [g + p for g, p in zip(grads, penalty_grads)], loss + float(penalty)
         self.apply(grads)
         self.version += 1
-        self._phase("update")
+        self.clock.lap("update")
         return loss
 
     def evaluate(self, x, y):

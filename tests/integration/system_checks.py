@@ -18,9 +18,9 @@ def assert_plausible_system(summary: dict, ranks: int) -> dict:
     assert len(system["peak_rss_mb"]) == ranks and all(100 < mb < 24 * 1024 for mb in system["peak_rss_mb"])
     for name in ("energy_j_per_sample", "allreduce_gb_per_s", "gpu_peak_memory_mb"):
         assert system[name] is not None or system["reasons"].get(name), (name, system["reasons"])
-    if ranks == 1:  # the window timed, no timeline: nothing exchanged
+    if ranks == 1:  # the window timed, nothing exchanged
         assert system["allreduce_share"] == 0.0 and system["reasons"]["allreduce_gb_per_s"] == "one rank: no allreduce"
-        assert system["step_breakdown"]["allreduce"] == 0.0 and system["window"]["timeline"] is None
+        assert system["step_breakdown"]["allreduce"] == 0.0 and system["window"]["exchange"] is None
         assert math.isclose(sum(system["step_breakdown"].values()), 1.0)
         return system
     if system["window"] is None:  # a run shorter than the window's warm-up
@@ -30,6 +30,10 @@ def assert_plausible_system(summary: dict, ranks: int) -> dict:
     breakdown = system["step_breakdown"]
     assert set(breakdown) == {"compute", "allreduce", "input_wait", "other"}
     assert all(0 <= v <= 1 for v in breakdown.values()) and math.isclose(sum(breakdown.values()), 1.0)
-    assert system["allreduce_gb_per_s"] > 0 and system["allreduce_bytes_per_step"] > 0
+    assert system["allreduce_gb_per_s"] is None or system["allreduce_gb_per_s"] > 0
+    assert system["allreduce_bytes_per_step"] > 0 and len(system["allreduce_share_per_rank"]) == ranks
     assert system["window"]["steps"] >= 1 and system["window"]["seconds"] > 0
+    exchange = system["window"]["exchange"]  # the gradients' allreduce on its own, after the run
+    assert exchange["seconds"] > 0 and exchange["latency_seconds"] > 0 and exchange["bytes"] == \
+        system["allreduce_bytes_per_step"]
     return system

@@ -44,7 +44,8 @@ def test_two_rank_run_writes_a_structurally_compliant_log(dataset, tmp_path):
     assert summary["ranks"] == 2 and summary["epochs"] == 2 and summary["status"] == "aborted"
     assert (out / "config.yaml").is_file()
     assert_plausible_system(summary, ranks=2)
-    assert summary["horovod"]["used"]["fusion_threshold_bytes"] == 64 * 2**20 and (out / "horovod_timeline.json").is_file()
+    assert summary["horovod"]["used"]["fusion_threshold_bytes"] == 64 * 2**20
+    assert not (out / "horovod_timeline.json").exists()  # no timeline writer spinning through the run
     # TensorBoard: rank 0's event files hold the training scalars every 10 steps, each evaluation and the system.
     scalars = read_scalars(out)
     assert [step for step, _ in scalars["train/loss"]] == [10] and len(scalars["eval/mae"]) == 2

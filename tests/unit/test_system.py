@@ -1,4 +1,4 @@
-"""The system figures' parts on tiny inputs: Horovod timeline parsing, shares, energy counters, the probe's cache,
+"""The system figures' parts on tiny inputs: the step window, collective shares, energy counters, the probe's cache,
 FLOPs from layer shapes."""
 import json
 import os
@@ -7,52 +7,73 @@ import pytest
 
 from common.runtime import energy, probe, system
 from common.runtime.flops import training_gflop_per_sample
-
-# A Horovod timeline as rank 0 writes it (two fused tensors of one step; the file cut before its closing bracket):
-# tensor 1 negotiates 100-400 µs and is exchanged 400-900 µs; tensor 2 negotiates 150-400 and is exchanged 450-950.
-TIMELINE = [
-    {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grad_a"}},
-    {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 100, "pid": 1},
-    {"ph": "X", "name": "0", "ts": 100, "pid": 1, "dur": 0},
-    {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 150, "pid": 2},
-    {"ph": "E", "ts": 400, "pid": 1}, {"ph": "E", "ts": 400, "pid": 2},
-    {"ph": "B", "name": "ALLREDUCE", "ts": 400, "pid": 1},
-    {"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": 410, "pid": 1}, {"ph": "E", "ts": 420, "pid": 1},
-    {"ph": "B", "name": "ALLREDUCE", "ts": 450, "pid": 2},
-    {"ph": "E", "ts": 900, "pid": 1, "args": {"dtype": "float32", "shape": "[10, 25]"}},
-    {"ph": "E", "ts": 950, "pid": 2, "args": {"dtype": "float64", "shape": "[125]"}},
-]
+from common.runtime.phases import PhaseClock
 
 
-def _write_timeline(path, events, closed=False):
-    text = "[\n" + ",\n".join(json.dumps(e) for e in events) + (",\n]" if closed else ",")
-    path.write_text(text)
-    return path
+class _Clock:
+    """A phase clock whose readings the test sets."""
+
+    def __init__(self):
+        self.seconds, self.sync = {"compute": 0.0, "allreduce": 0.0, "update": 0.0}, False
+
+    def snapshot(self):
+        return dict(self.seconds)
 
 
-@pytest.mark.parametrize("closed", [False, True])
-def test_timeline_spans_are_the_top_level_activities_with_their_sizes(tmp_path, closed):
-    spans = system.timeline_spans(_write_timeline(tmp_path / "t.json", TIMELINE, closed))
-    names = sorted((name, round(s * 1e6), round(e * 1e6)) for name, s, e, _ in spans)
-    assert names == [("ALLREDUCE", 400, 900), ("ALLREDUCE", 450, 950), ("NEGOTIATE_ALLREDUCE", 100, 400),
-                     ("NEGOTIATE_ALLREDUCE", 150, 400)]  # the memory copy is inside its allreduce
+def test_step_window_reads_the_phases_of_its_steps_only_and_syncs_inside_it():
+    window, clock = system.StepWindow(warmup=2, steps=3), _Clock()
+    window.attach(clock)
+    totals = {"step_seconds": 0.0, "input_wait_seconds": 0.0}
+    for done in range(1, 8):
+        clock.seconds["allreduce"] += 0.5 if done > 2 else 5.0  # warm-up steps' figures stay out
+        totals["step_seconds"] += 1.0
+        window.tick(done, boundary=False, totals=totals)
+        assert clock.sync == (2 <= done < 5)  # on from the opening (after step 2) to the closing (after step 5)
+    w = window.window
+    assert window.closed and (w.first_step, w.steps) == (2, 3)
+    assert w.phases["allreduce"] == pytest.approx(1.5) and w.totals["step_seconds"] == pytest.approx(3.0)
 
 
-def test_collective_figures_union_the_spans_and_count_the_bytes(tmp_path):
-    path = _write_timeline(tmp_path / "t.json", TIMELINE)
-    window = system.Window(first_step=5, steps=1, seconds=0.002)
-    figures = system.collective_figures(path, window)
-    # Blocked 100-950 µs (0.85 ms of 2 ms); waiting 100-400 (0.3 ms); exchanging 400-950 (0.55 ms) for
-    # 250 float32 + 125 float64 = 2000 bytes.
-    assert figures["allreduce_share"] == pytest.approx(0.425)
-    assert figures["allreduce_wait_share"] == pytest.approx(0.15)
-    assert figures["allreduce_bytes_per_step"] == 2000
-    assert figures["allreduce_gb_per_s"] == pytest.approx(2000 / 0.00055 / 1e9)
+def test_step_window_does_not_open_before_a_boundary_and_closes_at_one():
+    window = system.StepWindow(warmup=1, steps=10)
+    window.tick(1, boundary=True, totals={})
+    assert window.window is None
+    window.tick(2, boundary=False, totals={})
+    window.tick(4, boundary=True, totals={})
+    assert window.closed and window.window.steps == 2 and window.window.phases == {}  # no clock attached
 
 
-def test_union_of_intervals():
-    assert system.union_seconds([]) == 0
-    assert system.union_seconds([(0, 1), (0.5, 2), (3, 4), (3.5, 3.7)]) == pytest.approx(3.0)
+def test_collective_figures_split_the_blocked_time_into_waiting_and_the_exchange():
+    # Two ranks over 10 steps: rank 0 blocked 0.3 s of 1 s, rank 1 0.1 s of 1 s; the allreduce on its own
+    # takes 8 ms (2 ms of it Horovod's coordination) for 3 MB.
+    exchange = {"seconds": 0.008, "latency_seconds": 0.002, "bytes": 3_000_000, "repeats": 10}
+    figures = system.collective_figures([(0.3, 1.0), (0.1, 1.0)], 10, exchange)
+    assert figures["allreduce_share"] == pytest.approx(0.2)
+    assert figures["allreduce_share_per_rank"] == pytest.approx([0.3, 0.1])
+    assert figures["allreduce_wait_share"] == pytest.approx(((0.3 - 0.06) + (0.1 - 0.06)) / 2)  # less 10 transfers
+    assert figures["allreduce_gb_per_s"] == pytest.approx(3e6 / 0.006 / 1e9)
+    assert figures["allreduce_bytes_per_step"] == 3_000_000
+    unseen = system.collective_figures([(0.05, 1.0)], 10, exchange | {"latency_seconds": 0.009})
+    assert unseen["allreduce_wait_share"] == pytest.approx(0.05) and unseen["allreduce_gb_per_s"] is None
+
+
+def test_phase_clock_adds_each_lap_to_its_phase_and_drains_the_device_only_when_asked(monkeypatch):
+    now, drained = iter([1.0, 1.5, 4.0, 10.0, 10.25]), []
+    monkeypatch.setattr("time.perf_counter", lambda: next(now))
+    clock = PhaseClock(("compute", "allreduce"), device_sync=lambda: drained.append(1))
+    clock.start()
+    clock.lap("compute")
+    clock.lap("allreduce")
+    assert clock.snapshot() == {"compute": 0.5, "allreduce": 2.5} and not drained
+    clock.sync = True
+    clock.start()
+    clock.lap("compute")
+    assert clock.snapshot()["compute"] == 0.75 and len(drained) == 2
+
+
+def test_mean_shares_average_the_ranks_breakdowns():
+    shares = system.mean_shares([{"compute": 0.8, "allreduce": 0.2}, {"compute": 0.6, "allreduce": 0.4}])
+    assert shares == pytest.approx({"compute": 0.7, "allreduce": 0.3})
 
 
 def test_step_breakdown_splits_the_window_into_shares_that_sum_to_one():

@@ -69,7 +69,7 @@ def time_breakdown(table: pd.DataFrame) -> bytes:
 
 
 def step_breakdown(table: pd.DataFrame) -> bytes:
-    """Stacked bars of a training step's shares per configuration (the recorded window of steps), with the
+    """Stacked bars of a training step's shares per configuration (the timed window of steps), with the
     fraction of the node's peak each configuration sustained."""
     rows = table.dropna(subset=STEP)
     labels = [f"{r.benchmark}, {r.units} units, B={r.global_batch_size}\n{r.fraction_of_peak:.0%} of peak"

@@ -17,7 +17,7 @@ the mean epoch time, the paper's Table 5), unit_hours (units x time to train), a
 and from summary.json's `system` object (docs/metrics.md; NaN when the run has none): sustained_gflops,
 fraction_of_peak, input_wait_share, allreduce_share, allreduce_wait_share, allreduce_gb_per_s,
 energy_j_per_sample, peak_rss_mb (the largest rank's), step_compute, step_allreduce, step_input_wait, step_other
-(the shares of a recorded window of steps).
+(the shares of a timed window of steps).
 Epoch columns: benchmark, campaign, run, attempt, epoch, start (s since run_start, earlier attempts'
 time included), epoch_seconds (training only: evaluations inside the epoch excluded), eval_seconds,
 metric (the epoch's last evaluation), samples_per_second (NaN for the pieces of an epoch cut by a stop).

@@ -69,8 +69,8 @@ def _system_sections(runs: pd.DataFrame, benches: list[str], scal: pd.DataFrame)
     if len(system):
         sections.append(("Where a training step goes", "Mean per configuration of the runs' `system` figures "
                          "(docs/metrics.md): sustained FLOP/s and its fraction of the nodes' probed peak; a "
-                         "recorded window of steps split into compute, allreduce (waiting for every rank and "
-                         "exchanging), input wait and the loop around the steps; peak memory of the largest rank; "
+                         "timed window of steps split into compute, allreduce (waiting for every rank, Horovod's "
+                         "coordination and the exchange), input wait and the loop around the steps; peak memory of the largest rank; "
                          "energy per sample where counters exist.", system,
                          {"step_breakdown.png": figures.step_breakdown(system)}
                          if system[analyses.STEP].notna().all(axis=1).any() else {}))
