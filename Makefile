@@ -31,7 +31,8 @@ $(STAMP): setup.py pyproject.toml constraints.txt scripts/setup.sh
 setup:
 	VENV=$(VENV) scripts/setup.sh
 
-demo: BENCH := all
+# BENCH=cosmoflow|deepcam on the command line or in the environment runs one benchmark.
+BENCH ?= all
 demo: $(STAMP)
 	@PY=$(PY) NP=$(NP) DEMO_DIR=$(DEMO_DIR) scripts/demo.sh $(if $(filter all,$(BENCH)),$(ALL_BENCHES),$(BENCH))
 
