@@ -475,12 +475,13 @@ def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopFlag | N
         clock.start()
         loss, grads = compute(x, y)
         clock.lap("compute")
-        agreed = flags[0].read_value() if flags else None  # one rank: its own request
         if exchanged:
             reduced = reduce(list(grads) + [loss])
             grads, loss = reduced[:len(grads)], reduced[len(grads)]
             agreed = reduced[-1] if flags else None
             clock.lap("allreduce")
+        else:
+            agreed = flags[0].read_value() if flags else None  # one rank: its own request
         update(list(grads), agreed)
         clock.lap("update")
         return loss

@@ -109,8 +109,7 @@ class RunMonitor:
         none = None if exchanged else 0.0  # one rank: nothing to wait for or exchange
         figures = {"allreduce_share": none, "allreduce_wait_share": none, "allreduce_gb_per_s": None,
                    "allreduce_bytes_per_step": none}
-        if not timed:
-            self.dist.gather_object(None)
+        if not timed:  # the same on every rank (their windows close at the same steps): no collective to match
             return figures | {"step_breakdown": None, "window": None}
         blocked = w.phases.get("allreduce", 0.0)
         breakdown = system.step_breakdown(w.totals, w.seconds, blocked)
