@@ -1,7 +1,9 @@
 """Worker for test_horovod_settings: init_distributed with a config (fusion threshold 1 MiB, cycle time 10 ms),
-then 300 fused gradient allreduces of 8 small tensors. Rank 0 prints the run's log line and the settings it
-records (DistEnv.settings' values and from_environment, horovod_used) as one JSON line after `SETTINGS `."""
+then 300 fused gradient allreduces of 8 small tensors. Rank 0 writes the run's log line and the settings it
+records (DistEnv.settings' values and from_environment, horovod_used) as JSON to the file named by argv[1]
+(a file, not stdout: horovodrun interleaves the ranks' output mid-line)."""
 import json
+import os
 import sys
 
 from common.runtime.config import DistConfig
@@ -19,9 +21,11 @@ def main() -> int:
     for _ in range(300):
         step(tf.ones((1000,)))
     if env.is_root:
-        print("SETTINGS " + json.dumps({"log": describe(env), "settings": env.settings.values,
-                                        "from_environment": list(env.settings.from_environment),
-                                        "used": env.horovod_used}), flush=True)
+        out = sys.argv[1]
+        with open(out + ".tmp", "w") as f:
+            json.dump({"log": describe(env), "settings": env.settings.values,
+                       "from_environment": list(env.settings.from_environment), "used": env.horovod_used}, f)
+        os.replace(out + ".tmp", out)
     return 0
 
 

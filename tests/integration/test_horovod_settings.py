@@ -26,14 +26,13 @@ def _cycle_starts_ms(timeline) -> list[float]:
 
 
 def test_the_settings_a_run_logs_are_the_ones_horovod_used_and_the_users_environment_wins(tmp_path):
-    autotune, timeline = tmp_path / "autotune.csv", tmp_path / "timeline.json"
-    proc = horovodrun(2, [REPO / "tests/integration/hvd_settings_worker.py"], timeout=300, env={
+    autotune, timeline, out = tmp_path / "autotune.csv", tmp_path / "timeline.json", tmp_path / "settings.json"
+    proc = horovodrun(2, [REPO / "tests/integration/hvd_settings_worker.py", out], timeout=300, env={
         "HOROVOD_CYCLE_TIME": "30", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
         "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(autotune),
         "HOROVOD_TIMELINE": str(timeline), "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
     assert proc.returncode == 0, show(proc)
-    line = next(l for l in proc.stdout.splitlines() if "SETTINGS " in l)
-    run = json.loads(line.split("SETTINGS ", 1)[1])
+    run = json.loads(out.read_text())
     # The environment's values won and are named; the config gave the rest.
     assert run["from_environment"] == ["HOROVOD_CYCLE_TIME", "HOROVOD_HIERARCHICAL_ALLREDUCE"]
     assert run["settings"]["HOROVOD_CYCLE_TIME"] == "30" and run["settings"]["HOROVOD_FUSION_THRESHOLD"] == "1048576"
