@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
+def checksum_names(kinds: str) -> str:
+    """'xxh3_128+sha256' as the run reports it -> 'xxh3-128 or sha256' for people."""
+    return " or ".join(k.replace("xxh3_128", "xxh3-128") for k in kinds.split("+") if k) or "(no file written)"
+
+
 def run(args: argparse.Namespace) -> int:
     source = open_source(args.input)
     the_plan = plan(source, "node", Layout(), rank_files=lambda *_: (), decompress=args.decompress)
@@ -46,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     ratio = f", compression ratio {figures['compression_ratio']:.2f}" if compressed else ""
     print(f"staged {result.files} files ({result.bytes_written / 1e9:.3f} GB written, {result.bytes_read / 1e9:.3f} GB "
           f"read{ratio}; {result.files_reused} reused) from {source.kind} {source.root} into {result.dir} in "
-          f"{result.seconds:.2f} s: {figures['write_gb_per_second']:.2f} GB/s with sha256 verification, "
+          f"{result.seconds:.2f} s: {figures['write_gb_per_second']:.2f} GB/s, every file written checked by its "
+          f"{checksum_names(result.checksum)}, "
           f"{result.threads} threads", flush=True)
     return 0
