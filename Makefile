@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
 
-.PHONY: setup demo slurm-demo test test-fast bench study scaling clean-demo help
+.PHONY: setup demo slurm-demo test test-fast bench bench-reference study scaling clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
@@ -23,6 +23,8 @@ help:
 	@echo "make bench   CosmoFlow and DeepCAM training throughput, input-pipeline (loader) throughput and"
 	@echo "             staging throughput against cp -r / tar -x (writes benchmarks/results/*.json and"
 	@echo "             the tables in docs/performance.md)"
+	@echo "make bench-reference REFERENCE=/path/to/mlcommons-hpc   the MLCommons reference models' training"
+	@echo "             steps beside the suite's, each in its own environment, in one run (docs/performance.md)"
 
 # Set-up runs when .venv is missing or older than the files that define it.
 $(STAMP): setup.py pyproject.toml constraints.txt scripts/setup.sh
@@ -50,6 +52,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/deepcam_throughput.py
 	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/staging_throughput.py
+
+# REFERENCE: a checkout of https://github.com/mlcommons/hpc, from the command line or the environment.
+bench-reference: $(STAMP)
+	$(PY) benchmarks/reference_compare.py $(if $(REFERENCE),--reference $(REFERENCE))
 
 study: $(STAMP)
 	PY=$(PY) scripts/study.sh

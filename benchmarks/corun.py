@@ -1,0 +1,116 @@
+"""What two processes on this machine's cores cost each other, with no communication between them.
+
+    python benchmarks/corun.py [--apps deepcam cosmoflow] [--steps N] [--warmup N]
+
+Two Horovod ranks on a 2-core node train slower than one process with two threads. This separates the
+machine's part of that loss from the suite's. For each benchmark, in one run, with the training-step workers
+of deepcam_throughput.py (reference size, batch 1) and cosmoflow_throughput.py (128^3, batch 4):
+- `1 x 2`: one process on both cores (two intra-op threads);
+- `alone`: one process pinned to core 0 (`taskset -c 0`, one thread), the other core idle;
+- `pair`: two independent processes at once, pinned to core 0 and core 1, one thread each: the same work as
+  two ranks without any allreduce, Horovod thread or MPI;
+- `2 ranks`: `horovodrun -np 2`, one thread each (the data-parallel run).
+`pair` against `alone` is what the two cores cost each other (shared caches, memory bandwidth, the hypervisor);
+`2 ranks` against `pair` is what data parallelism adds. Writes benchmarks/results/corun.json and the table
+between its markers in docs/performance.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section, run_header,
+                     run_worker, sgemm_gflops, step_figures, write_json_atomic)
+
+RESULTS = RESULTS_DIR / "corun.json"
+BEGIN, END = "<!-- corun:begin -->", "<!-- corun:end -->"
+HERE = Path(__file__).resolve().parent
+# app: (worker script, its case arguments, local batch, default warm-up, default timed steps)
+APPS = {"deepcam": ("deepcam_throughput.py", ["--case", "reference"], 1, 1, 2),
+        "cosmoflow": ("cosmoflow_throughput.py", ["--size", "128", "--batch", "4"], 4, 1, 3)}
+
+
+def pinned_workers(app: str, cores: list[int], warmup: int, steps: int) -> list[dict]:
+    """Run one single-rank worker per core in `cores` at once, each pinned to its core; their results."""
+    script, case, _, _, _ = APPS[app]
+    procs, outs = [], []
+    for core in cores:
+        out = RESULTS_DIR / f".corun-{app}-{core}.json"
+        out.unlink(missing_ok=True)
+        cmd = ["taskset", "-c", str(core), sys.executable, str(HERE / script), "--worker", *case,
+               "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}))
+        outs.append(out)
+    logs = [p.communicate()[0] for p in procs]
+    results = []
+    for proc, out, log in zip(procs, outs, logs):
+        if proc.returncode != 0 or not out.is_file():
+            raise SystemExit(f"{app} worker on core(s) {cores} failed (exit {proc.returncode}):\n{log[-3000:]}")
+        results.append(json.loads(out.read_text()))
+        out.unlink()
+    return results
+
+
+def measure(app: str, warmup: int | None, steps: int | None) -> dict:
+    """The four layouts of `app`, one after the other; samples/s per process and in all."""
+    script, case, batch, default_warmup, default_steps = APPS[app]
+    warmup = default_warmup if warmup is None else warmup
+    steps = default_steps if steps is None else steps
+    args = [*case, "--steps", str(steps), "--warmup", str(warmup)]
+    rows = {}
+    rows["1 x 2"] = [run_worker(HERE / script, args, 1, RESULTS_DIR / f".corun-{app}.json", f"{app} 1 x 2")]
+    print(f"  {app}: alone on core 0 ...", flush=True)
+    rows["alone"] = pinned_workers(app, [0], warmup, steps)
+    print(f"  {app}: pair on cores 0 and 1 ...", flush=True)
+    rows["pair"] = pinned_workers(app, [0, 1], warmup, steps)
+    rows["2 ranks"] = [run_worker(HERE / script, args, 2, RESULTS_DIR / f".corun-{app}.json", f"{app} 2 ranks")]
+    layouts = {}
+    for name, results in rows.items():
+        ranks = results[0]["ranks"] if name == "2 ranks" else 1
+        each = [step_figures(r["step_seconds"], batch, ranks) for r in results]
+        layouts[name] = {"processes": len(results) * ranks, "threads_per_process": results[0]["threads_per_rank"],
+                         "samples_per_second": sum(f["samples_per_second"] for f in each),
+                         "median_step_seconds": [f["median_step_seconds"] for f in each],
+                         "step_seconds": [r["step_seconds"] for r in results]}
+    alone, pair = layouts["alone"]["samples_per_second"], layouts["pair"]["samples_per_second"]
+    return {"app": app, "local_batch": batch, "layouts": layouts,
+            "pair_per_process_over_alone": pair / 2 / alone,
+            "ranks_over_pair": layouts["2 ranks"]["samples_per_second"] / pair,
+            "ranks_over_one_by_two": layouts["2 ranks"]["samples_per_second"] / layouts["1 x 2"]["samples_per_second"]}
+
+
+def table(result: dict) -> str:
+    rows = ["| benchmark | 1 x 2 | alone (1 core) | pair (2 x 1, no communication) | 2 ranks (horovodrun) "
+            "| pair per process / alone | 2 ranks / pair | 2 ranks / 1 x 2 |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        sps = {k: v["samples_per_second"] for k, v in r["layouts"].items()}
+        rows.append(f"| {r['app']} | {sps['1 x 2']:.4g} | {sps['alone']:.4g} | {sps['pair']:.4g} "
+                    f"| {sps['2 ranks']:.4g} | {r['pair_per_process_over_alone']:.2f} | {r['ranks_over_pair']:.2f} "
+                    f"| {r['ranks_over_one_by_two']:.2f} |")
+    return "\n".join(rows + ["\nsamples/s over all processes. " + measured_note(result).strip()])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--apps", nargs="+", choices=sorted(APPS), default=["deepcam", "cosmoflow"])
+    p.add_argument("--steps", type=int, help="timed steps per process (default: deepcam 2, cosmoflow 3)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default 1)")
+    args = p.parse_args()
+    if (os.cpu_count() or 1) < 2:
+        raise SystemExit("corun needs at least 2 cores (it pins one process to core 0 and one to core 1)")
+    check_marked_section(DOC, BEGIN, END)
+    print("sgemm ...", flush=True)
+    result = {**run_header(sgemm_gflops())}
+    result["runs"] = [measure(app, args.warmup, args.steps) for app in args.apps]
+    write_json_atomic(RESULTS, result)
+    replace_marked_section(DOC, BEGIN, END, table(result))
+    print(f"wrote {RESULTS} and the table in {DOC}")
+
+
+if __name__ == "__main__":
+    main()

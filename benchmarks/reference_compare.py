@@ -1,0 +1,191 @@
+"""Time the MLCommons reference models beside the suite's, on this machine, in one invocation.
+
+    python benchmarks/reference_compare.py --reference /path/to/mlcommons-hpc [--apps cosmoflow deepcam]
+    make bench-reference REFERENCE=/path/to/mlcommons-hpc
+
+--reference is a checkout of https://github.com/mlcommons/hpc (or a copy of its cosmoflow/ and deepcam/
+folders). Each reference runs in a virtual environment of its own under .venv-reference/<app>, built from
+benchmarks/reference/requirements-<app>.txt the first time (and again when that file changes); nothing
+of the suite is installed there. For each benchmark one process trains the suite's model (the workers of
+cosmoflow_throughput.py and deepcam_throughput.py, one rank using every core) and one process trains the
+reference's own model file (benchmarks/reference/<app>_step.py), on the same in-memory data shapes, batch
+and step count; this machine's sgemm rate is measured before and after. It writes
+benchmarks/results/reference_compare.json and rewrites the table between its markers in
+docs/performance.md. Only ratios of figures from one such run should be quoted.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, replace_marked_section, run_header,
+                     sgemm_gflops, step_figures, write_json_atomic)
+
+RESULTS = RESULTS_DIR / "reference_compare.json"
+BEGIN, END = "<!-- reference-compare:begin -->", "<!-- reference-compare:end -->"
+HERE = REPO / "benchmarks/reference"
+VENVS = REPO / ".venv-reference"
+UPSTREAM = "https://github.com/mlcommons/hpc"
+
+
+@dataclasses.dataclass(frozen=True)
+class RefApp:
+    files: tuple[str, ...]  # what the reference side reads from the checkout
+    sample: str  # the shape both sides train on, for the table
+    local_batch: int
+    warmup: int
+    steps: int
+
+
+APPS = {
+    "cosmoflow": RefApp(("cosmoflow/models/cosmoflow.py", "cosmoflow/models/layers.py",
+                         "cosmoflow/configs/cosmo.yaml"), "128^3 x 4", local_batch=4, warmup=2, steps=4),
+    "deepcam": RefApp(("deepcam/src/deepCam/architecture/deeplab_xception.py",), "768 x 1152 x 16",
+                      local_batch=1, warmup=1, steps=3),
+}
+
+
+def check_checkout(checkout: Path, apps) -> None:
+    """Exit with the missing paths when `checkout` lacks a file the reference side of `apps` reads."""
+    if not checkout.is_dir():
+        raise SystemExit(f"--reference {checkout}: not a directory; expected a checkout of {UPSTREAM}")
+    missing = [f for app in apps for f in APPS[app].files if not (checkout / f).is_file()]
+    if missing:
+        raise SystemExit(f"--reference {checkout}: missing {', '.join(missing)}; expected a checkout of "
+                         f"{UPSTREAM} (its cosmoflow/ and deepcam/ folders)")
+
+
+def checkout_commit(checkout: Path) -> str | None:
+    """The checkout's HEAD commit, or None when it is not a git work tree."""
+    proc = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def requirements(app: str) -> list[str]:
+    """The pinned packages of `app`'s reference environment (TF_PACKAGE swaps the TensorFlow build)."""
+    lines = (HERE / f"requirements-{app}.txt").read_text().splitlines()
+    pins = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    tf_package = os.environ.get("TF_PACKAGE")
+    return [f"{tf_package}=={p.split('==')[1]}" if tf_package and p.startswith("tensorflow-cpu==") else p
+            for p in pins]
+
+
+def reference_python(app: str) -> Path:
+    """The reference environment's interpreter, built or rebuilt when its pins changed."""
+    venv, pins = VENVS / app, requirements(app)
+    stamp, digest = venv / ".pins-sha256", hashlib.sha256("\n".join(pins).encode()).hexdigest()
+    python = venv / "bin/python"
+    if python.is_file() and stamp.is_file() and stamp.read_text() == digest:
+        return python
+    print(f"  building the {app} reference environment {venv}: {' '.join(pins)} ...", flush=True)
+    for cmd in ([sys.executable, "-m", "venv", "--clear", str(venv)],
+                [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *pins]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"building {venv} failed (exit {proc.returncode}, {' '.join(cmd)}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    stamp.write_text(digest)
+    return python
+
+
+def reference_env() -> dict:
+    """The environment a reference step runs in. oneDNN on, as in the reference's CPU build (intel-tensorflow)
+    and as the suite runs: TensorFlow 2.15 leaves it off on CPUs without AVX-512, where Conv3D training is
+    about 4x slower. float32 stays float32 on both sides. A value the user set wins."""
+    return {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_DEFAULT_FPMATH_MODE": "STRICT", **os.environ,
+            "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run_reference(app: str, checkout: Path, python: Path, warmup: int, steps: int) -> dict:
+    """Time the checkout's `app` model in its own environment; the figures of one table row."""
+    out = RESULTS_DIR / f".reference-{app}.json"
+    out.unlink(missing_ok=True)
+    cmd = [str(python), str(HERE / f"{app}_step.py"), "--checkout", str(checkout), "--batch",
+           str(APPS[app].local_batch), "--warmup", str(warmup), "--steps", str(steps), "--out", str(out)]
+    print(f"  reference {app} ({APPS[app].sample}, batch {APPS[app].local_batch}): {warmup} warm-up + "
+          f"{steps} timed steps ...", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env())
+    if proc.returncode != 0 or not out.is_file():
+        raise SystemExit(f"the reference {app} step failed (exit {proc.returncode}, {' '.join(cmd)}):\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    res = json.loads(out.read_text())
+    out.unlink()
+    return {**res, **step_figures(res["step_seconds"], APPS[app].local_batch, 1)}
+
+
+def run_suite(app: str, warmup: int, steps: int) -> dict:
+    """Time the suite's `app` model on one rank with the throughput benchmark's worker."""
+    if app == "cosmoflow":
+        import cosmoflow_throughput
+        res = cosmoflow_throughput.measure(128, 1, APPS[app].local_batch, steps, warmup)
+    else:
+        import deepcam_throughput
+        res = deepcam_throughput.measure("reference", 1, steps, warmup)
+    return {k: res[k] for k in ("step_seconds", "median_step_seconds", "samples_per_second", "threads_per_rank")}
+
+
+def compare(app: str, checkout: Path, warmup: int | None, steps: int | None) -> dict:
+    """The suite's and the reference's figures for `app`, measured one after the other, and their ratio."""
+    warmup = APPS[app].warmup if warmup is None else warmup
+    steps = APPS[app].steps if steps is None else steps
+    python = reference_python(app)
+    suite = run_suite(app, warmup, steps)
+    reference = run_reference(app, checkout, python, warmup, steps)
+    return {"app": app, "sample": APPS[app].sample, "local_batch": APPS[app].local_batch, "suite": suite,
+            "reference": reference, "suite_over_reference": suite["samples_per_second"] /
+            reference["samples_per_second"]}
+
+
+def table(result: dict) -> str:
+    rows = ["| benchmark | sample, batch | suite samples/s | reference samples/s (framework) | suite / reference |",
+            "|---|---|---|---|---|"]
+    for r in result["runs"]:
+        rows.append(f"| {r['app']} | {r['sample']}, {r['local_batch']} | {r['suite']['samples_per_second']:.3g} "
+                    f"| {r['reference']['samples_per_second']:.3g} ({r['reference']['framework']}) "
+                    f"| {r['suite_over_reference']:.2f} |")
+    commit = result["reference_commit"] or "not a git work tree"
+    rows.append(f"\nsgemm (numpy, 2048^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s before, "
+                f"{result['sgemm_gflops_after']:.1f} after. Reference checkout's HEAD: {commit}. "
+                f"Measured {result['date']} on {result['machine']}.")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reference", type=Path, default=os.environ.get("REFERENCE"),
+                   help="a checkout of mlcommons/hpc (default: $REFERENCE)")
+    p.add_argument("--apps", nargs="+", choices=sorted(APPS), default=sorted(APPS))
+    p.add_argument("--steps", type=int, help="timed steps per side (default: cosmoflow 4, deepcam 3)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default: cosmoflow 2, deepcam 1)")
+    p.add_argument("--setup-only", action="store_true", help="build the reference environments and exit")
+    args = p.parse_args()
+    if args.setup_only:
+        for app in args.apps:
+            print(f"{app}: {reference_python(app)}")
+        return
+    if args.reference is None:
+        raise SystemExit("no reference checkout: give --reference PATH (or REFERENCE=PATH), a checkout of "
+                         f"{UPSTREAM}")
+    checkout = args.reference.resolve()
+    check_checkout(checkout, args.apps)
+    check_marked_section(DOC, BEGIN, END)
+    print("sgemm ...", flush=True)
+    result = {**run_header(sgemm_gflops()), "reference_checkout": str(checkout),
+              "reference_commit": checkout_commit(checkout)}
+    result["runs"] = [compare(app, checkout, args.warmup, args.steps) for app in args.apps]
+    result["sgemm_gflops_after"] = sgemm_gflops()
+    write_json_atomic(RESULTS, result)
+    replace_marked_section(DOC, BEGIN, END, table(result))
+    for r in result["runs"]:
+        print(f"  {r['app']}: suite / reference = {r['suite_over_reference']:.2f}")
+    print(f"wrote {RESULTS} and the table in {DOC}")
+
+
+if __name__ == "__main__":
+    main()

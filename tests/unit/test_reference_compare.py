@@ -1,0 +1,85 @@
+"""benchmarks/reference_compare.py: what it asks of a checkout, the pins it installs, the table it writes, and the
+reference-side CosmoFlow driver's contract (run for real on a stand-in checkout: the reference itself is not
+part of this repository; docs/performance.md holds the figures of a run against it)."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import reference_compare as rc  # noqa: E402  (a script beside harness.py, not a package)
+
+
+def test_a_missing_or_incomplete_checkout_is_refused_with_what_it_lacks(tmp_path):
+    with pytest.raises(SystemExit, match=f"--reference {tmp_path / 'nope'}: not a directory; expected a checkout "
+                                         "of https://github.com/mlcommons/hpc"):
+        rc.check_checkout(tmp_path / "nope", ["cosmoflow"])
+    for f in rc.APPS["cosmoflow"].files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    rc.check_checkout(tmp_path, ["cosmoflow"])
+    with pytest.raises(SystemExit, match="missing deepcam/src/deepCam/architecture/deeplab_xception.py"):
+        rc.check_checkout(tmp_path, ["cosmoflow", "deepcam"])
+
+
+def test_every_reference_package_is_pinned_and_tf_package_picks_the_tensorflow_build(monkeypatch):
+    monkeypatch.delenv("TF_PACKAGE", raising=False)
+    for app in rc.APPS:
+        pins = rc.requirements(app)
+        assert pins and all("==" in p and "#" not in p for p in pins), pins
+    assert "tensorflow-cpu==2.15.1" in rc.requirements("cosmoflow")
+    monkeypatch.setenv("TF_PACKAGE", "tensorflow")
+    assert "tensorflow==2.15.1" in rc.requirements("cosmoflow")
+    assert "torch==2.13.0" in rc.requirements("deepcam")
+
+
+def test_the_table_gives_each_ratio_with_the_sgemm_rates_and_the_reference_commit():
+    result = {"date": "2026-11-27", "machine": "host 2 cores", "sgemm_gflops": 143.0, "sgemm_gflops_after": 141.0,
+              "reference_commit": "abc123", "runs": [
+                  {"app": "cosmoflow", "sample": "128^3 x 4", "local_batch": 4, "suite_over_reference": 1.1,
+                   "suite": {"samples_per_second": 0.44}, "reference": {"samples_per_second": 0.4,
+                                                                        "framework": "tensorflow 2.15.1"}}]}
+    text = rc.table(result)
+    assert "| cosmoflow | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) | 1.10 |" in text
+    assert "143.0 GFLOP/s before, 141.0 after" in text and "checkout's HEAD: abc123" in text
+
+
+def test_the_reference_cosmoflow_driver_builds_the_checkouts_model_from_its_config_and_times_it(tmp_path):
+    # A stand-in checkout with the reference's layout and build_model signature (a small Keras model).
+    models = tmp_path / "cosmoflow/models"
+    models.mkdir(parents=True)
+    (models / "__init__.py").write_text("")
+    (models / "cosmoflow.py").write_text(textwrap.dedent("""\
+        import tensorflow as tf
+        def build_model(input_shape, target_size, conv_size=32, dropout=0.5):
+            return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Conv3D(conv_size, 3),
+                                        tf.keras.layers.Flatten(), tf.keras.layers.Dropout(dropout),
+                                        tf.keras.layers.Dense(target_size)])
+        """))
+    (tmp_path / "cosmoflow/configs").mkdir()
+    (tmp_path / "cosmoflow/configs/cosmo.yaml").write_text(
+        "model:\n  name: cosmoflow\n  input_shape: [128, 128, 128, 4]\n  target_size: 4\n  conv_size: 2\n")
+    out = tmp_path / "step.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks/reference/cosmoflow_step.py"), "--checkout",
+                           str(tmp_path), "--size", "8", "--batch", "2", "--steps", "3", "--warmup", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["model_args"] == {"input_shape": [8, 8, 8, 4], "target_size": 4, "conv_size": 2}
+    assert len(res["step_seconds"]) == 3 and all(s > 0 for s in res["step_seconds"])
+    assert res["parameters"] == (27 * 4 + 1) * 2 + (6 ** 3 * 2 + 1) * 4
+    assert res["framework"].startswith("tensorflow ") and len(res["model_file_sha256"]) == 64
+    assert not (tmp_path / "step.json.tmp").exists()
+
+
+def test_the_reference_runs_with_onednn_on_unless_the_user_says_otherwise(monkeypatch):
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    assert rc.reference_env()["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    monkeypatch.delenv("ONEDNN_DEFAULT_FPMATH_MODE", raising=False)
+    assert rc.reference_env()["ONEDNN_DEFAULT_FPMATH_MODE"] == "STRICT"
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert rc.reference_env()["TF_ENABLE_ONEDNN_OPTS"] == "0"
