@@ -17,14 +17,13 @@ between its markers in docs/performance.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section, run_header,
-                     run_worker, sgemm_gflops, step_figures, write_json_atomic)
+                     run_worker, sgemm_gflops, step_figures, take_worker_json, write_json_atomic)
 
 RESULTS = RESULTS_DIR / "corun.json"
 BEGIN, END = "<!-- corun:begin -->", "<!-- corun:end -->"
@@ -47,13 +46,8 @@ def pinned_workers(app: str, cores: list[int], warmup: int, steps: int) -> list[
                                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}))
         outs.append(out)
     logs = [p.communicate()[0] for p in procs]
-    results = []
-    for proc, out, log in zip(procs, outs, logs):
-        if proc.returncode != 0 or not out.is_file():
-            raise SystemExit(f"{app} worker on core(s) {cores} failed (exit {proc.returncode}):\n{log[-3000:]}")
-        results.append(json.loads(out.read_text()))
-        out.unlink()
-    return results
+    return [take_worker_json(out, proc.returncode, proc.args, log[-3000:])
+            for proc, out, log in zip(procs, outs, logs)]
 
 
 def measure(app: str, warmup: int | None, steps: int | None) -> dict:

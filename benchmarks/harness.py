@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from common.base.files import write_text_atomic
+# The step timer the reference-side drivers use too (standard library only: they run in other venvs).
+from reference.steptime import time_calls as time_steps  # noqa: F401  (re-exported to the benchmarks)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks/results"
@@ -42,11 +44,6 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def time_steps(step: Callable[[], object], warmup: int, steps: int) -> list[float]:
-    """Seconds of each of `steps` calls of `step` after `warmup` untimed ones (tracing, allocation)."""
-    for _ in range(warmup):
-        step()
-    return [timed(step) for _ in range(steps)]
 
 
 def write_worker_result(out: str | Path, step_seconds: Sequence[float], dist, **extra) -> None:
@@ -71,9 +68,15 @@ def run_worker(script: str | Path, args: Sequence[str], ranks: int, out: Path, l
     print(f"  {label} ...", flush=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0 or not out.is_file():
-        what = f"exit code {proc.returncode}" if proc.returncode else f"exit code 0 but no {out}"
-        raise SystemExit(f"worker failed, {what} ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return take_worker_json(out, proc.returncode, cmd, proc.stdout[-3000:] + "\n" + proc.stderr[-3000:])
+
+
+def take_worker_json(out: Path, returncode: int, cmd: Sequence[str], log: str) -> dict:
+    """The JSON a finished worker wrote at `out` (removed after reading); exits with the command and its
+    output's tail when the worker failed or wrote nothing."""
+    if returncode != 0 or not out.is_file():
+        what = f"exit code {returncode}" if returncode else f"exit code 0 but no {out}"
+        raise SystemExit(f"worker failed, {what} ({' '.join(map(str, cmd))}):\n{log}")
     result = json.loads(out.read_text())
     out.unlink()
     return result

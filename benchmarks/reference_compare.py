@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, replace_marked_section, run_header,
-                     sgemm_gflops, step_figures, write_json_atomic)
+                     sgemm_gflops, step_figures, take_worker_json, write_json_atomic)
 
 RESULTS = RESULTS_DIR / "reference_compare.json"
 BEGIN, END = "<!-- reference-compare:begin -->", "<!-- reference-compare:end -->"
@@ -111,11 +110,7 @@ def run_reference(app: str, checkout: Path, python: Path, warmup: int, steps: in
     print(f"  reference {app} ({APPS[app].sample}, batch {APPS[app].local_batch}): {warmup} warm-up + "
           f"{steps} timed steps ...", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env())
-    if proc.returncode != 0 or not out.is_file():
-        raise SystemExit(f"the reference {app} step failed (exit {proc.returncode}, {' '.join(cmd)}):\n"
-                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    res = json.loads(out.read_text())
-    out.unlink()
+    res = take_worker_json(out, proc.returncode, cmd, proc.stdout[-3000:] + "\n" + proc.stderr[-3000:])
     return {**res, **step_figures(res["step_seconds"], APPS[app].local_batch, 1)}
 
 
