@@ -56,6 +56,11 @@ class DistConfig:
     # to reduce; at 1 ms that took ~0.3 of a core per rank here and cost 2 ranks on 2 cores 1.3x at CosmoFlow
     # 128^3 (docs/performance.md, "Horovod cycle time"); 10 ms adds at most 10 ms to an allreduce.
     cycle_time_ms: float = 10.0
+    # OMPI_MCA_mpi_yield_when_idle (Open MPI; other MPIs ignore it). While Horovod's background thread waits in
+    # MPI for the other ranks (every cycle) it otherwise busy-polls a core the compute threads need: 2 ranks on
+    # 2 cores spent ~10% of each core in Horovod's and MPI's threads, a fifth of that with yielding on
+    # (docs/performance.md, "Two processes on two cores"). Yielding returns at once on an idle core.
+    mpi_yield_when_idle: bool = True
     hierarchical_allreduce: bool = False  # HOROVOD_HIERARCHICAL_ALLREDUCE
     hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER; None: as hierarchical_allreduce
     elastic: ElasticConfig = dataclasses.field(default_factory=ElasticConfig)

@@ -1,9 +1,10 @@
 """Horovod's tuning knobs: from config, unless the user's (or the launcher's) environment sets them, and what
 Horovod then uses.
 
-hvd.init() reads four environment variables. The config gives each a value (dist.fusion_threshold_mb,
-dist.cycle_time_ms, dist.hierarchical_allreduce, dist.hierarchical_allgather); a variable already set in the
-environment wins, is checked, and is named in the run's log and summary.json. Horovod 0.28.1 then ignores
+hvd.init() reads four environment variables, and the MPI_Init it calls one more of Open MPI's. The config gives
+each a value (dist.fusion_threshold_mb, dist.cycle_time_ms, dist.hierarchical_allreduce,
+dist.hierarchical_allgather, dist.mpi_yield_when_idle); a variable already set in the environment wins, is
+checked, and is named in the run's log and summary.json. Horovod 0.28.1 then ignores
 two of them in some layouts (horovod/common/operations.cc): hierarchical allreduce and allgather on a single
 node, and hierarchical allreduce in a build without NCCL or DDL GPU allreduce (every CPU build).
 `effective()` applies those rules, so the log says what Horovod used, not only what was asked.
@@ -22,7 +23,10 @@ FUSION = "HOROVOD_FUSION_THRESHOLD"
 CYCLE = "HOROVOD_CYCLE_TIME"
 HIER_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 HIER_ALLGATHER = "HOROVOD_HIERARCHICAL_ALLGATHER"
-KNOBS = (FUSION, CYCLE, HIER_ALLREDUCE, HIER_ALLGATHER)
+MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI reads it in MPI_Init, which hvd.init() calls
+KNOBS = (FUSION, CYCLE, HIER_ALLREDUCE, HIER_ALLGATHER, MPI_YIELD)
+# Open MPI's spellings of a boolean MCA parameter (opal/mca/base/mca_base_var_enum.c), as false and true.
+OMPI_FALSE, OMPI_TRUE = ("0", "f", "false", "n", "no", "disabled"), ("1", "t", "true", "y", "yes", "enabled")
 # Horovod 0.28.1's cycle time when HOROVOD_CYCLE_TIME is unset (operations.cc, SetCycleTimeMs(1)).
 HOROVOD_DEFAULT_CYCLE_MS = 1.0
 
@@ -44,6 +48,7 @@ class HorovodSettings:
             "cycle_time_ms": float(cycle) if cycle is not None else HOROVOD_DEFAULT_CYCLE_MS,
             "hierarchical_allreduce": self.values[HIER_ALLREDUCE] == "1" and multi_node and gpu_hierarchy_built,
             "hierarchical_allgather": self.values[HIER_ALLGATHER] == "1" and multi_node,
+            "mpi_yield_when_idle": self.values.get(MPI_YIELD, "0").lower() in OMPI_TRUE,
         }
 
 
@@ -58,6 +63,7 @@ def from_config(cfg: DistConfig) -> dict[str, str]:
         CYCLE: f"{cfg.cycle_time_ms:g}",
         HIER_ALLREDUCE: "1" if cfg.hierarchical_allreduce else "0",
         HIER_ALLGATHER: "1" if allgather else "0",
+        MPI_YIELD: "1" if cfg.mpi_yield_when_idle else "0",
     }
     if cfg.elastic.enabled:
         del settings[CYCLE]
@@ -83,12 +89,15 @@ def check_value(name: str, raw: str) -> str:
             ok = int(text) >= 0
         elif name == CYCLE:
             ok = math.isfinite(float(text)) and float(text) > 0
+        elif name == MPI_YIELD:
+            ok = text.lower() in OMPI_FALSE + OMPI_TRUE
         else:
             ok = text in ("0", "1")
     except ValueError:
         ok = False
     if not ok:
-        expected = {FUSION: "an integer number of bytes >= 0", CYCLE: "milliseconds > 0"}.get(name, "0 or 1")
+        expected = {FUSION: "an integer number of bytes >= 0", CYCLE: "milliseconds > 0",
+                    MPI_YIELD: "one of " + ", ".join(OMPI_FALSE + OMPI_TRUE)}.get(name, "0 or 1")
         raise BenchError(f"environment variable {name}={raw!r}: expected {expected}")
     return text
 
@@ -103,6 +112,7 @@ def describe(settings: HorovodSettings, effective: dict) -> str:
         words = key.replace("_", " ") + (" on" if used else " off")
         parts.append(words + (" (asked for, but Horovod ignores it in this layout or build)" if asked and not used
                               else ""))
+    parts.append("Open MPI " + ("yields" if effective.get("mpi_yield_when_idle") else "busy-polls") + " when idle")
     text = ", ".join(parts)
     if settings.from_environment:
         text += "; from the environment, over the config: " + ", ".join(

@@ -39,8 +39,9 @@ def test_the_settings_a_run_logs_are_the_ones_horovod_used_and_the_users_environ
     assert "HOROVOD_CYCLE_TIME=30" in run["log"] and "cycle time 30 ms" in run["log"]
     # On one node (and without NCCL) Horovod ignores hierarchical allreduce: the run says so.
     assert run["used"] == {"fusion_threshold_bytes": 1048576, "cycle_time_ms": 30.0,
-                           "hierarchical_allreduce": False, "hierarchical_allgather": False}
-    assert "hierarchical allreduce off (asked for" in run["log"]
+                           "hierarchical_allreduce": False, "hierarchical_allgather": False,
+                           "mpi_yield_when_idle": True}
+    assert "hierarchical allreduce off (asked for" in run["log"] and "Open MPI yields when idle" in run["log"]
     rows = list(csv.DictReader(autotune.read_text().replace(", ", ",").splitlines()))
     assert rows, autotune.read_text()
     for row in rows:  # Horovod's parameter manager, sample after sample

@@ -44,14 +44,15 @@ def test_a_variable_the_environment_sets_wins_over_the_config_and_is_named():
     assert settings.from_environment == ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
     used = settings.effective(size=2, local_size=2, gpu_hierarchy_built=False)
     assert used == {"fusion_threshold_bytes": 0, "cycle_time_ms": 2.5, "hierarchical_allreduce": False,
-                    "hierarchical_allgather": False}
+                    "hierarchical_allgather": False, "mpi_yield_when_idle": True}
     words = hvd_settings.describe(settings, used)
     assert "cycle time 2.5 ms" in words and "HOROVOD_CYCLE_TIME=2.5" in words and "HOROVOD_FUSION_THRESHOLD=0" in words
 
 
 @pytest.mark.parametrize("name, raw", [("HOROVOD_FUSION_THRESHOLD", "64MB"), ("HOROVOD_FUSION_THRESHOLD", "-1"),
                                        ("HOROVOD_CYCLE_TIME", "0"), ("HOROVOD_CYCLE_TIME", "fast"),
-                                       ("HOROVOD_HIERARCHICAL_ALLREDUCE", "yes")])
+                                       ("HOROVOD_HIERARCHICAL_ALLREDUCE", "yes"),
+                                       ("OMPI_MCA_mpi_yield_when_idle", "sometimes")])
 def test_a_bad_value_in_the_environment_is_refused_with_its_name(name, raw):
     with pytest.raises(BenchError, match=f"{name}='{raw}': expected"):
         hvd_settings.resolve(DistConfig(), {name: raw})
@@ -67,6 +68,18 @@ def test_what_horovod_uses_of_hierarchical_settings(size, local_size, built, exp
     assert (used["hierarchical_allreduce"], used["hierarchical_allgather"]) == expected
     if not expected[0]:
         assert "hierarchical allreduce off (asked for, but Horovod ignores it" in hvd_settings.describe(settings, used)
+
+
+def test_open_mpi_yields_when_idle_unless_the_config_or_the_environment_says_otherwise():
+    assert hvd_settings.from_config(DistConfig())["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert hvd_settings.from_config(DistConfig(mpi_yield_when_idle=False))["OMPI_MCA_mpi_yield_when_idle"] == "0"
+    for raw, expected in (("false", False), ("No", False), ("enabled", True), ("1", True)):
+        settings = hvd_settings.resolve(DistConfig(), {"OMPI_MCA_mpi_yield_when_idle": raw})
+        used = settings.effective(2, 2, False)
+        assert used["mpi_yield_when_idle"] is expected
+        assert settings.from_environment == ("OMPI_MCA_mpi_yield_when_idle",)
+        assert ("Open MPI yields when idle" if expected else "Open MPI busy-polls when idle") in \
+            hvd_settings.describe(settings, used)
 
 
 def test_elastic_leaves_the_cycle_time_to_horovod_unless_the_environment_sets_it():
