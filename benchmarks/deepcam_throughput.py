@@ -24,8 +24,9 @@ import numpy as np
 from common.runtime.flops import training_gflop_per_sample
 # Run as a script, so benchmarks/ is on sys.path.
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
-                     run_header, run_worker, sgemm_gflops, step_figures, time_steps, write_json_atomic,
-                     write_worker_result)
+                     run_header, run_worker, sgemm_gflops, step_figures, time_steps_with_threads,
+                     write_json_atomic, write_worker_result)
+from threadcpu import started_threads
 
 RESULTS = RESULTS_DIR / "deepcam_throughput.json"
 BEGIN, END = "<!-- deepcam-throughput:begin -->", "<!-- deepcam-throughput:end -->"
@@ -92,16 +93,16 @@ def worker(case: str, steps: int, warmup: int, out: str) -> None:
     """Time `steps` training steps on this rank; rank 0 writes the result."""
     from common.runtime.dist import init_distributed
     cfg, batch = load_case(case)
-    dist = init_distributed(cfg.dist)
+    dist, runtime_threads = started_threads(lambda: init_distributed(cfg.dist))
     import tensorflow as tf
 
     from deepcam.model import count_parameters
     model, step = build_train_step(cfg, dist)
     x, y = (tf.convert_to_tensor(a) for a in random_batch(batch, cfg.model.input_shape, cfg.model.num_classes,
                                                           seed=dist.rank))
-    times = time_steps(lambda: float(step(x, y)), warmup, steps)
+    times, thread_cpu = time_steps_with_threads(lambda: float(step(x, y)), warmup, steps, runtime_threads, dist)
     write_worker_result(out, times, dist, gflop_per_sample=training_gflop_per_sample(model),
-                        parameters=count_parameters(model))
+                        parameters=count_parameters(model), thread_cpu=thread_cpu)
 
 
 # ----------------------------------------------------------------------------- driver

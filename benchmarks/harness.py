@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import threadcpu
 
 from common.base.files import write_text_atomic
+from common.base.host import cpu_model, vector_isa
 # The step timer the reference-side drivers use too (standard library only: they run in other venvs).
 from reference.steptime import time_calls as time_steps  # noqa: F401  (re-exported to the benchmarks)
 
@@ -46,6 +48,17 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 
+def time_steps_with_threads(step: Callable[[], object], warmup: int, steps: int, runtime_threads: set[int],
+                            dist) -> tuple[list[float], list[dict]]:
+    """`steps` timed calls of `step` after `warmup` untimed ones, and every rank's CPU per step by thread role
+    over the timed calls (threadcpu.account; `runtime_threads`: those init_distributed started)."""
+    time_steps(step, warmup, 0)
+    before = threadcpu.snapshot()
+    seconds = time_steps(step, 0, steps)
+    cpu = threadcpu.account(before, threadcpu.snapshot(), runtime_threads, steps)
+    return seconds, dist.gather_object(cpu)
+
+
 def write_worker_result(out: str | Path, step_seconds: Sequence[float], dist, **extra) -> None:
     """On rank 0 only: the step times, threads per rank, ranks and `extra` figures as JSON at `out`."""
     if dist.is_root:
@@ -54,11 +67,11 @@ def write_worker_result(out: str | Path, step_seconds: Sequence[float], dist, **
 
 
 def run_worker(script: str | Path, args: Sequence[str], ranks: int, out: Path, label: str,
-               launcher: Sequence[str] = ()) -> dict:
+               launcher: Sequence[str] = (), env: dict | None = None) -> dict:
     """Run `script --worker ARGS --out OUT` on `ranks` local ranks and return the JSON it wrote.
 
     Prints `label` first; exits with the worker's output tail when it fails or writes nothing. `launcher`:
-    further horovodrun options (e.g. "--gloo").
+    further horovodrun options (e.g. "--gloo"); `env`: variables to set for the run.
     """
     out.unlink(missing_ok=True)  # a stale file must not pass for this run's figures
     cmd = [sys.executable, str(script), "--worker", *args, "--out", str(out)]
@@ -66,8 +79,8 @@ def run_worker(script: str | Path, args: Sequence[str], ranks: int, out: Path, l
         horovodrun = Path(sys.executable).parent / "horovodrun"
         cmd = [str(horovodrun), *launcher, "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
     print(f"  {label} ...", flush=True)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}, capture_output=True,
+                          text=True)
     return take_worker_json(out, proc.returncode, cmd, proc.stdout[-3000:] + "\n" + proc.stderr[-3000:])
 
 
@@ -89,15 +102,16 @@ def step_figures(step_seconds: Sequence[float], local_batch: int, ranks: int) ->
 
 
 def run_header(sgemm: float) -> dict:
-    """Date, machine and sgemm rate: the fields every results file starts with."""
+    """Date, machine, CPU and sgemm rate: the fields every results file starts with."""
     return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
-            "sgemm_gflops": sgemm}
+            "cpu": f"{cpu_model()}, {vector_isa()}", "sgemm_gflops": sgemm}
 
 
 def measured_note(result: dict) -> str:
-    """The line under a results table: the sgemm rate, date and machine."""
+    """The line under a results table: the sgemm rate, date, machine and (when recorded) CPU."""
+    cpu = f" ({result['cpu']})" if result.get("cpu") else ""
     return (f"\nsgemm (numpy, {SGEMM_SIZE}^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s. "
-            f"Measured {result['date']} on {result['machine']}.")
+            f"Measured {result['date']} on {result['machine']}{cpu}.")
 
 
 def write_json_atomic(path: Path, obj) -> None:
