@@ -9,10 +9,13 @@ of deepcam_throughput.py (reference size, batch 1) and cosmoflow_throughput.py (
 - `alone`: one process pinned to core 0 (`taskset -c 0`, one thread), the other core idle;
 - `pair`: two independent processes at once, pinned to core 0 and core 1, one thread each: the same work as
   two ranks without any allreduce, Horovod thread or MPI;
-- `2 ranks`: `horovodrun -np 2`, one thread each (the data-parallel run).
+- `2 ranks, busy-poll`: `horovodrun -np 2`, one thread each, with Open MPI polling while it waits
+  (OMPI_MCA_mpi_yield_when_idle=0, Open MPI's own default);
+- `2 ranks`: the same with the suite's default (dist.mpi_yield_when_idle: Open MPI yields while it waits).
 `pair` against `alone` is what the two cores cost each other (shared caches, memory bandwidth, the hypervisor);
-`2 ranks` against `pair` is what data parallelism adds. Writes benchmarks/results/corun.json and the table
-between its markers in docs/performance.md.
+`2 ranks` against `pair` is what data parallelism adds. Each worker also reports its threads' CPU over the
+timed steps (threadcpu.py): compute, Horovod's and MPI's threads, the main thread. Writes
+benchmarks/results/corun.json and the two tables between their markers in docs/performance.md.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, repl
 
 RESULTS = RESULTS_DIR / "corun.json"
 BEGIN, END = "<!-- corun:begin -->", "<!-- corun:end -->"
+CPU_BEGIN, CPU_END = "<!-- corun-cpu:begin -->", "<!-- corun-cpu:end -->"
 HERE = Path(__file__).resolve().parent
 # app: (worker script, its case arguments, local batch, default warm-up, default timed steps)
 APPS = {"deepcam": ("deepcam_throughput.py", ["--case", "reference"], 1, 1, 2),
@@ -62,15 +66,18 @@ def measure(app: str, warmup: int | None, steps: int | None) -> dict:
     rows["alone"] = pinned_workers(app, [0], warmup, steps)
     print(f"  {app}: pair on cores 0 and 1 ...", flush=True)
     rows["pair"] = pinned_workers(app, [0, 1], warmup, steps)
+    rows["2 ranks, busy-poll"] = [run_worker(HERE / script, args, 2, RESULTS_DIR / f".corun-{app}.json",
+                                             f"{app} 2 ranks, busy-poll", env={"OMPI_MCA_mpi_yield_when_idle": "0"})]
     rows["2 ranks"] = [run_worker(HERE / script, args, 2, RESULTS_DIR / f".corun-{app}.json", f"{app} 2 ranks")]
     layouts = {}
     for name, results in rows.items():
-        ranks = results[0]["ranks"] if name == "2 ranks" else 1
+        ranks = results[0]["ranks"] if name.startswith("2 ranks") else 1
         each = [step_figures(r["step_seconds"], batch, ranks) for r in results]
         layouts[name] = {"processes": len(results) * ranks, "threads_per_process": results[0]["threads_per_rank"],
                          "samples_per_second": sum(f["samples_per_second"] for f in each),
                          "median_step_seconds": [f["median_step_seconds"] for f in each],
-                         "step_seconds": [r["step_seconds"] for r in results]}
+                         "step_seconds": [r["step_seconds"] for r in results],
+                         "thread_cpu": [cpu for r in results for cpu in r["thread_cpu"]]}
     alone, pair = layouts["alone"]["samples_per_second"], layouts["pair"]["samples_per_second"]
     return {"app": app, "local_batch": batch, "layouts": layouts,
             "pair_per_process_over_alone": pair / 2 / alone,
@@ -79,14 +86,39 @@ def measure(app: str, warmup: int | None, steps: int | None) -> dict:
 
 
 def table(result: dict) -> str:
-    rows = ["| benchmark | 1 x 2 | alone (1 core) | pair (2 x 1, no communication) | 2 ranks (horovodrun) "
-            "| pair per process / alone | 2 ranks / pair | 2 ranks / 1 x 2 |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| benchmark | 1 x 2 | alone (1 core) | pair (2 x 1, no communication) | 2 ranks, MPI busy-polling "
+            "| 2 ranks (horovodrun) | pair per process / alone | 2 ranks / pair | 2 ranks / 1 x 2 |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         sps = {k: v["samples_per_second"] for k, v in r["layouts"].items()}
         rows.append(f"| {r['app']} | {sps['1 x 2']:.4g} | {sps['alone']:.4g} | {sps['pair']:.4g} "
-                    f"| {sps['2 ranks']:.4g} | {r['pair_per_process_over_alone']:.2f} | {r['ranks_over_pair']:.2f} "
+                    f"| {sps['2 ranks, busy-poll']:.4g} | {sps['2 ranks']:.4g} "
+                    f"| {r['pair_per_process_over_alone']:.2f} | {r['ranks_over_pair']:.2f} "
                     f"| {r['ranks_over_one_by_two']:.2f} |")
     return "\n".join(rows + ["\nsamples/s over all processes. " + measured_note(result).strip()])
+
+
+def cpu_table(result: dict) -> str:
+    """CPU seconds per timed step and process by thread role (threadcpu.py), averaged over the processes."""
+    rows = ["| benchmark | layout | median step (s) | compute threads: user + system | Horovod and MPI threads "
+            "| main thread | compute threads' minor faults per step |", "|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        for name, layout in r["layouts"].items():
+            cpu = {role: mean_role(layout["thread_cpu"], role) for role in ("compute", "runtime", "main")}
+            step = max(layout["median_step_seconds"])
+            rows.append(f"| {r['app']} | {name} | {step:.2f} | {cpu['compute']['user_s']:.2f} + "
+                        f"{cpu['compute']['system_s']:.2f} | {cpu_seconds(cpu['runtime']):.2f} "
+                        f"| {cpu_seconds(cpu['main']):.2f} | {cpu['compute']['minor_faults']:,.0f} |")
+    return "\n".join(rows)
+
+
+def mean_role(processes: list[dict], role: str) -> dict:
+    """One role's figures averaged over the processes."""
+    return {k: sum(p[role][k] for p in processes) / len(processes) for k in processes[0][role]}
+
+
+def cpu_seconds(figures: dict) -> float:
+    return figures["user_s"] + figures["system_s"]
 
 
 def main() -> None:
@@ -98,11 +130,13 @@ def main() -> None:
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("corun needs at least 2 cores (it pins one process to core 0 and one to core 1)")
     check_marked_section(DOC, BEGIN, END)
+    check_marked_section(DOC, CPU_BEGIN, CPU_END)
     print("sgemm ...", flush=True)
     result = {**run_header(sgemm_gflops())}
     result["runs"] = [measure(app, args.warmup, args.steps) for app in args.apps]
     write_json_atomic(RESULTS, result)
     replace_marked_section(DOC, BEGIN, END, table(result))
+    replace_marked_section(DOC, CPU_BEGIN, CPU_END, cpu_table(result))
     print(f"wrote {RESULTS} and the table in {DOC}")
 
 
