@@ -22,7 +22,7 @@ help:
 	@echo "             scaling efficiency and where a step goes, report in docs/scaling (docs/metrics.md)"
 	@echo "make bench   CosmoFlow and DeepCAM training throughput, input-pipeline (loader) throughput and"
 	@echo "             staging throughput against cp -r / tar -x (writes benchmarks/results/*.json and"
-	@echo "             the tables in docs/performance.md)"
+	@echo "             the tables in docs/performance.md and docs/staging.md)"
 	@echo "make bench-reference REFERENCE=/path/to/mlcommons-hpc   the MLCommons reference models' training"
 	@echo "             steps beside the suite's, each in its own environment, in one run (docs/performance.md)"
 

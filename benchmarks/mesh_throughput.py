@@ -24,7 +24,7 @@ pass; the backward pass sends as many). Writes benchmarks/results/mesh_throughpu
 not measured this time are kept, each size with the date and sgemm rate of its own invocation under
 `sizes`; `cases`: one
 {"sample", "layout" ("data" or "PDxPH"), "ranks", "peak_rss_mb" (one per rank), "samples_per_second"} per
-case; `runs`: everything measured) and the table between the markers in docs/performance.md.
+case; `runs`: everything measured) and the table between the markers in docs/mesh.md.
 """
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ from pathlib import Path
 import numpy as np
 
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
+from harness import (REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, run_worker, sgemm_gflops, timed, write_json_atomic, write_worker_result)
 
+DOC = REPO / "docs/mesh.md"  # its tables live beside what they measure
 RESULTS = RESULTS_DIR / "mesh_throughput.json"
 BEGIN, END = "<!-- mesh-throughput:begin -->", "<!-- mesh-throughput:end -->"
 

@@ -33,7 +33,7 @@ of staging (read and decompress, checksum, write) is measured. GB/s is 1e9 bytes
 (uncompressed) and read (archive bytes for packed sources). The goal of the project's issue: staging
 reaches at least GOAL of the faster baseline of the same source kind (cp -r for plain, tar -x of
 the same archives for packed). Writes benchmarks/results/staging_throughput.json and the tables
-between the markers in docs/performance.md, both with the cases of this run only.
+between the markers in docs/staging.md, both with the cases of this run only.
 """
 from __future__ import annotations
 
@@ -59,9 +59,10 @@ from common.base.version import code_version
 from common.io.staging import filesystem_type
 
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
+from harness import (REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
                      run_header, sgemm_gflops, write_json_atomic)
 
+DOC = REPO / "docs/staging.md"  # its tables live beside what they measure
 RESULTS = RESULTS_DIR / "staging_throughput.json"
 BEGIN, END = "<!-- staging-throughput:begin -->", "<!-- staging-throughput:end -->"
 DEFAULT_DATA_DIR = Path("/tmp/hpc-sciml-bench-staging/data")
@@ -522,7 +523,7 @@ def compare(cases: list[dict]) -> list[dict]:
 # ----------------------------------------------------------------------------- outputs
 
 def table_rows(result: dict) -> list[str]:
-    """The tables of docs/performance.md: staging against the best baseline, and packing. Each baseline's runs
+    """The tables of docs/staging.md: staging against the best baseline, and packing. Each baseline's runs
     and the CPU cost of each part of staging (read, checksum, write) stay in the JSON."""
     return [*_comparison_rows(result), "", *_packing_rows(result), "", _footnote(result),
             "Every baseline's runs and each part's CPU s/GB (read and decompress, checksum, write): `cases` and "
@@ -613,7 +614,7 @@ def parse_args() -> argparse.Namespace:
                         "system other than the destinations', e.g. a tmpfs mounted for the purpose: within one "
                         "local file system cp copies in the kernel, which no parallel file system allows)")
     p.add_argument("--results", type=Path, default=RESULTS,
-                   help="the JSON to write (default: %(default)s, whose run the tables in docs/performance.md "
+                   help="the JSON to write (default: %(default)s, whose run the tables in docs/staging.md "
                         "show; any other path leaves those tables alone and only prints this run's)")
     p.add_argument("--keep-caches", action="store_true",
                    help="do not try to drop the page cache at the start (it slows other jobs on the machine)")
