@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section, run_header,
-                     run_worker, sgemm_gflops, step_figures, take_worker_json, write_json_atomic)
+                     run_worker, sgemm_gflops, step_figures, take_worker_json, worker_command, worker_env,
+                     write_json_atomic)
 
 RESULTS = RESULTS_DIR / "corun.json"
 BEGIN, END = "<!-- corun:begin -->", "<!-- corun:end -->"
@@ -43,11 +43,10 @@ def pinned_workers(app: str, cores: list[int], warmup: int, steps: int) -> list[
     procs, outs = [], []
     for core in cores:
         out = RESULTS_DIR / f".corun-{app}-{core}.json"
-        out.unlink(missing_ok=True)
-        cmd = ["taskset", "-c", str(core), sys.executable, str(HERE / script), "--worker", *case,
-               "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
+        cmd = ["taskset", "-c", str(core),
+               *worker_command(HERE / script, [*case, "--steps", str(steps), "--warmup", str(warmup)], out)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}))
+                                      env=worker_env()))
         outs.append(out)
     logs = [p.communicate()[0] for p in procs]
     return [take_worker_json(out, proc.returncode, proc.args, log[-3000:])

@@ -73,15 +73,25 @@ def run_worker(script: str | Path, args: Sequence[str], ranks: int, out: Path, l
     Prints `label` first; exits with the worker's output tail when it fails or writes nothing. `launcher`:
     further horovodrun options (e.g. "--gloo"); `env`: variables to set for the run.
     """
-    out.unlink(missing_ok=True)  # a stale file must not pass for this run's figures
-    cmd = [sys.executable, str(script), "--worker", *args, "--out", str(out)]
+    cmd = worker_command(script, args, out)
     if ranks > 1:
         horovodrun = Path(sys.executable).parent / "horovodrun"
         cmd = [str(horovodrun), *launcher, "-np", str(ranks), "-H", f"localhost:{ranks}"] + cmd
     print(f"  {label} ...", flush=True)
-    proc = subprocess.run(cmd, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}, capture_output=True,
-                          text=True)
+    proc = subprocess.run(cmd, env=worker_env(env), capture_output=True, text=True)
     return take_worker_json(out, proc.returncode, cmd, proc.stdout[-3000:] + "\n" + proc.stderr[-3000:])
+
+
+def worker_command(script: str | Path, args: Sequence[str], out: Path) -> list[str]:
+    """`python SCRIPT --worker ARGS --out OUT`, with any stale OUT removed first (it must not pass for this run's
+    figures)."""
+    out.unlink(missing_ok=True)
+    return [sys.executable, str(script), "--worker", *args, "--out", str(out)]
+
+
+def worker_env(extra: dict | None = None) -> dict:
+    """A worker's environment: ours, TensorFlow's C++ log quiet, and `extra`."""
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(extra or {})}
 
 
 def take_worker_json(out: Path, returncode: int, cmd: Sequence[str], log: str) -> dict:

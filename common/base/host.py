@@ -7,13 +7,18 @@ from pathlib import Path
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), or what the platform module says elsewhere."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The first core's `field` in /proc/cpuinfo; None where there is none (or no /proc)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return None
 
 
 # Widest first: the first of these the CPU's flags name is its vector instruction set.
@@ -24,11 +29,5 @@ def vector_isa() -> str:
     """The widest SIMD instruction set /proc/cpuinfo's flags name (avx512f, avx2, avx, sse4_2), or "unknown".
 
     Convolution and GEMM rates follow it: the same VM type can land on hosts with and without AVX-512."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return next((isa for isa in VECTOR_ISAS if isa in flags), "unknown")
-    except OSError:
-        pass
-    return "unknown"
+    flags = set((_cpuinfo("flags") or "").split())
+    return next((isa for isa in VECTOR_ISAS if isa in flags), "unknown")

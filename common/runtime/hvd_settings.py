@@ -112,7 +112,7 @@ def describe(settings: HorovodSettings, effective: dict) -> str:
         words = key.replace("_", " ") + (" on" if used else " off")
         parts.append(words + (" (asked for, but Horovod ignores it in this layout or build)" if asked and not used
                               else ""))
-    parts.append("Open MPI " + ("yields" if effective.get("mpi_yield_when_idle") else "busy-polls") + " when idle")
+    parts.append("Open MPI " + ("yields" if effective["mpi_yield_when_idle"] else "busy-polls") + " when idle")
     text = ", ".join(parts)
     if settings.from_environment:
         text += "; from the environment, over the config: " + ", ".join(
