@@ -1,10 +1,13 @@
 """Measure CosmoFlow training throughput and this machine's sgemm rate, in one run.
 
-    python benchmarks/cosmoflow_throughput.py [--sizes 128 32] [--ranks 1 2] [--steps 6]
+    python benchmarks/cosmoflow_throughput.py [--sizes 128 32] [--ranks 1 2] [--steps 6] [--rounds 2]
 
 For each sample size and rank count it launches a worker (under `horovodrun -np N` for N > 1)
 that times real training steps (forward, backward, grouped gradient allreduce, SGD update)
-of the reference network on in-memory data, batch 4 per rank, float32. It writes
+of the reference network on in-memory data, batch 4 per rank, float32. Each size's rank counts
+are measured in --rounds rounds, every second one in reverse order (1 2, 2 1), with numpy's sgemm
+rate before each measurement, so that a change in the machine's speed during the run weighs on
+both alike; each row pools its rounds' steps. It writes
 benchmarks/results/cosmoflow_throughput.json and rewrites the table between the markers in
 docs/performance.md. Input I/O is not part of this figure (see the loader benchmarks).
 """
@@ -15,9 +18,9 @@ import argparse
 import numpy as np
 
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
-                     run_header, run_worker, sgemm_gflops, step_figures, time_steps_with_threads,
-                     write_json_atomic, write_worker_result)
+from harness import (DOC, RESULTS_DIR, check_marked_section, measure_rounds, measured_note, rank_ratio,
+                     ratios_line, replace_marked_section, run_header, run_worker, step_figures,
+                     time_steps_with_threads, write_json_atomic, write_worker_result)
 from threadcpu import started_threads
 
 RESULTS = RESULTS_DIR / "cosmoflow_throughput.json"
@@ -78,9 +81,20 @@ def write_outputs(result: dict) -> None:
             "|---|---|---|---|---|"]
     for r in result["runs"]:
         rows.append(f"| {r['size']}^3 x 4 | {r['ranks']} x {r['threads_per_rank']} | {r['samples_per_second']:.2f} "
-                    f"| {r['achieved_gflops']:.1f} | {r['achieved_gflops'] / result['sgemm_gflops']:.2f} |")
+                    f"| {r['achieved_gflops']:.1f} | {r['achieved_gflops'] / r['sgemm_gflops']:.2f} |")
+    line = ratios_line(result.get("rank_ratios", ()), lambda x: f"{x['size']}^3")
+    rows += [line] if line else []
     rows.append(measured_note(result))
     replace_marked_section(DOC, BEGIN, END, "\n".join(rows))
+
+
+def measure_size(size: int, args) -> list[dict]:
+    """One size at every rank count of `args`, in `args.rounds` interleaved rounds: its rows."""
+    steps = args.steps if size <= 64 else max(3, args.steps // 2)
+    steps *= 4 if size <= 32 else 1
+    pooled = measure_rounds(list(dict.fromkeys(args.ranks)), args.rounds,
+                            lambda ranks: measure(size, ranks, args.batch, steps, args.warmup))
+    return list(pooled.values())
 
 
 def main() -> None:
@@ -90,22 +104,25 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="measurements of each row, in alternating order of the rank counts (default: 2)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: expected at least 1")
     if args.worker:
         return worker(args.size, args.batch, args.steps, args.warmup, args.out)
     check_marked_section(DOC, BEGIN, END)
-    print("sgemm ...", flush=True)
-    gflops = sgemm_gflops()
-    runs = []
+    runs, ratios = [], []
     for size in args.sizes:
-        for ranks in args.ranks:
-            steps = args.steps if size <= 64 else max(3, args.steps // 2)
-            runs.append(measure(size, ranks, args.batch, steps * (4 if size <= 32 else 1), args.warmup))
-            print(f"    {runs[-1]['samples_per_second']:.2f} samples/s", flush=True)
-    result = {**run_header(gflops), "runs": runs}
+        rows = measure_size(size, args)
+        runs += rows
+        if len(set(args.ranks)) > 1:
+            ratios.append({"size": size, **rank_ratio(rows, max(args.ranks), min(args.ranks))})
+    result = {**run_header(float(np.mean([r["sgemm_gflops"] for r in runs]))), "rounds": args.rounds,
+              "runs": runs, "rank_ratios": ratios}
     write_outputs(result)
     print(f"wrote {RESULTS} and the table in {DOC}")
 

@@ -1,6 +1,7 @@
 """Measure DeepCAM training throughput and this machine's sgemm rate, in one run.
 
     python benchmarks/deepcam_throughput.py [--cases reference mini] [--ranks 1 2] [--steps N] [--warmup N]
+                                            [--rounds 2]
 
 For each case and rank count it launches a worker (under `horovodrun -np N` for N > 1) that
 times real training steps (forward, backward, grouped gradient allreduce, LAMB update) of the
@@ -11,7 +12,9 @@ come from the case's config:
     mini       deepcam/configs/deepcam_mini.yaml  96 x 144 x 16, width 0.125, local batch 4
 
 It writes benchmarks/results/deepcam_throughput.json and rewrites the table between the markers
-in docs/performance.md, both with the cases of this run only. Input I/O is not part of this figure.
+in docs/performance.md, both with the cases of this run only. Each case's rank counts are measured in
+--rounds rounds, every second one in reverse order, with numpy's sgemm rate before each measurement
+(harness.measure_rounds); each row pools its rounds' steps. Input I/O is not part of this figure.
 """
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ import numpy as np
 
 from common.runtime.flops import training_gflop_per_sample
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section,
-                     run_header, run_worker, sgemm_gflops, step_figures, time_steps_with_threads,
-                     write_json_atomic, write_worker_result)
+from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measure_rounds, measured_note, rank_ratio,
+                     ratios_line, replace_marked_section, run_header, run_worker, step_figures,
+                     time_steps_with_threads, write_json_atomic, write_worker_result)
 from threadcpu import started_threads
 
 RESULTS = RESULTS_DIR / "deepcam_throughput.json"
@@ -135,8 +138,9 @@ def table_rows(result: dict) -> list[str]:
         rows.append(f"| {r['case']} | {' x '.join(map(str, r['input_shape']))} | {r['width']:g} "
                     f"| {r['ranks']} x {r['threads_per_rank']} | {r['local_batch']} | {r['median_step_seconds']:.3g} "
                     f"| {r['samples_per_second']:.3g} | {r['gflop_per_sample']:.4g} | {r['achieved_gflops']:.1f} "
-                    f"| {r['achieved_gflops'] / result['sgemm_gflops']:.2f} |")
-    return rows + [measured_note(result)]
+                    f"| {r['achieved_gflops'] / r['sgemm_gflops']:.2f} |")
+    line = ratios_line(result.get("rank_ratios", ()), lambda x: x["case"])
+    return rows + ([line] if line else []) + [measured_note(result)]
 
 
 def write_outputs(result: dict) -> None:
@@ -151,12 +155,16 @@ def parse_args():
                    help="rank counts, one worker launch each (horovodrun for > 1; default: 1 2)")
     p.add_argument("--steps", type=int, help="timed steps of every case (default: reference 3, mini 20)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: reference 1, mini 3)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="measurements of each row, in alternating order of the rank counts (default: 2)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.steps is not None and args.steps < 1 or args.warmup is not None and args.warmup < 0:
         p.error(f"--steps {args.steps}, --warmup {args.warmup}: expected at least 1 timed and 0 warm-up steps")
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: expected at least 1")
     return args
 
 
@@ -165,19 +173,17 @@ def main() -> None:
     if args.worker:
         return worker(args.case, args.steps, args.warmup, args.out)
     check_marked_section(DOC, BEGIN, END)
-    print("sgemm ...", flush=True)
-    gflops = sgemm_gflops()
-    print(f"    {gflops:.1f} GFLOP/s", flush=True)
-    runs = []
+    runs, ratios = [], []
     for case in args.cases:
-        for ranks in args.ranks:
-            t0 = time.perf_counter()
-            runs.append(measure(case, ranks, args.steps, args.warmup))
-            r = runs[-1]
-            print(f"    {r['samples_per_second']:.3g} samples/s, median step {r['median_step_seconds']:.3g} s, "
-                  f"{r['achieved_gflops'] / gflops:.2f} of sgemm ({time.perf_counter() - t0:.0f} s in all)",
-                  flush=True)
-    write_outputs({**run_header(gflops), "runs": runs})
+        t0 = time.perf_counter()
+        rows = list(measure_rounds(list(dict.fromkeys(args.ranks)), args.rounds,
+                                   lambda ranks: measure(case, ranks, args.steps, args.warmup)).values())
+        print(f"  {case}: {time.perf_counter() - t0:.0f} s in all", flush=True)
+        runs += rows
+        if len(set(args.ranks)) > 1:
+            ratios.append({"case": case, **rank_ratio(rows, max(args.ranks), min(args.ranks))})
+    write_outputs({**run_header(float(np.mean([r["sgemm_gflops"] for r in runs]))), "rounds": args.rounds,
+                   "runs": runs, "rank_ratios": ratios})
     print(f"wrote {RESULTS} and the table in {DOC}")
 
 

@@ -111,6 +111,70 @@ def step_figures(step_seconds: Sequence[float], local_batch: int, ranks: int) ->
     return {"median_step_seconds": median, "samples_per_second": local_batch * ranks / median}
 
 
+def interleaved(keys: Sequence, rounds: int) -> list:
+    """`rounds` passes over `keys`, every second one backwards (A B, B A, A B, ...): a drift in the machine's
+    speed during the run (a shared VM's can be 40% within an hour) then falls on every key alike, and each
+    round's pair of neighbours is measured back to back."""
+    if rounds < 1:
+        raise ValueError(f"rounds {rounds}: expected at least 1")
+    return [key for r in range(rounds) for key in (keys if r % 2 == 0 else list(reversed(keys)))]
+
+
+def measure_rounds(keys: Sequence, rounds: int, measure: Callable[[object], dict]) -> dict:
+    """`measure(key)` for every key in `interleaved` order, with the sgemm rate measured just before each call
+    and printed after it; per key, its rounds pooled (`pool_rounds`)."""
+    done: dict = {key: [] for key in keys}
+    for key in interleaved(list(keys), rounds):
+        sgemm = sgemm_gflops()
+        done[key].append({**measure(key), "sgemm_gflops": sgemm})
+        r = done[key][-1]
+        print(f"    {r['samples_per_second']:.3g} samples/s, median step {r['median_step_seconds']:.3g} s "
+              f"(sgemm just before: {sgemm:.1f} GFLOP/s)", flush=True)
+    return {key: pool_rounds(results) for key, results in done.items()}
+
+
+def pool_rounds(results: Sequence[dict]) -> dict:
+    """One case's rounds as one row: the first round's fields, the timed steps of all rounds pooled (median,
+    samples/s and achieved GFLOP/s over them), the mean of the sgemm rates measured before each round, and per
+    round its own median step, samples/s and sgemm rate."""
+    first = results[0]
+    steps = [s for r in results for s in r["step_seconds"]]
+    pooled = {**first, **step_figures(steps, first["local_batch"], first["ranks"]), "step_seconds": steps,
+              "sgemm_gflops": float(np.mean([r["sgemm_gflops"] for r in results])),
+              "rounds": [{key: r[key] for key in ("median_step_seconds", "samples_per_second", "sgemm_gflops")}
+                         for r in results]}
+    if "gflop_per_sample" in first:
+        pooled["achieved_gflops"] = pooled["samples_per_second"] * first["gflop_per_sample"]
+    return pooled
+
+
+def rank_ratio(runs: Sequence[dict], ranks: int, base: int) -> dict | None:
+    """Samples/s of `ranks` ranks over `base` ranks among `runs` (one group: the same network and sample),
+    pooled and per round (each round's two measurements were taken back to back); None when either is missing."""
+    by = {r["ranks"]: r for r in runs}
+    if ranks not in by or base not in by:
+        return None
+    top, bottom = by[ranks], by[base]
+    per_round = [a["samples_per_second"] / b["samples_per_second"]
+                 for a, b in zip(top.get("rounds", ()), bottom.get("rounds", ()))]
+    return {"ranks": ranks, "base_ranks": base, "ratio": top["samples_per_second"] / bottom["samples_per_second"],
+            "per_round": per_round}
+
+
+def ratios_line(ratios: Sequence[dict], label: Callable[[dict], str]) -> str:
+    """The line under a table giving each group's `rank_ratio` (named by `label(ratio)`) and its rounds'; ''
+    when there is none."""
+    if not ratios:
+        return ""
+
+    def text(x: dict) -> str:
+        rounds = f" (rounds {', '.join(f'{v:.2f}' for v in x['per_round'])})" if len(x["per_round"]) > 1 else ""
+        return f"{label(x)} {x['ratio']:.2f}{rounds}"
+    first = ratios[0]
+    return (f"\nsamples/s of {first['ranks']} ranks over {first['base_ranks']} rank(s), all rounds' steps pooled "
+            f"(in each round the two were measured back to back): {'; '.join(map(text, ratios))}.")
+
+
 def run_header(sgemm: float) -> dict:
     """Date, machine, CPU and sgemm rate: the fields every results file starts with."""
     return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
@@ -118,9 +182,13 @@ def run_header(sgemm: float) -> dict:
 
 
 def measured_note(result: dict) -> str:
-    """The line under a results table: the sgemm rate, date, machine and (when recorded) CPU."""
+    """The line under a results table: the sgemm rate (the range over the run when it was measured before
+    each row), date, machine and (when recorded) CPU."""
     cpu = f" ({result['cpu']})" if result.get("cpu") else ""
-    return (f"\nsgemm (numpy, {SGEMM_SIZE}^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s. "
+    rates = [x["sgemm_gflops"] for r in result.get("runs", ()) for x in r.get("rounds", ())]
+    sgemm = (f"{min(rates):.1f}-{max(rates):.1f} GFLOP/s, measured before each of the run's {len(rates)} measurements"
+             if rates else f"{result['sgemm_gflops']:.1f} GFLOP/s")
+    return (f"\nsgemm (numpy, {SGEMM_SIZE}^2, float32, all cores): {sgemm}. "
             f"Measured {result['date']} on {result['machine']}{cpu}.")
 
 
