@@ -18,9 +18,9 @@ import argparse
 import numpy as np
 
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import (DOC, RESULTS_DIR, check_marked_section, measure_rounds, measured_note, rank_ratio,
-                     ratios_line, replace_marked_section, run_header, run_worker, step_figures,
-                     time_steps_with_threads, write_json_atomic, write_worker_result)
+from harness import (DOC, RESULTS_DIR, check_marked_section, measure_groups, measured_note, ratios_line,
+                     replace_marked_section, run_worker, step_figures, time_steps_with_threads,
+                     write_json_atomic, write_worker_result)
 from threadcpu import started_threads
 
 RESULTS = RESULTS_DIR / "cosmoflow_throughput.json"
@@ -88,13 +88,9 @@ def write_outputs(result: dict) -> None:
     replace_marked_section(DOC, BEGIN, END, "\n".join(rows))
 
 
-def measure_size(size: int, args) -> list[dict]:
-    """One size at every rank count of `args`, in `args.rounds` interleaved rounds: its rows."""
-    steps = args.steps if size <= 64 else max(3, args.steps // 2)
-    steps *= 4 if size <= 32 else 1
-    pooled = measure_rounds(list(dict.fromkeys(args.ranks)), args.rounds,
-                            lambda ranks: measure(size, ranks, args.batch, steps, args.warmup))
-    return list(pooled.values())
+def steps_for(size: int, steps: int) -> int:
+    """Timed steps at `size`: half of --steps (at least 3) above 64^3, four times it at 32^3 and below."""
+    return (steps if size <= 64 else max(3, steps // 2)) * (4 if size <= 32 else 1)
 
 
 def main() -> None:
@@ -115,14 +111,8 @@ def main() -> None:
     if args.worker:
         return worker(args.size, args.batch, args.steps, args.warmup, args.out)
     check_marked_section(DOC, BEGIN, END)
-    runs, ratios = [], []
-    for size in args.sizes:
-        rows = measure_size(size, args)
-        runs += rows
-        if len(set(args.ranks)) > 1:
-            ratios.append({"size": size, **rank_ratio(rows, max(args.ranks), min(args.ranks))})
-    result = {**run_header(float(np.mean([r["sgemm_gflops"] for r in runs]))), "rounds": args.rounds,
-              "runs": runs, "rank_ratios": ratios}
+    result = measure_groups("size", args.sizes, args.ranks, args.rounds, lambda size, ranks: measure(
+        size, ranks, args.batch, steps_for(size, args.steps), args.warmup))
     write_outputs(result)
     print(f"wrote {RESULTS} and the table in {DOC}")
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 
 import numpy as np
 
 from common.runtime.flops import training_gflop_per_sample
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measure_rounds, measured_note, rank_ratio,
-                     ratios_line, replace_marked_section, run_header, run_worker, step_figures,
-                     time_steps_with_threads, write_json_atomic, write_worker_result)
+from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measure_groups, measured_note, ratios_line,
+                     replace_marked_section, run_worker, step_figures, time_steps_with_threads,
+                     write_json_atomic, write_worker_result)
 from threadcpu import started_threads
 
 RESULTS = RESULTS_DIR / "deepcam_throughput.json"
@@ -173,17 +172,8 @@ def main() -> None:
     if args.worker:
         return worker(args.case, args.steps, args.warmup, args.out)
     check_marked_section(DOC, BEGIN, END)
-    runs, ratios = [], []
-    for case in args.cases:
-        t0 = time.perf_counter()
-        rows = list(measure_rounds(list(dict.fromkeys(args.ranks)), args.rounds,
-                                   lambda ranks: measure(case, ranks, args.steps, args.warmup)).values())
-        print(f"  {case}: {time.perf_counter() - t0:.0f} s in all", flush=True)
-        runs += rows
-        if len(set(args.ranks)) > 1:
-            ratios.append({"case": case, **rank_ratio(rows, max(args.ranks), min(args.ranks))})
-    write_outputs({**run_header(float(np.mean([r["sgemm_gflops"] for r in runs]))), "rounds": args.rounds,
-                   "runs": runs, "rank_ratios": ratios})
+    write_outputs(measure_groups("case", args.cases, args.ranks, args.rounds,
+                                 lambda case, ranks: measure(case, ranks, args.steps, args.warmup)))
     print(f"wrote {RESULTS} and the table in {DOC}")
 
 

@@ -133,6 +133,24 @@ def measure_rounds(keys: Sequence, rounds: int, measure: Callable[[object], dict
     return {key: pool_rounds(results) for key, results in done.items()}
 
 
+def measure_groups(name: str, groups: Sequence, ranks: Sequence[int], rounds: int,
+                   measure: Callable[[object, int], dict]) -> dict:
+    """`measure(group, ranks)` for every group (a sample size, a case) at every rank count, in `rounds`
+    interleaved rounds (`measure_rounds`): the results file's header (its sgemm the mean of the run's), rows
+    and, per group (keyed `name`), the most ranks' samples/s over the fewest's (`rank_ratio`)."""
+    ranks = list(dict.fromkeys(ranks))
+    runs, ratios = [], []
+    for group in groups:
+        started = time.perf_counter()
+        rows = list(measure_rounds(ranks, rounds, lambda r: measure(group, r)).values())
+        print(f"  {group}: {time.perf_counter() - started:.0f} s in all", flush=True)
+        runs += rows
+        if len(ranks) > 1:
+            ratios.append({name: group, **rank_ratio(rows, max(ranks), min(ranks))})
+    return {**run_header(float(np.mean([r["sgemm_gflops"] for r in runs]))), "rounds": rounds, "runs": runs,
+            "rank_ratios": ratios}
+
+
 def pool_rounds(results: Sequence[dict]) -> dict:
     """One case's rounds as one row: the first round's fields, the timed steps of all rounds pooled (median,
     samples/s and achieved GFLOP/s over them), the mean of the sgemm rates measured before each round, and per

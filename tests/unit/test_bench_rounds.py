@@ -72,3 +72,20 @@ def test_the_note_under_a_table_gives_the_range_of_the_sgemm_rates_measured_in_t
     assert "(AMD EPYC, avx2)" in note
     plain = harness.measured_note({"date": "2026-11-27", "machine": "vm 2 cores", "sgemm_gflops": 114.3})
     assert "114.3 GFLOP/s." in plain
+
+
+def test_measure_groups_gives_each_group_its_rows_and_its_ratio_and_the_runs_mean_sgemm(monkeypatch):
+    rates = iter([100.0, 80.0] * 4)
+    monkeypatch.setattr(harness, "sgemm_gflops", lambda: next(rates))
+    calls = []
+
+    def measure(size, ranks):
+        calls.append((size, ranks))
+        return _result(ranks, [1.0 if ranks == 1 else 1.6])
+
+    result = harness.measure_groups("size", [128, 32], [1, 2, 2], 2, measure)
+    assert calls == [(128, 1), (128, 2), (128, 2), (128, 1), (32, 1), (32, 2), (32, 2), (32, 1)]
+    assert [(r["ranks"], len(r["rounds"])) for r in result["runs"]] == [(1, 2), (2, 2), (1, 2), (2, 2)]
+    assert [x["size"] for x in result["rank_ratios"]] == [128, 32]
+    assert result["rank_ratios"][0]["ratio"] == pytest.approx((8 / 1.6) / 4)
+    assert result["sgemm_gflops"] == pytest.approx(90.0) and result["rounds"] == 2
