@@ -3,7 +3,8 @@
 The script has the scheduler's directives (jobs/templates/<scheduler>.sh), then one body for every
 scheduler: `set -euo pipefail`, the site's settings as shell variables with early checks (the suite's
 checkout, the config, the dataset, the output directory), the environment (modules, setup lines,
-threads, Horovod tuning), and either one training through the site's launcher or a campaign
+threads, Horovod tuning), where the launcher needs them the files that place the ranks (host files,
+per-instance launch scripts), and either one training through the site's launcher or a campaign
 (`python -m common.campaign run ... --launcher "<launcher>"`) when runs or instances are asked for.
 """
 from __future__ import annotations
@@ -18,7 +19,12 @@ from jobs.site import Site
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 BENCH_CONFIGS = {"cosmoflow": "cosmoflow/configs/cosmo.yaml", "deepcam": "deepcam/configs/deepcam.yaml"}
-JOB_ID_VARS = {"slurm": "SLURM_JOB_ID", "lsf": "LSB_JOBID", "pbs": "PBS_JOBID", "pjsub": "PJM_JOBID", "local": ""}
+JOB_ID_VARS = {"slurm": "SLURM_JOB_ID", "lsf": "LSB_JOBID", "pbs": "PBS_JOBID", "pjsub": "PJM_JOBID", "sge": "JOB_ID",
+               "cobalt": "COBALT_JOBID", "local": ""}
+PREFIXES = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "pjsub": "#PJM", "sge": "#$", "cobalt": "#COBALT",
+            "local": ""}
+# The placement file a campaign's launcher names per instance (the campaign fills in {run}).
+INSTANCE_FILE = "instance_{run:03d}"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -63,24 +69,36 @@ def fill(template: str, values: dict[str, str], where: str) -> str:
 
 def directives(site: Site, job: Job, name: str) -> str:
     """The scheduler's header (template) with the optional lines the site sets."""
-    values = {"name": name, "nodes": str(job.allocated_nodes), "ranks_per_node": str(site.ranks_per_node),
+    nodes = job.allocated_nodes
+    values = {"name": name, "nodes": str(nodes), "ranks_per_node": str(site.ranks_per_node),
               "cpus_per_rank": str(site.cpus_per_rank), "time": job.time_limit or site.time_limit,
               "time_minutes": str(_minutes(job.time_limit or site.time_limit)),
-              "cores_per_node": str(site.ranks_per_node * site.cpus_per_rank)}
+              "cores_per_node": str(site.ranks_per_node * site.cpus_per_rank),
+              "accelerators": str(nodes * site.accelerators_per_node), "node_type": site.constraint}
     path = TEMPLATES / f"{site.scheduler}.sh"
     lines = fill(path.read_text(), values, str(path)).rstrip("\n").split("\n")
-    prefix = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "pjsub": "#PJM", "local": ""}[site.scheduler]
-    options = {"slurm": [("--account", site.account), ("--partition", site.queue), ("--qos", site.qos),
-                         ("--constraint", site.constraint),
-                         ("--gpus-per-node", str(site.accelerators_per_node) if site.accelerators_per_node else "")],
-               "lsf": [("-P", site.account), ("-q", site.queue)],
-               "pbs": [("-A", site.account), ("-q", site.queue)],
-               "pjsub": [("-g", site.account), ("-L", f'"rscgrp={site.queue}"' if site.queue else "")],
-               "local": []}[site.scheduler]
-    sep = "=" if site.scheduler == "slurm" else " "
-    lines += [f"{prefix} {flag}{sep}{value}" for flag, value in options if value]
+    prefix, sep = PREFIXES[site.scheduler], "=" if site.scheduler == "slurm" else " "
+    queue = fill(site.queue, values, f"site {site.name}: queue {site.queue!r}")
+    lines += [f"{prefix} {flag}{sep}{value}" for flag, value in _options(site, job, queue) if value]
     lines += [f"{prefix} {arg}" for arg in site.scheduler_args] if prefix else []
+    if site.scheduler == "sge" and site.account:  # ABCI takes the group on qsub's command line only
+        lines.append(f"# submit with: qsub -g {site.account} <this script>")
     return "\n".join(lines) + "\n"
+
+
+def _options(site: Site, job: Job, queue: str) -> list[tuple[str, str]]:
+    """The scheduler's optional flags and their values ("": left out)."""
+    gpus = str(site.accelerators_per_node) if site.accelerators_per_node else ""
+    # ibrun starts as many tasks as the allocation has, so the job asks for them all.
+    tasks = str(job.allocated_nodes * site.ranks_per_node) if site.launcher_kind == "ibrun" else ""
+    return {"slurm": [("--account", site.account), ("--partition", queue), ("--qos", site.qos),
+                      ("--constraint", site.constraint), ("--gpus-per-node", gpus), ("--ntasks", tasks)],
+            "lsf": [("-P", site.account), ("-q", queue)],
+            "pbs": [("-A", site.account), ("-q", queue)],
+            "pjsub": [("-g", site.account), ("-L", f'"rscgrp={queue}"' if queue else "")],
+            "sge": [("-q", queue)],
+            "cobalt": [("-A", site.account), ("-q", queue)],
+            "local": []}[site.scheduler]
 
 
 def _minutes(time_limit: str) -> int:
@@ -91,10 +109,12 @@ def _minutes(time_limit: str) -> int:
     return h * 60 + m + (1 if s else 0)
 
 
-def launcher(site: Site, nodes: int) -> list[str]:
-    """The command that starts the ranks (then the container runtime, if any)."""
+def launcher(site: Site, nodes: int, hostfile: str = "") -> list[str]:
+    """The command that starts the ranks (then the container runtime, if any); `hostfile` names the
+    nodes for mpiexec and mpirun where the scheduler does not tell them."""
     ranks, rpn, cpr = nodes * site.ranks_per_node, site.ranks_per_node, site.cpus_per_rank
     kind, extra = site.launcher_kind, shlex.split(site.launcher_args)
+    hosts = ["--hostfile", hostfile] if hostfile else []
     if kind == "srun":
         cmd = ["srun", f"--nodes={nodes}", f"--ntasks={ranks}", f"--ntasks-per-node={rpn}", f"--cpus-per-task={cpr}"]
         cmd += [f"--cpu-bind={site.cpu_bind}"] if site.cpu_bind else []
@@ -105,12 +125,17 @@ def launcher(site: Site, nodes: int) -> list[str]:
         cmd = ["jsrun", f"--nrs={ranks}", "--tasks_per_rs=1", f"--cpu_per_rs={cpr}", f"--gpu_per_rs={per_rs}",
                f"--rs_per_host={rpn}"] + ([f"--bind={site.cpu_bind}"] if site.cpu_bind else [])
     elif kind == "mpiexec":
-        cmd = ["mpiexec", "-n", str(ranks)]
+        cmd = ["mpiexec", *hosts, "-n", str(ranks)]
         if site.scheduler != "pjsub":  # Cray PALS / MPICH Hydra: ranks per node and cores per rank
             cmd += ["--ppn", str(rpn), "--depth", str(cpr)] + (["--cpu-bind", site.cpu_bind] if site.cpu_bind else [])
     elif kind == "mpirun":
-        cmd = ["mpirun", "-np", str(ranks), "--map-by", f"ppr:{rpn}:node:PE={cpr}"]
+        cmd = ["mpirun", *hosts, "-np", str(ranks), "--map-by", f"ppr:{rpn}:node:PE={cpr}"]
         cmd += ["--bind-to", site.cpu_bind] if site.cpu_bind else []
+    elif kind == "aprun":  # Cray ALPS: -d hardware threads per rank, -cc how they are bound
+        cmd = ["aprun", "-n", str(ranks), "-N", str(rpn), "-d", str(cpr)]
+        cmd += ["-cc", site.cpu_bind] if site.cpu_bind else []
+    elif kind == "ibrun":  # TACC: the tasks and their placement come from the Slurm allocation
+        cmd = ["ibrun"]
     else:
         if nodes != 1:
             raise BenchError(f"launcher horovodrun on {nodes} nodes: this site launches on its own host only; "
@@ -220,13 +245,15 @@ def _job_id_line(site: Site) -> str:
 
 
 def _single(site: Site, job: Job) -> list[str]:
+    place, words = _placement(site, job)
     return ["# ---- one training",
             _job_id_line(site),
             f'RUN_DIR="$OUTPUT_ROOT/{job.bench}-$JOB_ID"',
             'echo "training: $RUN_DIR"',
+            *place,
             "cd \"$SUITE_DIR\"",
             "rc=0",
-            _command(launcher(site, job.nodes)) + f' "$PYTHON" "$SUITE_DIR/{job.bench}/train.py" "$CONFIG" \\',
+            _command(words) + f' "$PYTHON" "$SUITE_DIR/{job.bench}/train.py" "$CONFIG" \\',
             '    "${SETTINGS[@]}" "run.output_dir=$RUN_DIR" || rc=$?',
             "# exit 0: target reached, 1: not reached, 2: bad input, 3: non-finite loss; the log is checked in any case",
             '"$DRIVER_PYTHON" -m common.campaign.compliance "$RUN_DIR" || true',
@@ -234,26 +261,68 @@ def _single(site: Site, job: Job) -> list[str]:
 
 
 def _campaign(site: Site, job: Job) -> list[str]:
-    launch = shlex.join(launcher(site, job.nodes)).replace("{", "{{").replace("}", "}}")
-    hosts = []
-    if job.instances and site.scheduler == "pbs":  # mpiexec needs each instance's nodes named
-        hosts = ['HOSTS_DIR="$OUTPUT_ROOT/hosts-$PBS_JOBID"', 'mkdir -p "$HOSTS_DIR"',
-                 f'sort -u "$PBS_NODEFILE" | split -d -a 3 -l {job.nodes} - "$HOSTS_DIR/instance_"']
-        launch = launch.replace("mpiexec ", "mpiexec --hostfile '$HOSTS_DIR/instance_{run:03d}' ", 1)
+    place, words = _placement(site, job)
     count = f"--runs {job.runs}" if job.runs else f"--instances {job.instances}"
     stage = ' --stage-dir "$STAGE_DIR"' if site.stage_dir else ""
     ranks = job.nodes * site.ranks_per_node
     return ["# ---- a campaign: the driver runs here, each training through the launcher; the directory does not",
             "# depend on the job, so submitting the same script again resumes the campaign",
             f'CAMPAIGN_DIR="$OUTPUT_ROOT/campaign-{job.bench}-{site.name}-n{job.nodes}"',
-            *hosts,
+            *place,
             "cd \"$SUITE_DIR\"",
             f'"$DRIVER_PYTHON" -m common.campaign run {job.bench} "$CONFIG" --out "$CAMPAIGN_DIR" {count} \\',
             f'    --np {ranks} --system {shlex.quote(site.name)}{stage} --python "$PYTHON" \\',
-            # Double quotes where the launcher names the instance's host file: the shell fills in HOSTS_DIR.
-            f'    --launcher "{launch}" \\' if hosts else f"    --launcher {shlex.quote(launch)} \\",
+            f"    --launcher {_template(words)} \\",
             '    "${SETTINGS[@]}"']
 
 
+def _placement(site: Site, job: Job) -> tuple[list[str], list[str]]:
+    """The shell lines that write the files placing the ranks, and the launcher that reads them: a host
+    file for mpirun under Grid Engine; for a throughput campaign under PBS or with ibrun, one file per
+    instance (named by the campaign's {run}), so that every instance gets nodes of its own."""
+    kind, instances = site.launcher_kind, job.instances
+    if site.scheduler == "sge" and kind == "mpirun":
+        hostfile = f"$HOSTS_DIR/{INSTANCE_FILE if instances else 'all'}"
+        split = [f'split -d -a 3 -l {job.nodes} "$HOSTS_DIR/all" "$HOSTS_DIR/instance_"'] if instances else []
+        slots = f'{{print $1 " slots={site.ranks_per_node}"}}'
+        return ['HOSTS_DIR="$OUTPUT_ROOT/hosts-$JOB_ID"', 'mkdir -p "$HOSTS_DIR"',
+                "# the job's nodes (Grid Engine's PE_HOSTFILE), one line each with the ranks mpirun may start there",
+                f"awk '!seen[$1]++ {slots}' \"$PE_HOSTFILE\" >\"$HOSTS_DIR/all\"",
+                *split], launcher(site, job.nodes, hostfile)
+    if site.scheduler == "pbs" and kind == "mpiexec" and instances:  # PALS' mpiexec: each instance's nodes named
+        return ['HOSTS_DIR="$OUTPUT_ROOT/hosts-$PBS_JOBID"', 'mkdir -p "$HOSTS_DIR"',
+                f'sort -u "$PBS_NODEFILE" | split -d -a 3 -l {job.nodes} - "$HOSTS_DIR/instance_"'], \
+            launcher(site, job.nodes, f"$HOSTS_DIR/{INSTANCE_FILE}")
+    if kind == "ibrun" and instances:
+        return _ibrun_instances(site, job), [f"$LAUNCH_DIR/{INSTANCE_FILE}", *container(site)]
+    return [], launcher(site, job.nodes)
+
+
+def _ibrun_instances(site: Site, job: Job) -> list[str]:
+    """One launch script per instance: ibrun's -n tasks from entry -o of the job's host list (TACC's way
+    to run MPI programs side by side; task_affinity places them)."""
+    ranks = job.nodes * site.ranks_per_node
+    extra = f" {site.launcher_args}" if site.launcher_args else ""
+    return ['LAUNCH_DIR="$OUTPUT_ROOT/launch-$SLURM_JOB_ID"', 'mkdir -p "$LAUNCH_DIR"',
+            f"for i in $(seq 0 {job.instances - 1}); do",
+            '    cat >"$LAUNCH_DIR/instance_$(printf %03d "$i")" <<EOF',
+            "#!/bin/bash",
+            f'exec ibrun -n {ranks} -o $((i * {ranks})){extra} task_affinity "\\$@"',
+            "EOF",
+            "done",
+            'chmod +x "$LAUNCH_DIR"/instance_*']
+
+
 def _command(words: list[str]) -> str:
-    return " ".join(shlex.quote(w) for w in words)
+    """The launcher on the script's command line; a word that starts with a shell variable (a placement
+    file) in double quotes, for the shell to fill in."""
+    return " ".join(f'"{w}"' if w.startswith("$") else shlex.quote(w) for w in words)
+
+
+def _template(words: list[str]) -> str:
+    """The launcher as the campaign's --launcher template: braces doubled for str.format, but not in a
+    placement file's name, whose {run} the campaign fills in; in double quotes when a word starts with a
+    shell variable, for the shell to fill that in."""
+    text = " ".join(f"'{w}'" if w.startswith("$") else shlex.quote(w.replace("{", "{{").replace("}", "}}"))
+                    for w in words)
+    return f'"{text}"' if any(w.startswith("$") for w in words) else shlex.quote(text)

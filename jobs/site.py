@@ -17,8 +17,9 @@ from common.runtime.config import DistConfig, build
 from common.base.errors import BenchError
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
-SCHEDULERS = ("slurm", "lsf", "pbs", "pjsub", "local")
-DEFAULT_LAUNCHERS = {"slurm": "srun", "lsf": "jsrun", "pbs": "mpiexec", "pjsub": "mpiexec", "local": "horovodrun"}
+SCHEDULERS = ("slurm", "lsf", "pbs", "pjsub", "sge", "cobalt", "local")
+DEFAULT_LAUNCHERS = {"slurm": "srun", "lsf": "jsrun", "pbs": "mpiexec", "pjsub": "mpiexec", "sge": "mpirun",
+                     "cobalt": "aprun", "local": "horovodrun"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,17 +47,20 @@ class Site:
 
     name: str = ""
     description: str = ""  # what the system is; example files say they are examples to adapt
-    scheduler: Literal["slurm", "lsf", "pbs", "pjsub", "local"] = "slurm"
-    launcher: Literal["", "srun", "jsrun", "mpiexec", "mpirun", "horovodrun"] = ""  # "": the scheduler's usual
+    scheduler: Literal["slurm", "lsf", "pbs", "pjsub", "sge", "cobalt", "local"] = "slurm"
+    # "": the scheduler's usual (DEFAULT_LAUNCHERS)
+    launcher: Literal["", "srun", "jsrun", "mpiexec", "mpirun", "aprun", "ibrun", "horovodrun"] = ""
     account: str = ""  # project / account / group charged
-    queue: str = ""  # Slurm partition, LSF or PBS queue, Fugaku resource group
+    # Slurm partition, LSF, PBS, Grid Engine or Cobalt queue, Fugaku resource group; {{ nodes }} and
+    # {{ accelerators }} are filled in with the job's (e.g. a partition named by its GPU count)
+    queue: str = ""
     qos: str = ""
-    constraint: str = ""  # Slurm --constraint (node type)
+    constraint: str = ""  # the node type: Slurm --constraint; Grid Engine's resource type (ABCI: rt_F)
     time_limit: str = "01:00:00"  # hh:mm:ss
     ranks_per_node: int = 1
     accelerators_per_node: int = 0
     cpus_per_rank: int = 1  # cores (hardware threads where the scheduler counts those) per rank
-    cpu_bind: str = ""  # the launcher's binding keyword, e.g. cores (srun), rs (jsrun), depth (mpiexec)
+    cpu_bind: str = ""  # the launcher's binding keyword, e.g. cores (srun), rs (jsrun), depth (mpiexec, aprun)
     threads_per_rank: int = 0  # OMP_NUM_THREADS and dist.threads_per_rank; 0: cpus_per_rank
     launcher_args: str = ""  # extra launcher flags, verbatim
     scheduler_args: tuple[str, ...] = ()  # extra directive lines' arguments, verbatim (e.g. "--exclusive")
@@ -134,3 +138,9 @@ def check_site(site: Site) -> None:
         raise BenchError(f"container.kind {site.container.kind}: container.image is empty")
     if site.launcher_kind == "jsrun" and site.scheduler != "lsf":
         raise BenchError(f"launcher jsrun with scheduler {site.scheduler}: jsrun runs inside LSF allocations only")
+    if site.launcher_kind == "ibrun" and site.scheduler != "slurm":
+        raise BenchError(f"launcher ibrun with scheduler {site.scheduler}: ibrun (TACC) reads its tasks from a Slurm "
+                         f"allocation")
+    if site.scheduler == "sge" and not site.constraint:
+        raise BenchError("scheduler sge: constraint is empty; give the resource type that allocates whole nodes "
+                         "(#$ -l <type>=<nodes>; ABCI: rt_F)")

@@ -21,7 +21,7 @@ def nodes_for(site) -> int:
 
 def test_the_examples_cover_every_scheduler_and_container_kind():
     sites = [load_site(name) for name in SITES]
-    assert {s.scheduler for s in sites} == {"slurm", "lsf", "pbs", "pjsub", "local"}
+    assert {s.scheduler for s in sites} == {"slurm", "lsf", "pbs", "pjsub", "sge", "cobalt", "local"}
     assert {s.container.kind for s in sites} >= {"none", "shifter", "sarus"}
 
 
@@ -73,7 +73,7 @@ def test_a_campaign_launcher_keeps_its_placeholders_literal(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ("name: x\nscheduler: slurm\nbogus: 1\n", r"unknown key\(s\) bogus"),
-    ("name: x\nscheduler: cobalt\n", r"scheduler = 'cobalt': expected one of"),
+    ("name: x\nscheduler: moab\n", r"scheduler = 'moab': expected one of"),
     ("name: x\nsuite_dir: relative/path\n", r"suite_dir 'relative/path': expected an absolute path"),
     ("name: x\ncontainer: {kind: sarus}\n", r"container.kind sarus: container.image is empty"),
     ("name: x\nranks_per_node: 3\naccelerators_per_node: 4\n", r"accelerators_per_node 4 and ranks_per_node 3"),
@@ -93,7 +93,7 @@ def test_a_job_without_the_sites_paths_or_with_horovodrun_across_nodes_is_refuse
         render(load_site(str(path)), Job(bench="cosmoflow", nodes=1))
     with pytest.raises(BenchError, match=r"launcher horovodrun on 2 nodes"):
         render(load_site("localhost"), Job(bench="cosmoflow", nodes=2))
-    with pytest.raises(BenchError, match=r"site 'nowhere': .*nowhere.yaml does not exist \(examples: cori-knl"):
+    with pytest.raises(BenchError, match=r"site 'nowhere': .*nowhere.yaml does not exist \(examples: abci, cori-knl"):
         load_site("nowhere")
 
 
@@ -122,7 +122,7 @@ def test_a_throughput_job_allocates_every_instance_its_own_nodes():
 def test_the_rendered_examples_in_the_docs_are_current():
     from jobs.docs import DOCS, refreshed
     pages = sorted(DOCS.glob("*.md"))
-    assert {p.stem for p in pages} == {"slurm", "lsf", "pbs", "pjsub", "local"}
+    assert {p.stem for p in pages} == {"slurm", "lsf", "pbs", "pjsub", "sge", "cobalt", "local"}
     for page in pages:
         text = page.read_text()
         assert "<!-- rendered:end -->" in text and refreshed(text) == text, \
