@@ -21,7 +21,8 @@ from common.runtime.dist import DistEnv, init_distributed
 from common.runtime.loop import Trainee
 from common.runtime.plan import Plan, planned_dist, print_plan, resolve
 from common.runtime.precision import for_precision, precision_keys, set_precision
-from common.runtime.run import Run, choose_strategy, parse_args, root_log
+from common.runtime.run import Run, choose_strategy, guarded_run, parse_args, root_log
+from common.runtime.stopping import StopRequests
 from common.runtime.strategy import DataParallel, Rebuild
 from cosmoflow.config import CosmoConfig
 from cosmoflow.data import build_datasets, files_read, read_error
@@ -36,18 +37,18 @@ def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
     if args.dry_run:
         return guarded(lambda: dry_run(args.config, args.overrides, args.ranks, args.json))
-    return guarded(lambda: train(args.config, args.overrides))
+    return guarded_run(lambda stop: train(args.config, args.overrides, stop))  # stop signals handled first
 
 
-def train(config: str, overrides: list[str]) -> int:
-    """One MLPerf run of CosmoFlow; returns the exit code."""
+def train(config: str, overrides: list[str], stop: StopRequests) -> int:
+    """One MLPerf run of CosmoFlow; returns the exit code. `stop`: the stop signals, handled since main() began."""
     cfg = load_config(config, overrides, CosmoConfig)
     dist = init_distributed(cfg.dist)
     strategy = strategy_for(cfg, dist)  # data parallel, hybrid Mesh-TF or elastic
     # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
     cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences, announce=root_log(dist))
     stage_files = functools.partial(rank_files, cfg)
-    with Run.open(BENCHMARK, cfg, dist) as run:  # resume point, config.yaml, MLPerf log, stop signals
+    with Run.open(BENCHMARK, cfg, dist, stop) as run:  # resume point, config.yaml, MLPerf log
         run.stage(stage_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
         run.init_start()
         trainee = build(cfg, strategy)  # model, SGD, schedule, loss, metric: no data read in init
@@ -61,7 +62,7 @@ def train(config: str, overrides: list[str]) -> int:
         result = run.fit(strategy, trainee, data, rebuild,  # (elastic runs rebuild both for each new rank layout)
                          read_error=lambda err: read_error(data_cfg, cfg.train.local_batch_size, strategy.input_dist,
                                                            err))
-    return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json
+        return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json
 
 
 def dry_run(config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:

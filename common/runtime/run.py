@@ -1,6 +1,7 @@
 """The steps of an MLPerf run, which each application's train.py calls in order.
 
-    run = Run.open(benchmark, cfg, dist)   # resume point, resolved config.yaml, MLPerf log, stop signals
+    guarded_run(lambda stop: train(...))   # main(): the stop signals handled first, the errors to exit codes
+    with Run.open(benchmark, cfg, dist, stop) as run:   # resume point, resolved config.yaml, MLPerf log
     run.stage(rank_files, "before_run")    # data.stage_timing=before_run: staging precedes init
     run.init_start()                       # init_start and the submission keys
     ... the application builds its model, optimizer, schedule, loss and metric (no data read)
@@ -10,12 +11,15 @@
     ... the application builds its input pipelines
     run.input_ready(data)                  # train_samples, eval_samples
     result = run.fit(strategy, trainee, data, rebuild, read_error)  # the epochs, then run_stop
-    run.finish(strategy, result)           # io_report.json, summary.json; the exit code
+    return run.finish(strategy, result)    # io_report.json, summary.json; the exit code
 
 The `Run` carries what every step and the training loop share: the config, the DistEnv (an elastic run's
 changes with it), the MLPerf log, the resume point, the stop signals, staging and the I/O counters.
+Whatever ends a run after run_start, its MLPerf log ends with one run_stop and rank 0 writes summary.json:
+an exception leaving the `with` block is logged as run_stop aborted and written as the summary's reason
+before it goes on (`Run.abort`). A stop signal before run_start ends the run at init_start or start.
 Exit codes: 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite loss, 75 stopped
-by a signal (a checkpoint of where it stopped written). Faults and resuming: docs/faults.md.
+by a signal (after run_start with a checkpoint of where it stopped). Faults and resuming: docs/faults.md.
 """
 from __future__ import annotations
 
@@ -23,10 +27,12 @@ import argparse
 import dataclasses
 import functools
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from common.base.cli import guarded
 from common.io.datasets import Datasets
 from common.io.iostats import IOCounters, io_report, write_io_report
 from common.io.manifest import Manifest
@@ -36,11 +42,11 @@ from common.runtime.config import save_config
 from common.runtime.dist import DistEnv, describe
 from common.runtime.elastic import ElasticStrategy
 from common.runtime.loop import Control, FitOptions, FitResult, LoopContext, Trainee
-from common.runtime.mllog import MLPerfLog, dataset_keys, scale_keys
-from common.runtime.stopping import StopRequests
+from common.runtime.mllog import RUN_ABORTED, MLPerfLog, dataset_keys, scale_keys
+from common.runtime.stopping import EXIT_STOPPED, StoppedBeforeStart, StopRequests
 from common.runtime.strategy import DataParallel, Rebuild, reseeded
 from common.runtime.monitor import RunMonitor
-from common.runtime.summary import exit_code, run_summary, throughput, write_summary
+from common.runtime.summary import exit_code, failure_summary, run_summary, throughput, write_summary
 
 # What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
 ATTEMPT_FILES = ("summary.json", "io_report.json")
@@ -64,6 +70,20 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
     return args
 
 
+def guarded_run(train: Callable[[StopRequests], int]) -> int:
+    """A train entry point's run: `train(stop)` with the stop signals handled from the first moment (a signal
+    during start-up is remembered, not fatal); returns its exit code, 2 for a BenchError, EXIT_STOPPED for a
+    stop before run_start (each with a one-paragraph message on stderr)."""
+    stop = StopRequests().install()
+    try:
+        return guarded(lambda: train(stop))
+    except StoppedBeforeStart as err:
+        print(f"stopped: {err}", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+    finally:
+        stop.uninstall()
+
+
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
     """Data parallel, or elastic data parallel with dist.elastic.enabled (checked before any work)."""
     return ElasticStrategy(cfg, dist) if cfg.dist.elastic.enabled else DataParallel(dist)
@@ -77,9 +97,11 @@ def root_log(dist: DistEnv) -> Callable[..., None]:
 class Run:
     """One run on this rank, from its output directory to its summary."""
 
-    def __init__(self, benchmark: str, cfg: Any, dist: DistEnv, resume: Resume | None, mlperf: MLPerfLog):
+    def __init__(self, benchmark: str, cfg: Any, dist: DistEnv, resume: Resume | None, mlperf: MLPerfLog,
+                 stop: StopRequests):
         self.benchmark, self.cfg, self.dist, self.resume, self.mlperf = benchmark, cfg, dist, resume, mlperf
-        self.stop = StopRequests()
+        self.stop = stop  # installed by the entry point (guarded_run), before anything else
+        self.started = self.stopped = False  # run_start, run_stop logged
         self.staging: StageResult | None = None
         self.io: IOCounters | None = None
         self.run_start = 0.0
@@ -89,8 +111,9 @@ class Run:
         self.monitor = RunMonitor(cfg, dist)
 
     @classmethod
-    def open(cls, benchmark: str, cfg: Any, dist: DistEnv) -> "Run":
-        """Find the checkpoint to resume (archiving the attempt it ends), save config.yaml, open the MLPerf log."""
+    def open(cls, benchmark: str, cfg: Any, dist: DistEnv, stop: StopRequests) -> "Run":
+        """Find the checkpoint to resume (archiving the attempt it ends), save config.yaml, open the MLPerf log;
+        `stop`: the process's stop signals, already handled."""
         out = Path(cfg.run.output_dir)
         # (An elastic run resumes no checkpoint, and a worker joining it must not wait in a collective here.)
         resume = None if cfg.dist.elastic.enabled else find_resume(cfg.checkpoint, cfg.run.output_dir, dist,
@@ -99,15 +122,18 @@ class Run:
             if resume:
                 archive_attempt(out, cfg.mlperf.log_file, resume.progress.attempt)
             save_config(cfg, out)
-        return cls(benchmark, cfg, dist, resume, MLPerfLog(out / cfg.mlperf.log_file, enabled=dist.is_root))
+        return cls(benchmark, cfg, dist, resume, MLPerfLog(out / cfg.mlperf.log_file, enabled=dist.is_root), stop)
 
     def __enter__(self) -> "Run":
-        self.stop.install()
         return self
 
-    def __exit__(self, *_exc) -> None:
-        self.stop.uninstall()
-        self.mlperf.close()
+    def __exit__(self, _type, error: BaseException | None, _traceback) -> None:
+        """Close the MLPerf log; an exception after run_start first ends the run (`abort`), then goes on."""
+        try:
+            if error is not None and self.started:
+                self.abort(error)
+        finally:
+            self.mlperf.close()
 
     @property
     def log(self) -> Callable[..., None]:
@@ -127,6 +153,7 @@ class Run:
         return staged_data_config(data, self.staging)
 
     def init_start(self) -> None:
+        self._stop_if_asked("init_start")
         self.mlperf.start("init_start")
         self.mlperf.submission(self.benchmark, self.cfg.mlperf, cache_cleared=False)
         self.log(f"{self.benchmark}: {describe(self.dist)}; writing to {self.cfg.run.output_dir}")
@@ -139,10 +166,13 @@ class Run:
         self.mlperf.end("init_stop")
 
     def start(self) -> None:
-        """The node's peak probed if need be (untimed), then run_start: the timed part begins."""
+        """The node's peak probed if need be (untimed), then run_start: the timed part begins (unless a stop
+        signal came first)."""
         self.monitor.prepare()
+        self._stop_if_asked("run_start")
         self.run_start = time.time()
         self.mlperf.start("run_start")
+        self.started = True
         self.monitor.started()
         if self.resume:
             progress = self.resume.progress
@@ -175,11 +205,8 @@ class Run:
                 UnicodeDecodeError) as err:
             if self.dist.elastic and "Horovod" in str(err):
                 raise  # a failed collective: hvd.elastic.run resets
-            self.mlperf.end("run_stop", status="aborted")
-            raise read_error(err) from None
-        self.mlperf.end("run_stop", status=result.status)
-        self.time_to_train = time.time() - self.run_start
-        self.monitor.stopped()
+            raise read_error(err) from None  # run_stop aborted and summary.json: abort()
+        self._run_stop(result.status)
         self.io.stop(self.data, result.history, strategy.reads)
         return result
 
@@ -195,12 +222,23 @@ class Run:
             summary = run_summary(self, result, self.trainee.metric.name, strategy.replicas) | extra | {
                 "io": report, "system": figures}
             write_io_report(report, out)
-            write_summary(summary | self._attempt_summary(result), out)
+            write_summary(summary | self._attempt_summary(result.stopped, result.checkpoint), out)
             self.log(f"{result.status}: {result.reason}; time to train {self.time_to_train:.1f} s; summary in "
                      f"{out}/summary.json")
         # A rank that exits non-zero (target not reached) makes mpirun kill the others: wait for rank 0's summary.
         self.dist.barrier()
         return exit_code(result)
+
+    def abort(self, error: BaseException) -> None:
+        """After run_start, `error` ends the run: run_stop aborted (unless logged already) and, on rank 0,
+        summary.json with the error as its reason. No collective: the other ranks may be anywhere."""
+        self._run_stop(RUN_ABORTED)
+        self.monitor.close(None)
+        if not self.dist.is_root:
+            return
+        out = Path(self.cfg.run.output_dir)
+        write_summary(failure_summary(self, error) | self._attempt_summary(), out)
+        self.log(f"aborted after {self.time_to_train:.1f} s of the timed run; summary in {out}/summary.json")
 
     # ------------------------------------------------------------------------ what the loop and strategies use
     def follow(self, dist: DistEnv, trainee: Trainee, data: Datasets) -> None:
@@ -220,6 +258,23 @@ class Run:
                           input_state=ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position)
         return LoopContext(self.dist, self.mlperf, options, control, self.log, monitor=self.monitor)
 
+    def _stop_if_asked(self, before: str) -> None:
+        """Before the event `before`: end the run (StoppedBeforeStart) when a stop signal arrived in start-up on
+        any rank (collective; in elastic runs, whose late workers meet no one here, this rank's signal only)."""
+        asked = self.stop.signum if self.cfg.dist.elastic.enabled else self.stop.agreed(self.dist)
+        if asked:
+            raise StoppedBeforeStart(f"{self.stop.describe()} during start-up, before {before}: no run_start "
+                                     f"logged, nothing trained, no checkpoint written")
+
+    def _run_stop(self, status: str) -> None:
+        """run_stop (once: a run that failed after it is not stopped again), the time to train, energy read."""
+        if self.stopped:
+            return
+        self.mlperf.end("run_stop", status=status)
+        self.stopped = True
+        self.time_to_train = time.time() - self.run_start
+        self.monitor.stopped()
+
     def _stage(self, rank_files: RankFiles) -> StageResult:
         """Stage the dataset to data.stage_dir between staging_start and staging_stop."""
         data = self.cfg.data
@@ -231,7 +286,7 @@ class Run:
                  f"{staging.seconds:.2f} s on rank 0" + ("" if staging.copied else " (waiting for its node's stager)"))
         return staging
 
-    def _attempt_summary(self, result: FitResult) -> dict:
+    def _attempt_summary(self, stopped: bool = False, checkpoint: str = "") -> dict:
         """The summary fields of a resumed run (or of one that stopped on a signal)."""
         fields = {}
         if self.resume:
@@ -239,8 +294,8 @@ class Run:
             fields |= {"attempt": progress.attempt + 1, "resumed_from": {
                 "checkpoint": str(self.resume.path), "epoch": progress.epoch, "step": progress.step},
                 "time_to_train_all_attempts_seconds": progress.earlier_seconds + self.time_to_train}
-        if result.stopped:
-            fields |= {"stopped": True, "checkpoint": result.checkpoint}
+        if stopped:
+            fields |= {"stopped": True, "checkpoint": checkpoint}
         return fields
 
 

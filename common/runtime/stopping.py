@@ -7,6 +7,10 @@ training step's gradient allreduce (`StopFlag`, one more scalar in the fused all
 own), and the loop reads the agreed value after the step. Steps that do not carry it fall back to `agreed`,
 a blocking one-scalar allreduce per step. Then every rank writes a checkpoint, logs run_stop with status
 aborted and exits with EXIT_STOPPED (75, EX_TEMPFAIL: try again later, from the checkpoint).
+
+The train entry points install the handler before anything else (common/runtime/run.guarded_run), so a
+signal during start-up is remembered too: the run then ends before run_start (`StoppedBeforeStart`, also
+EXIT_STOPPED), at the first point where its ranks meet (common/runtime/run.Run.init_start and start).
 """
 from __future__ import annotations
 
@@ -16,6 +20,10 @@ from common.runtime.dist import DistEnv
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EXIT_STOPPED = 75
+
+
+class StoppedBeforeStart(Exception):
+    """A stop signal arrived before run_start: the run ends untimed, with nothing trained and no checkpoint."""
 
 
 class StopRequests:

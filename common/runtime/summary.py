@@ -17,7 +17,7 @@ from common.base.files import write_json_atomic
 from common.runtime.config import to_dict
 from common.base.errors import BenchError
 from common.runtime.loop import FitResult
-from common.runtime.mllog import RUN_SUCCESS
+from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS
 from common.runtime.stopping import EXIT_STOPPED
 
 EXIT_TARGET_NOT_REACHED = 1
@@ -43,17 +43,61 @@ def throughput(history: list[dict]) -> dict:
 def run_summary(run: Any, result: FitResult, metric_name: str, replicas: int) -> dict:
     """The run's summary.json; `run`: the common/runtime/run.Run (benchmark, cfg, dist, data, time_to_train);
     `replicas`: the data-parallel replicas (the strategy's)."""
-    benchmark, cfg, dist, data, time_to_train = run.benchmark, run.cfg, run.dist, run.data, run.time_to_train
+    cfg, data = run.cfg, run.data
     return {
-        "benchmark": benchmark,
+        "benchmark": run.benchmark,
         "status": result.status,
         "reason": result.reason,
-        "time_to_train_seconds": time_to_train,
+        "time_to_train_seconds": run.time_to_train,
         "epochs": result.epochs,
         "metric_name": metric_name,
         "final_metric": result.metric,
         "target": cfg.train.target,
         **throughput(result.history),
+        **_layout(run.dist),
+        "global_batch_size": data.local_batch_size * replicas,
+        "train_samples": data.train_samples,
+        "eval_samples": data.val_samples,
+        "loader": data.loader or cfg.data.loader,  # the one data.loader (auto, tfdata, dali) resolved to
+        "history": result.history,
+        "config": to_dict(cfg),
+    }
+
+
+def failure_summary(run: Any, error: BaseException) -> dict:
+    """summary.json of a run that an exception ended after run_start: status aborted, the error as the reason,
+    and what the run knew by then (`run` as for run_summary; its data and trainee may still be None). The
+    history ended with the training loop: `epochs` is null, the MLPerf log has the epochs that ran."""
+    cfg, data, trainee = run.cfg, run.data, run.trainee
+    return {
+        "benchmark": run.benchmark,
+        "status": RUN_ABORTED,
+        "reason": failure_reason(error),
+        "error": type(error).__name__,
+        "time_to_train_seconds": run.time_to_train,
+        "epochs": None,
+        "metric_name": trainee.metric.name if trainee else None,
+        "final_metric": None,
+        "target": cfg.train.target,
+        **_layout(run.dist),
+        "train_samples": data.train_samples if data else None,
+        "eval_samples": data.val_samples if data else None,
+        "loader": (data.loader if data else None) or cfg.data.loader,
+        "history": [],
+        "config": to_dict(cfg),
+    }
+
+
+def failure_reason(error: BaseException) -> str:
+    """A BenchError's message (what the user must fix); for any other exception its type and message."""
+    if isinstance(error, BenchError):
+        return str(error)
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _layout(dist: Any) -> dict:
+    """The summary fields of the rank layout (`dist`: the run's DistEnv)."""
+    return {
         "ranks": dist.size,
         "nodes": dist.num_nodes,
         "threads_per_rank": dist.threads,
@@ -61,12 +105,6 @@ def run_summary(run: Any, result: FitResult, metric_name: str, replicas: int) ->
         # The HOROVOD_* variables hvd.init() read, those the environment set over the config, what Horovod used.
         "horovod": {"settings": dist.settings.values, "from_environment": list(dist.settings.from_environment),
                     "used": dist.horovod_used} if dist.horovod else None,
-        "global_batch_size": data.local_batch_size * replicas,
-        "train_samples": data.train_samples,
-        "eval_samples": data.val_samples,
-        "loader": data.loader or cfg.data.loader,  # the one data.loader (auto, tfdata, dali) resolved to
-        "history": result.history,
-        "config": to_dict(cfg),
     }
 
 
@@ -101,7 +139,8 @@ def _row(r: dict) -> tuple[str, ...]:
     rate = r.get("samples_per_second_steady")
     staging = (r.get("io") or {}).get("staging")
     staged = f"{staging['seconds']:.1f} s, {staging['write_gb_per_second']:.2f} GB/s" if staging else "-"
-    return (r["benchmark"], r["status"], f"{r['time_to_train_seconds']:.1f} s", staged, str(r["epochs"]),
+    epochs = "-" if r["epochs"] is None else str(r["epochs"])  # null: an exception ended the run
+    return (r["benchmark"], r["status"], f"{r['time_to_train_seconds']:.1f} s", staged, epochs,
             f"{r['metric_name']} {r['final_metric']:.4f} (target {r['target']})" if r["final_metric"] is not None
             else "-", f"{rate:.1f}" if rate else "-", str(r["ranks"]), f"{verdict} ({div})")
 

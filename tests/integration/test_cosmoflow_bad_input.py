@@ -36,14 +36,17 @@ def _first_train_file(data_dir):
     return data_dir / manifest["splits"]["train"]["files"][0]["path"]
 
 
-def _assert_not_finished(tmp_path):
-    assert not (tmp_path / "run" / "summary.json").exists()
+def _assert_aborted(tmp_path, err):
+    """Refused after run_start (the data is first read in the timed part): the summary says why."""
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "aborted" and summary["error"] == "BenchError"
+    assert summary["reason"] in err
 
 
 def test_missing_data_dir(tmp_path, capsys):
     code, err = _train(tmp_path, tmp_path / "nowhere", capsys=capsys)
     assert code == 2 and "nowhere" in err and "not found" in err
-    _assert_not_finished(tmp_path)
+    _assert_aborted(tmp_path, err)
 
 
 def test_missing_manifest(dataset, tmp_path, capsys):
@@ -64,7 +67,7 @@ def test_missing_record_file(dataset, tmp_path, capsys):
     victim.unlink()
     code, err = _train(tmp_path, dataset, capsys=capsys)
     assert code == 2 and f"{victim}: listed in the manifest (train split) but missing" in err
-    _assert_not_finished(tmp_path)
+    _assert_aborted(tmp_path, err)
 
 
 def test_index_that_does_not_match_its_record_file(dataset, tmp_path, capsys):
@@ -73,7 +76,7 @@ def test_index_that_does_not_match_its_record_file(dataset, tmp_path, capsys):
     index.write_text("".join(index.read_text().splitlines(keepends=True)[:-1]))  # the last record unindexed
     code, err = _train(tmp_path, dataset, capsys=capsys)
     assert code == 2 and f"{index}: 7 index lines, expected 8" in err
-    _assert_not_finished(tmp_path)
+    _assert_aborted(tmp_path, err)
 
 
 def test_corrupt_record_bad_crc(dataset, tmp_path, capsys):
@@ -85,7 +88,7 @@ def test_corrupt_record_bad_crc(dataset, tmp_path, capsys):
     # file checksums of data.verify_checksums (or of staging) are what catch the flipped byte.
     code, err = _train(tmp_path, dataset, "data.shuffle=false", "data.loader=tfdata", capsys=capsys)
     assert code == 2 and victim.name in err and ("corrupt" in err or "CRC" in err)
-    _assert_not_finished(tmp_path)
+    _assert_aborted(tmp_path, err)
     (tmp_path / "verified").mkdir()
     code, err = _train(tmp_path / "verified", dataset, "data.verify_checksums=true", capsys=capsys)
     assert code == 2 and f"{victim}: xxh3_128" in err and "the manifest says" in err

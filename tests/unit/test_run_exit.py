@@ -1,0 +1,162 @@
+"""How a run ends when it does not end in the training loop (common/runtime/run.py): an exception after run_start
+still ends the MLPerf log with one run_stop (aborted) and leaves summary.json with the reason; one before
+run_start leaves neither; a stop signal during start-up ends the run before run_start with exit code 75.
+Real processes: tests/integration/test_run_exit.py."""
+import json
+import os
+import signal
+
+import pytest
+
+from common.base.errors import BenchError
+from common.io.datasets import Datasets
+from common.runtime.config import load_config
+from common.runtime.dist import DistEnv
+from common.runtime.loop import FitResult
+from common.runtime.run import Run, guarded_run
+from common.runtime.stopping import EXIT_STOPPED, StoppedBeforeStart, StopRequests
+from common.runtime.strategy import DataParallel
+from cosmoflow.config import CosmoConfig
+from tests.conftest import REPO
+
+
+def _cfg(out):
+    return load_config(REPO / "cosmoflow/configs/cosmo_mini.yaml",
+                       [f"run.output_dir={out}", f"data.dir={out}/data", "system.enabled=false",
+                        "tensorboard.enabled=false", "mlperf.platform=test"], CosmoConfig)
+
+
+def _events(out):
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (out / "mlperf.log").read_text().splitlines()]
+
+
+def _keys(out):
+    return [e["key"] for e in _events(out)]
+
+
+def _until_started(run):
+    run.init_start()
+    run.init_stop(DataParallel(run.dist), {"seed": 1})
+    run.start()
+
+
+class _Strategy(DataParallel):
+    """A strategy whose training returns `result` or raises `error`."""
+
+    def __init__(self, result=None, error=None):
+        super().__init__(DistEnv())
+        self.result, self.error = result, error
+
+    def fit(self, trainee, data, run, rebuild):
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _fit(run, strategy):
+    run.stage(None, "in_run")  # starts the I/O counters fit() stops
+    data = Datasets(train=None, val=None, train_steps=8, val_steps=2, train_samples=32, val_samples=8,
+                    local_batch_size=4)
+    return run.fit(strategy, trainee=None, data=data, rebuild=None,
+                   read_error=lambda err: BenchError(f"cannot read the data ({err.message})"))
+
+
+@pytest.mark.parametrize("error, reason", [
+    (BenchError("/data/train_000.tfrecord: corrupt record at offset 4096"),
+     "/data/train_000.tfrecord: corrupt record at offset 4096"),
+    (RuntimeError("out of memory"), "RuntimeError: out of memory"),
+    (KeyboardInterrupt(), "KeyboardInterrupt")])
+def test_an_exception_after_run_start_ends_the_log_with_run_stop_and_leaves_the_summary(tmp_path, error, reason):
+    with pytest.raises(type(error)) as raised:
+        with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), StopRequests()) as run:
+            _until_started(run)
+            raise error
+    assert raised.value is error  # goes on unchanged: train.py prints it and exits non-zero
+    events = _events(tmp_path)
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+    assert [e["key"] for e in events].count("run_stop") == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "aborted" and summary["reason"] == reason
+    assert summary["error"] == type(error).__name__ and summary["epochs"] is None
+    assert summary["benchmark"] == "cosmoflow" and summary["ranks"] == 1 and summary["time_to_train_seconds"] >= 0
+
+
+def test_an_exception_before_run_start_leaves_no_run_stop_and_no_summary(tmp_path):
+    with pytest.raises(BenchError):
+        with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), StopRequests()) as run:
+            run.init_start()
+            raise BenchError("model.input_shape [32, 32, 32, 4] differs from the manifest's [16, 16, 16, 4]")
+    assert "run_start" not in _keys(tmp_path) and "run_stop" not in _keys(tmp_path)
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_read_error_in_training_logs_run_stop_once(tmp_path):
+    import tensorflow as tf
+    corrupt = tf.errors.DataLossError(None, None, "corrupted record at 12")
+    with pytest.raises(BenchError, match="cannot read the data"):
+        with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), StopRequests()) as run:
+            _until_started(run)
+            _fit(run, _Strategy(error=corrupt))
+    assert _keys(tmp_path).count("run_stop") == 1 and _keys(tmp_path)[-1] == "run_stop"
+    assert "cannot read the data (corrupted record at 12)" in json.loads((tmp_path / "summary.json").read_text())[
+        "reason"]
+
+
+def test_an_exception_after_run_stop_logs_no_second_one_and_still_leaves_the_summary(tmp_path):
+    result = FitResult("success", "mae 0.1 reached target 0.124", 3, 0.1, [], 1.0)
+    with pytest.raises(OSError, match="disk full"):
+        with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), StopRequests()) as run:
+            _until_started(run)
+            _fit(run, _Strategy(result=result))
+            raise OSError("disk full")  # as if finish() failed
+    events = _events(tmp_path)
+    assert [e["key"] for e in events].count("run_stop") == 1 and events[-1]["metadata"]["status"] == "success"
+    assert json.loads((tmp_path / "summary.json").read_text())["reason"] == "OSError: disk full"
+
+
+def _signalled(stop):
+    """What a SIGTERM does to this process once `stop` is installed."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.signum == signal.SIGTERM  # the handler ran (Python runs it before the next bytecode)
+
+
+@pytest.mark.parametrize("signalled_in_init", [False, True])
+def test_a_stop_signal_in_start_up_ends_the_run_before_run_start(tmp_path, signalled_in_init):
+    stop = StopRequests().install()
+    try:
+        with pytest.raises(StoppedBeforeStart, match="SIGTERM during start-up, before (init_start|run_start)"):
+            with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), stop) as run:
+                if signalled_in_init:
+                    run.init_start()
+                    run.init_stop(DataParallel(run.dist), {"seed": 1})
+                    _signalled(stop)
+                    run.start()
+                else:
+                    _signalled(stop)
+                    _until_started(run)
+    finally:
+        stop.uninstall()
+    assert "run_start" not in _keys(tmp_path) and not (tmp_path / "summary.json").exists()
+    assert ("init_stop" in _keys(tmp_path)) == signalled_in_init
+
+
+def test_guarded_run_handles_the_stop_signals_from_the_start_and_restores_them(tmp_path, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+
+    def train(stop):
+        _signalled(stop)
+        with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), stop) as run:
+            _until_started(run)
+        return 0
+
+    assert guarded_run(train) == EXIT_STOPPED
+    assert "stopped: SIGTERM during start-up, before init_start" in " ".join(capsys.readouterr().err.split())
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert guarded_run(lambda stop: 3) == 3
+
+
+def test_guarded_run_turns_a_bench_error_into_exit_code_2(capsys):
+    def train(_stop):
+        raise BenchError("data.dir /x not found")
+
+    assert guarded_run(train) == 2 and "error: data.dir /x not found" in capsys.readouterr().err
