@@ -7,7 +7,10 @@ stage into, and prints that directory, the bytes, the time and GB/s. Use it to s
 training configs with data.stage_dir stage inside the run themselves. With --decompress (the
 config's data.stage_decompress), record files without a DALI index, such as the GZIP files of
 the official CosmoFlow release indexed by `python -m data_prep index`, are written uncompressed with
-DALI index files, into STAGE_DIR/<format>-<manifest digest>-uncompressed/node/. See docs/staging.md.
+DALI index files, into STAGE_DIR/<format>-<manifest digest>-uncompressed/node/. With --reuse, files an
+earlier staging left there are kept once proven equal to the source (unchanged since a staging checked them,
+or hashed again); the line printed says how many were written, re-hashed, vouched for and staged again, and by
+which checksum. See docs/staging.md.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common.io.staging import Layout, open_source, plan, stage
+from common.io.staging import Layout, StageResult, open_source, plan, stage
 from data_prep import tfrecords
 
 
@@ -27,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=tfrecords.positive_int, default=tfrecords.available_cpus(), metavar="T",
                         help="files or archives copied in parallel (default: CPUs available, %(default)s)")
     parser.add_argument("--reuse", action="store_true",
-                        help="keep files an earlier, interrupted staging finished (default: start afresh)")
+                        help="keep files an earlier staging left, once proven equal to the source (unchanged since "
+                             "it checked them, or hashed again); stage the rest (default: start afresh)")
     parser.add_argument("--decompress", action="store_true",
                         help="write record files that have no DALI index (GZIP ones) uncompressed with one, so that "
                              "DALI can read the copy (data.stage_decompress)")
@@ -51,7 +55,20 @@ def run(args: argparse.Namespace) -> int:
     ratio = f", compression ratio {figures['compression_ratio']:.2f}" if compressed else ""
     print(f"staged {result.files} files ({result.bytes_written / 1e9:.3f} GB written, {result.bytes_read / 1e9:.3f} GB "
           f"read{ratio}; {result.files_reused} reused) from {source.kind} {source.root} into {result.dir} in "
-          f"{result.seconds:.2f} s: {figures['write_gb_per_second']:.2f} GB/s, every file written checked by its "
-          f"{checksum_names(result.checksum)}, "
-          f"{result.threads} threads", flush=True)
+          f"{result.seconds:.2f} s: {figures['write_gb_per_second']:.2f} GB/s on {result.threads} threads; "
+          f"{checks(result)}", flush=True)
     return 0
+
+
+def checks(result: StageResult) -> str:
+    """What staging checked, in words: the files it wrote, the ones it reused, the ones it staged again."""
+    said = [f"every file written checked by its {checksum_names(result.checksum)}" if result.files else
+            "no file written"]
+    if result.files_reused:
+        vouched = result.files_reused - result.files_rechecked
+        said.append(f"of the {result.files_reused} reused, {result.files_rechecked} re-hashed and matched their "
+                    f"checksums and {vouched} unchanged since a staging checked them (size, times and inode as "
+                    f"its stamp records)")
+    if result.files_recopied:
+        said.append(f"{result.files_recopied} found changed or unproven and staged again")
+    return "; ".join(said)

@@ -8,11 +8,16 @@ on staging's threads), every record's framing and both CRCs are checked, and the
 an uncompressed TFRecord file, under a temporary name. The DALI index is made from the records' offsets and
 sizes. The record file is renamed first, then its index: a staged file with its index is complete. The
 manifest entry of the staged file (size, sha256 and xxh3-128 of it and of its index) is returned for the
-staged manifest, which describes the files this staging wrote as they are now; see docs/staging.md.
+staged manifest, which describes the files this staging wrote as they are now, and for staging's stamp, by
+which a later staging with reuse proves the copy unchanged; see docs/staging.md. A failed write (a full disk)
+is a BenchError naming the file written, the errno and the free space (common/io/pycopy.py's `write_error`);
+a source that cannot be read is one naming the source.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import gzip
 import hashlib
 import io
@@ -21,8 +26,9 @@ import zlib
 from pathlib import Path
 
 from common.base.errors import BenchError
+from common.io import pycopy
 from common.io.manifest import FileEntry, Manifest, SplitEntry
-from common.io.tfrecord import RecordError, data_crc_error, index_path, index_text, iter_frames, read_index
+from common.io.tfrecord import RecordError, data_crc_error, index_path, index_text, iter_frames
 
 CHUNK = 8 << 20
 WHOLE_MAX_BYTES = 64 << 20  # GZIP files up to this size are inflated in one call (the release's are ~3 MB)
@@ -82,16 +88,20 @@ class DigestingReader:
 
 
 class _Tee:
-    """A stream whose bytes read are also written to `out`, digested (sha256, xxh3-128) and counted."""
+    """A stream whose bytes read are also written to `out` (the file `path`), digested (sha256, xxh3-128) and
+    counted. A failed write raises BenchError (`context` leads its message)."""
 
-    def __init__(self, stream, out):
+    def __init__(self, stream, out, path: Path, context: str):
         import xxhash
-        self.stream, self.out, self.count = stream, out, 0
+        self.stream, self.out, self.path, self.context, self.count = stream, out, path, context, 0
         self.digests = (hashlib.sha256(), xxhash.xxh3_128())
 
     def read(self, n: int = -1) -> bytes:
         data = self.stream.read(n)
-        self.out.write(data)
+        try:
+            self.out.write(data)
+        except OSError as err:
+            raise BenchError(pycopy.write_error(self.path, err.errno or errno.EIO, self.context)) from None
         for digest in self.digests:
             digest.update(data)
         self.count += len(data)
@@ -105,18 +115,23 @@ def decompress_file(src: Path, entry: FileEntry, compression: str, dest: Path, e
     `expected`: (checksum kind, hex digest) of the source file; `hasher`: a new digest object of that kind;
     `tag`: the suffix of the temporary names (staging's, per process and thread).
     Raises BenchError naming the file: a digest or size that differs from the manifest's, a broken GZIP
-    stream, a record whose framing or CRC fails, another record count than the manifest's.
+    stream, a record whose framing or CRC fails, another record count than the manifest's, a source that cannot
+    be read; or naming the file written, the errno and the free space, for a write that failed (a full disk).
     """
     final = dest / entry.path
     tmp = final.with_name(f".{final.name}{tag}")
     index_final = index_path(final)
     index_tmp = index_final.with_name(f".{index_final.name}{tag}")
+    context = f"{src}: decompressing"
     try:
         lengths, written, digests = _inflate(src, entry, compression, tmp, expected, hasher)
         text = index_text(lengths).encode()
-        index_tmp.write_bytes(text)
-        os.replace(tmp, final)
-        os.replace(index_tmp, index_final)  # last: a staged file with its index is complete
+        with pycopy.writing(index_tmp, context):
+            index_tmp.write_bytes(text)
+        with pycopy.writing(final, context):
+            os.replace(tmp, final)
+        with pycopy.writing(index_final, context):
+            os.replace(index_tmp, index_final)  # last: a staged file with its index is complete
     finally:
         tmp.unlink(missing_ok=True)
         index_tmp.unlink(missing_ok=True)
@@ -127,11 +142,11 @@ def _inflate(src: Path, entry: FileEntry, compression: str, tmp: Path, expected:
              hasher) -> tuple[list[int], int, tuple]:
     """Inflate `src` into `tmp`, checking it; the records' payload lengths, the bytes written, their digests."""
     kind, digest = expected
-    lengths = []
+    lengths, context = [], f"{src}: decompressing"
     try:
-        with open(src, "rb") as raw, open(tmp, "wb") as out:
+        with open(src, "rb") as raw, _output(tmp, context) as out:
             source = DigestingReader(raw, hasher)
-            tee = _Tee(record_stream(source, compression, entry.bytes), out)
+            tee = _Tee(record_stream(source, compression, entry.bytes), out, tmp, context)
             for frame in iter_frames(tee, src):
                 error = data_crc_error(frame, src)
                 if error is not None:
@@ -143,6 +158,9 @@ def _inflate(src: Path, entry: FileEntry, compression: str, tmp: Path, expected:
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
         raise BenchError(f"{src}: the {compression} stream breaks after {len(lengths)} whole records ({err}); "
                          f"the source is corrupt or truncated") from None
+    except OSError as err:  # reading the source: a failed write is a BenchError already
+        name = errno.errorcode.get(err.errno, f"errno {err.errno}")
+        raise BenchError(f"{src}: cannot read it: {err.strerror} [{name}]") from None
     if source.count != entry.bytes or hasher.hexdigest() != digest:
         raise BenchError(f"{src}: {source.count} bytes with {kind} {hasher.hexdigest()}, the manifest says "
                          f"{entry.bytes} bytes with {digest}; the source is corrupt or was changed")
@@ -151,34 +169,25 @@ def _inflate(src: Path, entry: FileEntry, compression: str, tmp: Path, expected:
     return lengths, tee.count, tee.digests
 
 
+@contextlib.contextmanager
+def _output(path: Path, context: str):
+    """`path` opened for buffered writing and closed; an OSError creating or closing (flushing) it is a
+    BenchError worded by `pycopy.write_error`."""
+    with pycopy.writing(path, context):
+        out = open(path, "wb")
+    try:
+        yield out
+    finally:
+        with pycopy.writing(path, context):
+            out.close()
+
+
 def _staged_entry(entry: FileEntry, written: int, digests: tuple, index_bytes: bytes) -> FileEntry:
     import xxhash
     return dataclasses.replace(entry, bytes=written, sha256=digests[0].hexdigest(), xxh3_128=digests[1].hexdigest(),
                                index=index_path(Path(entry.path)).as_posix(),
                                index_sha256=hashlib.sha256(index_bytes).hexdigest(),
                                index_xxh3_128=xxhash.xxh3_128_hexdigest(index_bytes), uncompressed_bytes=None)
-
-
-def staged_entry(dest: Path, entry: FileEntry) -> FileEntry | None:
-    """The entry of a file an earlier staging decompressed into `dest` (data.stage_reuse), read back from it;
-    None when it is not complete there (no index, or an index that does not cover the file)."""
-    final = dest / entry.path
-    index = index_path(final)
-    if not (final.is_file() and index.is_file()):
-        return None
-    try:
-        lines = read_index(index)
-    except ValueError:
-        return None
-    if len(lines) != entry.records or sum(size for _, size in lines) != final.stat().st_size:
-        return None
-    import xxhash
-    digests = (hashlib.sha256(), xxhash.xxh3_128())
-    with open(final, "rb") as f:
-        while chunk := f.read(CHUNK):
-            for digest in digests:
-                digest.update(chunk)
-    return _staged_entry(entry, final.stat().st_size, digests, index.read_bytes())
 
 
 def staged_manifest(manifest: Manifest, staged: dict[str, FileEntry], source_dir: str) -> Manifest:

@@ -17,16 +17,21 @@ where the machine was quiet, and the C copier beat the best Python method by mor
 where Python already reached the staging goal.
 
 `copy_batch` copies, checks and renames a list of `Job`s, stopping at the first failure, which it returns
-as a `Failure` (that job's temporary copy is removed; the jobs before it are in place).
+as a `Failure` (that job's temporary copy is removed; the jobs before it are in place). A failure to write the
+copy (a full disk: ENOSPC) is told apart from a failure to read the source; `write_error` words it with the
+errno's name and the free space left. `digest_file` hashes a staged file again (staging's reuse).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
 import hashlib
 import mmap
 import os
+import shutil
+from pathlib import Path
 
 from common.base.errors import BenchError
 
@@ -36,6 +41,8 @@ BUFFER_BYTES = 1 << 20
 METHODS = ("read", "mmap", "kernel")
 KINDS = ("xxh3_128", "sha256")
 SIZE_MISMATCH, DIGEST_MISMATCH = -1, -2  # Failure codes of a copy that is not what was expected
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that failed for want of space (or of quota)
+WRITE_STEP = "write the copy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,21 +63,24 @@ class Job:
 @dataclasses.dataclass(frozen=True)
 class Failure:
     """Which job of a batch failed and how: `code` is an errno value (with `message`), SIZE_MISMATCH or
-    DIGEST_MISMATCH (with what the copy had: `size` bytes, hex `digest`)."""
+    DIGEST_MISMATCH (with what the copy had: `size` bytes, hex `digest`). `path`: the file being written when
+    an errno failure was one of writing the copy (creating, writing, closing or renaming it); "" otherwise."""
 
     index: int
     code: int
     message: str
     size: int
     digest: str
+    path: str = ""
 
 
 class CopyError(Exception):
-    """A copy that failed at one step: `code` is an errno value, `message` names the step."""
+    """A copy that failed at one step: `code` is an errno value, `message` names the step, `writing` says
+    whether the step wrote the copy (else it read the source)."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, writing: bool = False):
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.writing = code, message, writing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +136,53 @@ def copy(src: str | os.PathLike, dst: str | os.PathLike, buffer, offset: int = 0
         raise BenchError(f"copying {src} to {dst}: {err.message} (errno {err.code})") from None
 
 
+def digest_file(path: str | os.PathLike, kind: str, buffer) -> tuple[str, int]:
+    """The hex `kind` digest of a whole file and its size, read through `buffer` (one per thread, reused).
+    Raises OSError as reading it does."""
+    digest, view, size = hasher(kind), memoryview(buffer), 0
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while got := os.readv(fd, [view]):
+            digest.update(view[:got])
+            size += got
+    finally:
+        os.close(fd)
+    return digest.hexdigest(), size
+
+
+def write_error(path: str | os.PathLike, code: int, context: str = "") -> str:
+    """What a failed write of `path` says: the errno's message and name, and the free space of the file system
+    it is on; a full disk (or quota) also says what to do. `context` (e.g. which archive and member) leads."""
+    name = errno.errorcode.get(code, f"errno {code}")
+    text = f"{context}: " if context else ""
+    text += f"cannot write {path}: {os.strerror(code)} [{name}]; {free_space(path)}"
+    if code in SPACE_ERRNOS:
+        text += "; free space there or stage elsewhere (data.stage_dir, or --stage-dir of data_prep stage)"
+    return text
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, context: str = ""):
+    """A block that writes `path` (and reads nothing): an OSError it raises becomes a BenchError worded by
+    `write_error`."""
+    try:
+        yield
+    except OSError as err:
+        raise BenchError(write_error(path, err.errno or errno.EIO, context)) from None
+
+
+def free_space(path: str | os.PathLike) -> str:
+    """'N GB (n bytes) free on the file system of DIR', DIR the nearest existing directory above `path`."""
+    where = Path(path).parent
+    while not where.is_dir() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError as err:
+        return f"the free space of {where} is unknown ({err.strerror})"
+    return f"{free / 1e9:.2f} GB ({free} bytes) free on the file system of {where}"
+
+
 def copy_batch(jobs: list[Job], buffer, method: str = "read") -> Failure | None:
     """Copy every job in order, each checked and renamed to its final name; stop at the first failure,
     leaving no temporary copy of it, and return what failed, or None when every job is done."""
@@ -146,7 +203,7 @@ def _run_job(index: int, job: Job, view: memoryview, method: str) -> Failure | N
     try:
         digest, size = _copy(job.src, job.tmp, view, job.offset, job.length, hasher(job.kind), method)
     except CopyError as err:
-        return Failure(index, err.code, err.message, 0, "")
+        return Failure(index, err.code, err.message, 0, "", job.tmp if err.writing else "")
     if size != job.size:
         return Failure(index, SIZE_MISMATCH, f"{size} bytes, expected {job.size}", size, digest)
     if digest != job.digest:
@@ -155,7 +212,7 @@ def _run_job(index: int, job: Job, view: memoryview, method: str) -> Failure | N
         os.replace(job.tmp, job.final)
     except OSError as err:
         return Failure(index, err.errno or errno.EIO, f"cannot rename the copy to {job.final}: {err.strerror}",
-                       size, digest)
+                       size, digest, job.final)
     return None
 
 
@@ -168,29 +225,29 @@ def _copy(src: str, dst: str, view: memoryview, offset: int, length: int, digest
         if offset + want > total:
             raise CopyError(errno.EIO, f"the source has {total} bytes, too few for {want} bytes from offset "
                                        f"{offset}; it is truncated")
-        fd_out = _open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "create the copy")
+        fd_out = _open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "create the copy", writing=True)
         try:
             if method == "read":
                 _pump_read(fd_in, fd_out, offset, want, view, digest)
             elif want:
                 _pump_mapped(fd_in, fd_out, offset, want, len(view), digest, method == "kernel")
         finally:
-            _call(os.close, "close the copy", fd_out)
+            _call(os.close, "close the copy", fd_out, writing=True)
     finally:
         os.close(fd_in)
     return digest.hexdigest(), want
 
 
-def _open(path: str, flags: int, step: str) -> int:
-    return _call(os.open, step, path, flags | os.O_CLOEXEC, 0o644)
+def _open(path: str, flags: int, step: str, writing: bool = False) -> int:
+    return _call(os.open, step, path, flags | os.O_CLOEXEC, 0o644, writing=writing)
 
 
-def _call(function, step: str, *args):
-    """function(*args), an OSError turned into a CopyError naming `step`."""
+def _call(function, step: str, *args, writing: bool = False):
+    """function(*args), an OSError turned into a CopyError naming `step` (`writing`: a step on the copy)."""
     try:
         return function(*args)
     except OSError as err:
-        raise CopyError(err.errno or errno.EIO, f"cannot {step}: {err.strerror}") from None
+        raise CopyError(err.errno or errno.EIO, f"cannot {step}: {err.strerror}", writing) from None
 
 
 def _pump_read(fd_in: int, fd_out: int, offset: int, length: int, view: memoryview, digest) -> None:
@@ -205,14 +262,15 @@ def _pump_read(fd_in: int, fd_out: int, offset: int, length: int, view: memoryvi
                                            f"from offset {offset} read)")
             piece = view[:got]
             digest.update(piece)
-            step = "write the copy"
+            step = WRITE_STEP
             _write_all(fd_out, piece)
             done += got
     except OSError as err:
-        raise CopyError(err.errno or errno.EIO, f"cannot {step}: {err.strerror}") from None
+        raise CopyError(err.errno or errno.EIO, f"cannot {step}: {err.strerror}", step == WRITE_STEP) from None
 
 
 def _write_all(fd: int, piece: memoryview) -> None:
+    """Write all of `piece`: a short write (a disk filling up) is followed by another, which raises ENOSPC."""
     while piece:
         piece = piece[os.write(fd, piece):]
 
@@ -231,13 +289,13 @@ def _pump_mapped(fd_in: int, fd_out: int, offset: int, length: int, chunk: int, 
                 with view[at:min(at + chunk, offset - start + length)] as piece:
                     step = "read the source"
                     digest.update(piece)
-                    step = "write the copy"
+                    step = WRITE_STEP
                     if in_kernel:
                         _kernel_copy(fd_in, fd_out, start + at, len(piece))
                     else:
                         _write_all(fd_out, piece)
     except OSError as err:
-        raise CopyError(err.errno or errno.EIO, f"cannot {step}: {err.strerror}") from None
+        raise CopyError(err.errno or errno.EIO, f"cannot {step}: {err.strerror}", step == WRITE_STEP) from None
     finally:
         mapped.close()
 
@@ -252,6 +310,6 @@ def _kernel_copy(fd_in: int, fd_out: int, offset: int, count: int) -> None:
             if err.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise
             done = os.sendfile(fd_out, fd_in, offset, count)
-        if not done:
-            raise OSError(errno.EIO, "the source ended early")
+        if not done:  # a read-side failure, though it shows in the step that writes
+            raise CopyError(errno.EIO, "cannot read the source (it ended early)")
         offset, count = offset + done, count - done

@@ -17,10 +17,13 @@ manifest.json; sha256 for files of a manifest written before converters recorded
 then are they renamed. With decompression (data.stage_decompress), record files that have no DALI index
 (GZIP-compressed ones) are written uncompressed with one instead (common/io/decompress.py), and the staged
 manifest describes them so.
-The dataset's manifest.json is written last and a `.staged.json` record after it, so a killed
-staging never leaves a directory a later run takes for complete. A rerun starts afresh (every byte
-counted in the staging time) or, with `reuse`, keeps the files that were finished and stages the
-rest. Free space is checked before the first byte is copied.
+A stamp (`.stage-verified.json`: every file's size, checksum, modification and change times and inode as they
+stood once verified), the dataset's manifest.json and a `.staged.json` record are written last, in that
+order, so a killed staging never leaves a directory a later run takes for complete. A rerun starts afresh
+(every byte counted in the staging time) or, with `reuse`, keeps the files an earlier staging left only once
+they are proven equal to the source (see `_reuse`) and stages the rest. Free space is checked before the first
+byte is copied; a write that fails all the same (a full disk) is an error naming the file, the errno and the
+free space, never "corrupt archive".
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tarfile
 import threading
@@ -43,7 +47,7 @@ from typing import BinaryIO, Callable, Iterable
 from common.io import pycopy
 from common.base.files import write_json_atomic, write_text_atomic
 from common.base.errors import BenchError
-from common.io.decompress import decompress_file, needs_decompression, staged_entry, staged_manifest, staged_size
+from common.io.decompress import decompress_file, needs_decompression, staged_manifest, staged_size
 from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from common.io.tfrecord import index_path
 from common.io.packing import PACK_NAME, Member, Pack, dataset_files, load_pack
@@ -51,6 +55,7 @@ from common.io.sharding import node_share_files
 
 MODES = ("rank", "node", "node_share")
 STAGED_NAME = ".staged.json"
+STAMP_NAME, STAMP_VERSION = ".stage-verified.json", 1  # what staging verified in its directory (see `_reuse`)
 TEMP_MARK = ".stage-tmp-"
 CHUNK = 4 << 20  # bytes per read of a decompressed archive stream
 # Files per call of the copier, and their most bytes: few calls (little interpreter work and lock traffic
@@ -242,13 +247,17 @@ class StageResult:
     compression: str
     copied: bool  # False: this rank waited for its node's stager
     files: int = 0  # staged by this rank (reused ones excluded)
-    files_reused: int = 0
+    files_reused: int = 0  # kept from an earlier staging, proven equal to the source (by the stamp or by hashing)
+    files_rechecked: int = 0  # of the reused, those hashed again because the stamp could not vouch for them
+    files_recopied: int = 0  # found in place but changed (or unproven) and staged again; part of `files`
     bytes_written: int = 0  # uncompressed bytes written
     bytes_read: int = 0  # bytes read from the source (compressed archives: their size)
     archives: int = 0
     seconds: float = 0.0
     threads: int = 0
-    checksum: str = ""  # what every file was verified with: xxh3_128 (packed) or sha256 (plain)
+    # The checksums that prove the staged files equal to the source, as pack.json or the manifest gives them:
+    # xxh3_128, sha256 for manifests written before converters recorded xxh3-128, or both joined by "+".
+    checksum: str = ""
     source_fs: str = ""  # file system type of the source directory ("" when unknown)
     dest_fs: str = ""  # file system type of the staged directory ("" when unknown)
     reads: str = ""  # how the source was read: the copier's method (read, mmap, kernel) or stream (compressed)
@@ -271,8 +280,10 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     Only the ranks whose plan says `copies` call this; the others wait and call `wait_result`.
     `copier` copies plain files and the members of uncompressed archives (default: common/io/pycopy.py's
     `read` method, the fastest of its methods on every file system measured: benchmarks/copier_compare.py).
+    With `reuse`, files an earlier staging left in the directory are kept when proven equal to the source
+    (`_reuse`); the others are staged again.
     Raises BenchError for too little free space, a missing or truncated archive, a corrupt archive
-    member and a checksum mismatch, naming the file and the figures.
+    member, a checksum mismatch and a failed read or write (a full disk), naming the file and the figures.
     """
     dest = staged_dir(stage_root, source, the_plan.scope, the_plan.decompress)
     threads = threads or _cores()
@@ -281,9 +292,10 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
                          checksum=_checksum_kinds(source, the_plan))
     t0 = time.perf_counter()
     files, rewrite = source.files, to_decompress(source, the_plan.decompress)
-    done = _prepare(dest, files, the_plan, reuse, skip=set(rewrite))
-    staged = _reused_decompressed(dest, rewrite, the_plan, reuse)
-    todo = [p for p in the_plan.files if p not in done and p not in staged]
+    _prepare(dest, reuse)
+    kept = _reuse(dest, source, the_plan, rewrite, threads) if reuse else _Kept()
+    staged = dict(kept.decompressed)
+    todo = [p for p in the_plan.files if p not in kept.files and p not in staged]
     _check_space(dest, the_plan, staged_sizes(source, the_plan.decompress), todo)
     bar = _progress_bar(sum(files[p].bytes for p in todo), progress, the_plan.scope)
     try:
@@ -298,13 +310,17 @@ def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads
     finally:
         bar.close()
     _finish_decompressed(result, source, rewrite, todo)
+    result.files, result.files_reused = len(todo), len(the_plan.files) - len(todo)
+    result.files_rechecked, result.files_recopied = kept.rechecked, kept.recopied
+    result.bytes_written = sum(files[p].bytes if p not in rewrite else _written(dest, staged[p]) for p in todo)
+    _write_stamp(dest, source, the_plan, rewrite, staged)
     # The dataset's manifest, now describing `dest` (loaded and validated from the source already; compact:
     # CosmoFlow's lists thousands of files, and indenting it is done in Python, tens of milliseconds).
-    write_text_atomic(_staged_manifest_text(source, the_plan, staged) + "\n", dest / MANIFEST_NAME)
-    result.files, result.files_reused = len(todo), len(the_plan.files) - len(todo)
-    result.bytes_written = sum(files[p].bytes if p not in rewrite else _written(dest, staged[p]) for p in todo)
+    with pycopy.writing(dest / MANIFEST_NAME):
+        write_text_atomic(_staged_manifest_text(source, the_plan, staged) + "\n", dest / MANIFEST_NAME)
     result.seconds = time.perf_counter() - t0
-    write_json_atomic({"plan": dataclasses.asdict(the_plan), "result": result.figures()}, dest / STAGED_NAME)
+    with pycopy.writing(dest / STAGED_NAME):
+        write_json_atomic({"plan": dataclasses.asdict(the_plan), "result": result.figures()}, dest / STAGED_NAME)
     return result
 
 
@@ -323,22 +339,183 @@ def wait_result(source: Source, the_plan: Plan, stage_root: str | os.PathLike, s
                        source_kind=source.kind, compression=source.compression, copied=False, seconds=seconds)
 
 
-def _prepare(dest: Path, files: dict[str, Member], the_plan: Plan, reuse: bool, skip: set[str]) -> set[str]:
-    """Make `dest` ready; returns the planned files already complete there (only with `reuse`; not those in
-    `skip`, which staging rewrites: `_reused_decompressed` looks for them)."""
+def _prepare(dest: Path, reuse: bool) -> None:
+    """Make `dest` ready: empty, or with `reuse` rid of the marks of a complete staging and of temporaries
+    (its stamp stays: it vouches only for files that are still as they were when verified)."""
+    if not reuse and dest.exists():
+        shutil.rmtree(dest)
+    with pycopy.writing(dest):
+        dest.mkdir(parents=True, exist_ok=reuse)
     if not reuse:
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
-        return set()
-    dest.mkdir(parents=True, exist_ok=True)
+        return
     (dest / STAGED_NAME).unlink(missing_ok=True)
     (dest / MANIFEST_NAME).unlink(missing_ok=True)
     for tmp in [p for p in dest.rglob(f"*{TEMP_MARK}*") if p.is_file()]:
         tmp.unlink()
-    # A file with its final name was renamed only after its checksum matched.
-    return {p for p in the_plan.files
-            if p not in skip and (dest / p).is_file() and (dest / p).stat().st_size == files[p].bytes}
+
+
+# ---------------------------------------------------------------------------- reuse
+@dataclasses.dataclass(frozen=True)
+class _Claim:
+    """A file of the staged directory (dataset path) and what it must be: its size and checksum (kind, hex)."""
+
+    path: str
+    bytes: int
+    kind: str
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decompressed:
+    """A file an earlier staging decompressed: its staged manifest entry and the size of its index."""
+
+    entry: FileEntry
+    index_bytes: int
+
+    def claims(self) -> list[_Claim]:
+        """The file and its index, with the xxh3-128 digests staging computed as it wrote them."""
+        e = self.entry
+        return [_Claim(e.path, e.bytes, "xxh3_128", e.xxh3_128),
+                _Claim(e.index, self.index_bytes, "xxh3_128", e.index_xxh3_128)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stamp:
+    """What a staging verified in its directory (STAMP_NAME): by path, each file's `_record`; the decompressed
+    files' staged entries; and when the stamp was written (its modification time)."""
+
+    files: dict
+    decompressed: dict
+    written_ns: int = 0
+
+    def vouches(self, claim: _Claim, st: os.stat_result) -> bool:
+        """Whether the file of `claim`, now `st`, is as it was when a staging verified it. Not when its change
+        time is not before the stamp's: the clock behind these times ticks coarsely (milliseconds), so the
+        file may have changed within the tick in which it was recorded (git's "racily clean" files)."""
+        recorded = self.files.get(claim.path)
+        return recorded == _record(claim, st) and recorded["ctime_ns"] < self.written_ns
+
+
+def _record(claim: _Claim, st: os.stat_result) -> dict:
+    """A verified file as the stamp records it. Any write changes the change time (ctime), which, unlike the
+    modification time, no system call sets back; a replaced file has another inode."""
+    return {"bytes": claim.bytes, "kind": claim.kind, "digest": claim.digest, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+
+
+@dataclasses.dataclass
+class _Kept:
+    """What a staging with reuse keeps of an earlier one's files."""
+
+    files: set[str] = dataclasses.field(default_factory=set)  # copies proven equal to the source
+    decompressed: dict[str, FileEntry] = dataclasses.field(default_factory=dict)  # their staged entries
+    rechecked: int = 0  # of these, the ones hashed again (the stamp could not vouch for them)
+    recopied: int = 0  # planned files found in place that could not be proven: staged again
+
+
+def _reuse(dest: Path, source: Source, the_plan: Plan, rewrite: dict[str, FileEntry], threads: int) -> _Kept:
+    """The planned files an earlier staging left in `dest` that are proven equal to the source.
+
+    A file is proven when it has the size the manifest (or pack.json) lists and either the stamp vouches for
+    it (`_Stamp.vouches`: unchanged since a staging verified it, at the cost of a stat) or its checksum,
+    computed again, matches (the cost of reading it: files an interrupted staging left, which no stamp lists,
+    and files changed since). A decompressed file is proven only against the stamp's record of what staging
+    wrote, as the manifest has no checksum of the uncompressed records; without one it is decompressed again.
+    """
+    stamp = _load_stamp(dest)
+    plain = [_claim(source.files[p]) for p in the_plan.files if p not in rewrite]
+    stamped = {p: d for p in the_plan.files if p in rewrite and (d := _stamped_decompressed(stamp, rewrite[p]))}
+    proven, hashed = _prove(dest, plain + [c for d in stamped.values() for c in d.claims()], stamp, threads)
+    kept = _Kept(files={c.path for c in plain if c.path in proven},
+                 decompressed={p: d.entry for p, d in stamped.items() if {p, d.entry.index} <= proven})
+    kept.rechecked = len(kept.files & hashed) + sum(1 for p, e in kept.decompressed.items() if {p, e.index} & hashed)
+    found = {p for p in the_plan.files if _stat(dest / p) is not None}
+    kept.recopied = len(found - kept.files - set(kept.decompressed))
+    return kept
+
+
+def _claim(member: Member) -> _Claim:
+    return _Claim(member.path, member.bytes, *checksum_of(member))
+
+
+def _load_stamp(dest: Path) -> _Stamp:
+    """The stamp in `dest`; an empty one when there is none or it is unreadable (every file is then hashed)."""
+    path = dest / STAMP_NAME
+    try:
+        written_ns = path.stat().st_mtime_ns
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return _Stamp({}, {})
+    if not (isinstance(obj, dict) and obj.get("version") == STAMP_VERSION and isinstance(obj.get("files"), dict)
+            and isinstance(obj.get("decompressed"), dict)):
+        return _Stamp({}, {})
+    return _Stamp(obj["files"], obj["decompressed"], written_ns)
+
+
+def _stamped_decompressed(stamp: _Stamp, entry: FileEntry) -> _Decompressed | None:
+    """The stamp's record of the dataset file `entry` as a staging decompressed it; None when there is none
+    that fits it."""
+    record = stamp.decompressed.get(entry.path)
+    try:
+        staged, index_bytes = FileEntry(**record["entry"]), record["index_bytes"]
+    except (TypeError, KeyError):
+        return None
+    index = index_path(entry.path).as_posix()
+    fits = (staged.path, staged.records, staged.index) == (entry.path, entry.records, index)
+    if not (fits and staged.xxh3_128 and staged.index_xxh3_128 and isinstance(index_bytes, int)):
+        return None
+    return _Decompressed(staged, index_bytes)
+
+
+def _prove(dest: Path, claims: list[_Claim], stamp: _Stamp, threads: int) -> tuple[set[str], set[str]]:
+    """The paths of the `claims` proven in `dest` (by the stamp or by hashing, on `threads` threads), and those
+    of them proven by hashing."""
+    vouched, suspects = set(), []
+    for claim in claims:
+        st = _stat(dest / claim.path)
+        if st is None or st.st_size != claim.bytes:
+            continue
+        if stamp.vouches(claim, st):
+            vouched.add(claim.path)
+        else:
+            suspects.append(claim)
+    matches = _run_threads(functools.partial(_hash_matches, dest), suspects, threads)
+    hashed = {claim.path for claim, match in zip(suspects, matches) if match}
+    return vouched | hashed, hashed
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """The status of a regular file, None for anything else or nothing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _hash_matches(dest: Path, claim: _Claim) -> bool:
+    try:
+        digest, size = pycopy.digest_file(dest / claim.path, claim.kind, _buffer(pycopy.BUFFER_BYTES))
+    except OSError:  # unreadable: staged again (and a failing write of it then says why)
+        return False
+    return (digest, size) == (claim.digest, claim.bytes)
+
+
+def _write_stamp(dest: Path, source: Source, the_plan: Plan, rewrite: dict, staged: dict[str, FileEntry]) -> None:
+    """Record what this staging verified in `dest` (STAMP_NAME): every planned file as it stands now, all of
+    them checked by this staging or an earlier one, and the staged entries of the decompressed ones."""
+    files, decompressed = {}, {}
+    for p in the_plan.files:
+        if p in rewrite:
+            done = _Decompressed(staged[p], os.stat(dest / staged[p].index).st_size)
+            decompressed[p] = {"entry": dataclasses.asdict(done.entry), "index_bytes": done.index_bytes}
+            claims = done.claims()
+        else:
+            claims = [_claim(source.files[p])]
+        files.update((c.path, _record(c, os.stat(dest / c.path))) for c in claims)
+    stamp = {"version": STAMP_VERSION, "files": files, "decompressed": decompressed}
+    with pycopy.writing(dest / STAMP_NAME):
+        write_json_atomic(stamp, dest / STAMP_NAME, indent=None)
 
 
 def _check_space(dest: Path, the_plan: Plan, sizes: dict[str, int], todo: list[str]) -> None:
@@ -395,7 +572,8 @@ def batch_bytes(total: int, threads: int) -> int:
 def _make_dirs(dest: Path, paths: Iterable[str]) -> None:
     """Every directory the staged `paths` go into, made once before the copies (not once per file)."""
     for d in sorted({os.path.dirname(p) for p in paths}):  # strings: pathlib costs ~10 ms per 1,000 files
-        os.makedirs(os.path.join(dest, d), exist_ok=True)
+        with pycopy.writing(os.path.join(dest, d)):
+            os.makedirs(os.path.join(dest, d), exist_ok=True)
 
 
 CopyJob = tuple[str, int, int, Member, str]  # source path, offset, length (-1: to its end), member, where
@@ -417,6 +595,8 @@ def _copy_jobs(copier: pycopy.Copier, dest: Path, jobs: list[CopyJob], bar) -> N
     src, _, _, member, where = jobs[failure.index]
     if failure.code in (pycopy.SIZE_MISMATCH, pycopy.DIGEST_MISMATCH):
         _check_copy(failure.size, failure.digest, member, where)
+    if failure.path:  # writing the copy failed: a full disk, not a bad source
+        raise BenchError(pycopy.write_error(failure.path, failure.code, f"{where}: copying {member.path}"))
     if failure.code == errno.ENOENT and not os.path.exists(src):
         raise BenchError(f"{src}: listed in the manifest but missing; the dataset is incomplete")
     raise BenchError(f"{where}: copying {member.path} to {dest}: {failure.message} (errno {failure.code})")
@@ -438,15 +618,6 @@ def _decompress_all(source: Source, entries: dict[str, FileEntry], dest: Path, t
         return path, staged
 
     return dict(_run_threads(one, list(entries), threads))
-
-
-def _reused_decompressed(dest: Path, rewrite: dict[str, FileEntry], the_plan: Plan,
-                         reuse: bool) -> dict[str, FileEntry]:
-    """With `reuse`, the planned files an earlier staging decompressed into `dest` completely, read back."""
-    if not reuse:
-        return {}
-    found = {p: staged_entry(dest, rewrite[p]) for p in the_plan.files if p in rewrite}
-    return {p: e for p, e in found.items() if e is not None}
 
 
 def _finish_decompressed(result: "StageResult", source: Source, rewrite: dict, todo: list[str]) -> None:
@@ -509,28 +680,44 @@ def _run_threads(function, jobs: list, threads: int) -> list:
 
 def _write_verified(chunks, dest: Path, member: Member, where: str, bar) -> None:
     """Write `chunks` (views of the file's bytes) to dest/member.path through a temporary name, checking
-    size and checksum before the rename."""
-    final, tmp = _temp_path(dest, member)
+    size and checksum before the rename. A failed write raises BenchError naming the file written, the errno
+    and the free space (`pycopy.write_error`); the caller words a failed read."""
+    final, tmp = dest / member.path, _temp_path(dest, member)
     kind, _ = checksum_of(member)
-    digest, size = pycopy.hasher(kind), 0
+    digest, size, context = pycopy.hasher(kind), 0, f"{where}: unpacking {member.path}"
     try:
-        with open(tmp, "wb", buffering=0) as out:
+        with pycopy.writing(tmp, context):
+            out = open(tmp, "wb", buffering=0)
+        try:
             for chunk in chunks:
                 digest.update(chunk)
-                out.write(chunk)
+                with pycopy.writing(tmp, context):
+                    _write_all(out, chunk)
                 size += len(chunk)
                 bar.update(len(chunk))
+        finally:
+            with pycopy.writing(tmp, context):
+                out.close()
         _check_copy(size, digest.hexdigest(), member, where)
-        os.replace(tmp, final)
+        with pycopy.writing(final, context):
+            os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _temp_path(dest: Path, member: Member) -> tuple[Path, Path]:
-    """The final path of a member and the temporary name it is written under (per process and thread)."""
+def _write_all(out, chunk: memoryview) -> None:
+    """Write all of `chunk` to the unbuffered file `out`: a short write (a disk filling up) is followed by
+    another, which raises ENOSPC, so a file is never shorter than its digest says."""
+    while chunk:
+        chunk = chunk[out.write(chunk):]
+
+
+def _temp_path(dest: Path, member: Member) -> Path:
+    """The temporary name a member is written under (per process and thread), its directory made."""
     final = dest / member.path
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return final, final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
+    with pycopy.writing(final.parent):
+        final.parent.mkdir(parents=True, exist_ok=True)
+    return final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
 
 
 def _check_copy(size: int, digest: str, member: Member, where: str) -> None:
@@ -619,13 +806,24 @@ def _unpack_archive(path: Path, archive, compression: str, wanted: set[str], des
         raise BenchError(f"{path}: damaged tar header at {where} ({err.reason}); expected a ustar or pax header "
                          f"with a valid checksum, or the end-of-archive block; repack the dataset") from None
     except Exception as err:  # OSError, EOFError, tarfile.ReadError, zlib.error, zstandard.ZstdError, ...
-        what = f"while reading member {state.current}" if state.current else "between members"
-        raise BenchError(f"{path}: corrupt or truncated archive {what} ({type(err).__name__}: {err}); "
-                         f"repack the dataset") from None
+        raise _archive_error(path, state, err) from None
     missing = sorted(set(state.members) - state.found)
     if missing:
         raise BenchError(f"{path}: member {missing[0]} listed in {PACK_NAME} is missing from the archive "
                          f"({len(missing)} missing); repack the dataset")
+
+
+def _archive_error(path: Path, state: _Unpacking, err: Exception) -> BenchError:
+    """The error of an archive that could not be read to its end: the system failing to read it (an OSError
+    with an errno: EIO, ...), or a format error (a corrupt or truncated archive), which repacking mends.
+    Failed writes are BenchErrors already (`_write_verified`)."""
+    what = f"while reading member {state.current}" if state.current else "between members"
+    # ESPIPE: _ForwardStream refusing to seek back, which only a malformed tar stream asks for
+    if isinstance(err, OSError) and err.errno is not None and err.errno != errno.ESPIPE:
+        name = errno.errorcode.get(err.errno, f"errno {err.errno}")
+        return BenchError(f"{path}: cannot read the archive {what}: {err.strerror} [{name}]")
+    return BenchError(f"{path}: corrupt or truncated archive {what} ({type(err).__name__}: {err}); "
+                      f"repack the dataset")
 
 
 def _copy_members(tar: tarfile.TarFile, state: _Unpacking, dest: Path, bar, copier: pycopy.Copier) -> None:

@@ -336,7 +336,7 @@ def test_stage_command_prints_the_rate(dataset, tmp_path, capsys):
     line = capsys.readouterr().out
     # This fixture's manifest has no xxh3-128, so staging checked sha256 and says so; it once printed "sha256"
     # whatever it had checked.
-    assert "staged 25 files" in line and "GB/s, every file written checked by its sha256," in line
+    assert "staged 25 files" in line and "on 2 threads; every file written checked by its sha256" in line
     from data_prep.stage import checksum_names
     assert checksum_names("sha256+xxh3_128") == "sha256 or xxh3-128" and checksum_names("xxh3_128") == "xxh3-128"
 
