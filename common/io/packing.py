@@ -80,8 +80,8 @@ def load_pack(pack_dir: str | os.PathLike) -> Pack:
         raise BenchError(f"{root}: no {PACK_NAME}; not a packed dataset (made by `python -m data_prep pack`), "
                          f"or its packing did not finish")
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: bad JSON, or an integer of > 4300 digits
         raise BenchError(f"{path}: not a readable JSON pack description ({err})") from None
     except RecursionError:
         raise BenchError(f"{path}: not a JSON pack description (nested too deeply)") from None
@@ -145,12 +145,13 @@ def _index_bytes(manifest: Manifest, index: str) -> int:
         # One call, from strings (a Path per index cost 8 ms of CosmoFlow's thousand indexes)
         st = os.stat(os.path.join(manifest.root, index))
         return st.st_size if stat.S_ISREG(st.st_mode) else -1
-    except OSError:  # e.g. a name too long for the file system: no such file here either
+    except (OSError, ValueError):  # a name too long for the file system, or holding NUL: no such file here either
         return -1
 
 
 def _check_complete(pack: Pack, where: Path) -> None:
-    """Every file of the packed dataset is in exactly one archive, with the checksum its manifest lists."""
+    """The archives hold exactly the files of the packed dataset, each once, with the size and checksums its
+    manifest lists."""
     manifest = pack.manifest()
     members: dict[str, Member] = {}
     for archive in pack.archives:
@@ -158,13 +159,29 @@ def _check_complete(pack: Pack, where: Path) -> None:
             if m.path in members:
                 raise BenchError(f"{where}: {m.path} is packed twice (second time in {archive.path})")
             members[m.path] = m
+    if MANIFEST_NAME in members:
+        raise BenchError(f"{where}: {MANIFEST_NAME} must not be an archive member (it is written last when staging)")
     expected = dataset_files(manifest)
     missing = sorted(set(expected) - set(members))
     if missing:
         raise BenchError(f"{where}: {len(missing)} file(s) of the dataset are in no archive, the first {missing[0]}")
+    unlisted = sorted(set(members) - set(expected))
+    if unlisted:  # staging would write it beside a manifest that does not list it
+        raise BenchError(f"{where}: {len(unlisted)} archive member(s) are no file of the dataset manifest, the first "
+                         f"{unlisted[0]}")
+    indexes = {e.index for split in manifest.splits.values() for e in split.files if e.index}
     for path, m in members.items():
-        if path in expected and m.sha256 != expected[path].sha256:
-            raise BenchError(f"{where}: member {path} has sha256 {m.sha256}, the dataset manifest says "
-                             f"{expected[path].sha256}")
-    if MANIFEST_NAME in members:
-        raise BenchError(f"{where}: {MANIFEST_NAME} must not be an archive member (it is written last when staging)")
+        _check_member(m, expected[path], path in indexes, where)
+
+
+def _check_member(member: Member, listed: Member, is_index: bool, where: Path) -> None:
+    """A member's size and digests are those the dataset manifest lists, which staging writes beside the files
+    it verified with the member's (index sizes are not in the manifest)."""
+    pairs = [("sha256", member.sha256, listed.sha256)]
+    if member.xxh3_128 and listed.xxh3_128:
+        pairs.append(("xxh3_128", member.xxh3_128, listed.xxh3_128))
+    if not is_index:
+        pairs.append(("bytes", member.bytes, listed.bytes))
+    for key, found, expected in pairs:
+        if found != expected:
+            raise BenchError(f"{where}: member {member.path} has {key} {found}, the dataset manifest says {expected}")

@@ -24,7 +24,7 @@ CRC_BYTES = 4  # uint32 little-endian masked CRC32C
 HEADER_BYTES = LENGTH_BYTES + CRC_BYTES
 FRAMING_BYTES = HEADER_BYTES + CRC_BYTES  # 16 bytes around every payload
 INDEX_SUFFIX = ".idx"
-
+READ_LIMIT = 64 << 20  # bytes per read of `read_fully`: more than a record of either application holds
 
 
 class RecordError(BenchError):
@@ -125,10 +125,14 @@ def read_framing(path: str | os.PathLike) -> list[tuple[int, int]]:
 
 
 def read_fully(stream: BinaryIO, n: int) -> bytes:
-    """Up to n bytes of a stream: fewer only at its end (a compressed stream may return less per read)."""
+    """Up to n bytes of a stream: fewer only at its end (a compressed stream may return less per read).
+
+    Read READ_LIMIT bytes at a time at most: `read(n)` allocates n bytes first, and n comes from a record's length
+    field, whose CRC is no bound (a length of 2^40 with a valid CRC made it raise MemoryError, one of 2^63
+    OverflowError)."""
     parts, missing = [], n
     while missing > 0:
-        part = stream.read(missing)
+        part = stream.read(min(missing, READ_LIMIT))
         if not part:
             break
         parts.append(part)

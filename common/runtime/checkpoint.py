@@ -13,13 +13,15 @@ Every rank writes into `.tmp-ckpt-<step>/`; rank 0 adds meta.json (fsynced) and 
 so a checkpoint directory without the `.tmp-` prefix is complete. Rank 0 keeps the newest
 `checkpoint.keep` and removes the rest and any stale temporary directory.
 
-Resuming (`checkpoint.resume=true`) takes the newest checkpoint whose files match meta.json; a newer one
-that does not is skipped with a warning naming the problem.
+Resuming (`checkpoint.resume=true`) takes the newest checkpoint whose meta.json holds what resuming reads,
+of the right types and ranges (`read_meta`), and whose files match it; a newer one that does not is skipped
+with a warning naming the problem (the file, and in meta.json the key and the value).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -91,31 +93,25 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 def check_checkpoint(path: Path) -> dict:
     """meta.json of checkpoint `path` after checking it and every file it lists; raises BenchError."""
-    meta_path = path / META
-    if not meta_path.is_file():
-        raise BenchError(f"{meta_path}: missing; the checkpoint was not finished")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BenchError(f"{meta_path}: not readable JSON ({err})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
-        raise BenchError(f"{meta_path}: not a checkpoint description (expected format {FORMAT!r} and a files map)")
-    if meta.get("version") != VERSION:
-        raise BenchError(f"{meta_path}: version {meta.get('version')!r}, this code reads version {VERSION}")
+    meta = read_meta(path)
     for name, entry in meta["files"].items():
         _check_file(path / name, entry)
     return meta
 
 
 def _check_file(path: Path, entry: dict) -> None:
-    if not path.is_file():
-        raise BenchError(f"{path}: listed in the checkpoint's {META} but missing")
-    size = path.stat().st_size
-    if size != entry.get("bytes"):
-        raise BenchError(f"{path}: {size} bytes, {META} says {entry.get('bytes')}; truncated or changed")
-    digest = xxh3_128_file(path)
-    if digest != entry.get("xxh3_128"):
-        raise BenchError(f"{path}: xxh3_128 {digest}, {META} says {entry.get('xxh3_128')}; the file is corrupt")
+    try:
+        if not path.is_file():
+            raise BenchError(f"{path}: listed in the checkpoint's {META} but missing")
+        size = path.stat().st_size
+        digest = xxh3_128_file(path) if size == entry["bytes"] else None
+    except OSError as err:
+        raise BenchError(f"{path}: listed in the checkpoint's {META} but cannot be read ({err.strerror or err})") \
+            from None
+    if size != entry["bytes"]:
+        raise BenchError(f"{path}: {size} bytes, {META} says {entry['bytes']}; truncated or changed")
+    if digest != entry["xxh3_128"]:
+        raise BenchError(f"{path}: xxh3_128 {digest}, {META} says {entry['xxh3_128']}; the file is corrupt")
 
 
 def newest_valid(directory: Path, warn: Callable[[str], None] = print) -> Resume | None:
@@ -143,6 +139,165 @@ def find_resume(cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark
             choice = (str(found.path), found.meta)
     choice = dist.broadcast_object(choice)
     return Resume(Path(choice[0]), choice[1]) if choice else None
+
+
+# ---------------------------------------------------------------------------- reading meta.json
+PROGRESS_KEYS = tuple(f.name for f in dataclasses.fields(Progress))
+PARTIAL_KEYS = ("loss_sum", "seconds")
+_COUNT_LIMIT = 2 ** 63  # counts (steps, epochs, sizes) are int64 wherever they go
+_FILE_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.-]{1,255}")  # as the writers name them: model.npz, rank_00000.npz
+_XXH3 = re.compile(r"[0-9a-f]{32}")
+
+
+def read_meta(path: Path) -> dict:
+    """meta.json of checkpoint directory `path`, checked against everything resuming reads of it: the keys, their
+    types and ranges, and the files a checkpoint of its rank count holds. Raises BenchError naming the file, the
+    key (dotted, as `progress.history[2].epoch`) and the value."""
+    meta_path = path / META
+    if not meta_path.is_file():
+        raise BenchError(f"{meta_path}: missing; the checkpoint was not finished")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: bad JSON, an integer of > 4300 digits
+        raise BenchError(f"{meta_path}: not readable JSON ({err})") from None
+    except RecursionError:
+        raise BenchError(f"{meta_path}: not readable JSON (nested too deeply)") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise BenchError(f"{meta_path}: not a checkpoint description (expected an object with format {FORMAT!r})")
+    if type(meta.get("version")) is not int or meta["version"] != VERSION:  # not true or 1.0 either
+        raise BenchError(f"{meta_path}: version {_show(meta.get('version'))}, this code reads version {VERSION}")
+    _check_meta(meta, meta_path, path.name)
+    return meta
+
+
+def _check_meta(meta: dict, where: Path, name: str) -> None:
+    """The keys resuming reads (other keys, such as `created`, are informational)."""
+    _value(meta, "benchmark", str, where)
+    step = _count(meta, "global_step", where)
+    if _NAME.match(name) and int(name[len("ckpt-"):]) != step:
+        raise BenchError(f"{where}: 'global_step' is {step}, but the checkpoint directory is {name}")
+    _check_progress(_value(meta, "progress", dict, where), where)
+    for key in ("model_variables", "rank_variables"):
+        _check_variables(_value(meta, key, list, where), key, where)
+    _check_files(_value(meta, "files", dict, where), _count(meta, "ranks", where, minimum=1),
+                 _value(meta, "input_state", bool, where), where)
+
+
+def _check_progress(progress: dict, where: Path) -> None:
+    """What `Progress(**progress)` needs, and what the training loop then counts and sums with."""
+    _only(progress, PROGRESS_KEYS, "progress", where)
+    _count(progress, "epoch", where, "progress", minimum=1)
+    _count(progress, "step", where, "progress")
+    _count(progress, "attempt", where, "progress", minimum=1)
+    _number(progress, "earlier_seconds", where, "progress", minimum=0.0)
+    partial = _value(progress, "partial", dict, where, "progress")
+    _only(partial, PARTIAL_KEYS, "progress.partial", where)
+    for key in partial:
+        _number(partial, key, where, "progress.partial", minimum=0.0 if key == "seconds" else None)
+    for i, record in enumerate(_value(progress, "history", list, where, "progress")):
+        label = f"progress.history[{i}]"
+        if not isinstance(record, dict):
+            raise BenchError(f"{where}: {label!r} is {_show(record)}, expected an object (an epoch's figures)")
+        _count(record, "epoch", where, label, minimum=1)
+        for key, value in record.items():  # NaN is a figure too (an evaluation can give one)
+            if not (_is_number(value) and _as_float(value) is not None):
+                raise BenchError(f"{where}: {label + '.' + key!r} is {_show(value)}, expected a number")
+
+
+def _check_variables(variables: list, key: str, where: Path) -> None:
+    """[name, shape, dtype] of each variable, as `variable_names` writes them."""
+    for i, entry in enumerate(variables):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], list) and all(_is_count(d) for d in entry[1]) and isinstance(entry[2], str)):
+            raise BenchError(f"{where}: '{key}[{i}]' is {_show(entry)}, expected [name, shape (sizes >= 0), dtype]")
+
+
+def _check_files(files: dict, ranks: int, input_state: bool, where: Path) -> None:
+    """Each entry names a file of the checkpoint directory with its size and xxh3-128, and the files a checkpoint
+    of `ranks` ranks holds are listed."""
+    for name, entry in files.items():
+        if not _FILE_NAME.fullmatch(name) or name == META:
+            raise BenchError(f"{where}: 'files' lists {name!r}, expected the name of a file in the checkpoint "
+                             f"directory (letters, digits, '_', '.', '-')")
+        label = f"files[{name!r}]"
+        if not isinstance(entry, dict):
+            raise BenchError(f"{where}: {label!r} is {_show(entry)}, expected an object with 'bytes' and 'xxh3_128'")
+        _count(entry, "bytes", where, label)
+        if not _XXH3.fullmatch(_value(entry, "xxh3_128", str, where, label)):
+            raise BenchError(f"{where}: {label + '.xxh3_128'!r} is {_show(entry['xxh3_128'])}, expected 32 hex "
+                             f"digits")
+    if ranks > len(files):
+        raise BenchError(f"{where}: 'ranks' is {ranks}, but 'files' lists {len(files)} files (a checkpoint holds a "
+                         f"rank_<r>.npz of every rank)")
+    for needed in [MODEL_FILE] + [f"rank_{r:05d}.npz" for r in range(ranks)]:
+        if needed not in files:
+            raise BenchError(f"{where}: 'files' lists no {needed!r}, which a checkpoint of {ranks} rank(s) "
+                             f"('ranks') holds")
+    for r in range(ranks if input_state else 0):
+        if not any(name.startswith(f"input_rank_{r:05d}.") for name in files):
+            raise BenchError(f"{where}: 'input_state' is true, but 'files' lists no input_rank_{r:05d}.* (rank "
+                             f"{r}'s input position)")
+
+
+def _value(obj: dict, key: str, kind: type | None, where: Path, label: str = "") -> Any:
+    """obj[key], which must be there and of type `kind` (a bool is no int; None: any); `label` is obj's place in
+    meta.json."""
+    name = f"{label}.{key}" if label else key
+    if key not in obj:
+        raise BenchError(f"{where}: no {name!r} (found {', '.join(repr(k) for k in sorted(obj)[:12]) or 'none'})")
+    value = obj[key]
+    if kind is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
+        expected = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}[kind]
+        raise BenchError(f"{where}: {name!r} is {_show(value)}, expected {expected}")
+    return value
+
+
+def _count(obj: dict, key: str, where: Path, label: str = "", minimum: int = 0) -> int:
+    """obj[key], which must be an integer in [minimum, 2^63)."""
+    value = obj.get(key)
+    if key in obj and _is_count(value) and value >= minimum:
+        return value
+    _value(obj, key, None, where, label)  # a missing key
+    name = f"{label}.{key}" if label else key
+    raise BenchError(f"{where}: {name!r} is {_show(value)}, expected an integer in [{minimum}, 2^63)")
+
+
+def _number(obj: dict, key: str, where: Path, label: str, minimum: float | None) -> float:
+    """obj[key], which must be a finite number (>= `minimum` unless None)."""
+    value = _value(obj, key, None, where, label)
+    number = _as_float(value) if _is_number(value) else None
+    if number is not None and math.isfinite(number) and (minimum is None or number >= minimum):
+        return value
+    bound = "" if minimum is None else f" >= {minimum:g}"
+    raise BenchError(f"{where}: {label + '.' + key!r} is {_show(value)}, expected a finite number{bound}")
+
+
+def _only(obj: dict, keys: tuple[str, ...], label: str, where: Path) -> None:
+    unknown = sorted(set(obj) - set(keys))
+    if unknown:
+        raise BenchError(f"{where}: unknown key {label + '.' + unknown[0]!r}; {label!r} holds {', '.join(keys)}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_float(value: int | float) -> float | None:
+    """The number as a float, or None for an integer beyond float's range (10^400 is valid JSON)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT_LIMIT
+
+
+def _show(value: Any) -> str:
+    """A value for a message: its repr (surrogates and control characters escaped), at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 # ---------------------------------------------------------------------------- variables
