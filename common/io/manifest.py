@@ -182,7 +182,7 @@ def load_manifest(data_dir: str | os.PathLike, expected_format: str | None = Non
                          f"resume), or this is not a converted dataset")
     try:
         obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, UnicodeDecodeError, a 5,000-digit integer
         raise BenchError(f"{path}: not a readable JSON manifest ({err})") from None
     except RecursionError:
         raise BenchError(f"{path}: not a JSON manifest (nested too deeply)") from None

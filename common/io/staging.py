@@ -915,6 +915,9 @@ class _DamagedHeader(Exception):
         self.offset, self.reason = offset, reason
 
 
+MAX_PAX_HEADER = 64 << 10  # bytes
+
+
 class _StrictTarInfo(tarfile.TarInfo):
     """tarfile's TarInfo, except that a damaged header is an error: `TarFile.next` takes one after the first
     member (a failed checksum, a broken pax header, the archive ending without its end-of-archive block)
@@ -924,11 +927,22 @@ class _StrictTarInfo(tarfile.TarInfo):
     def fromtarfile(cls, tar: tarfile.TarFile):
         offset = tar.fileobj.tell()
         try:
-            return super().fromtarfile(tar)
+            info = super().fromtarfile(tar)
         except tarfile.EOFHeaderError:  # the end-of-archive block: the archive is complete
             raise
         except tarfile.HeaderError as err:
             raise _DamagedHeader(offset, str(err) or type(err).__name__) from None
+        # A negative size sends Python 3.11's tarfile back to an earlier header, for ever (CVE-2025-8194).
+        if info.size < 0 or tar.offset <= offset:
+            raise _DamagedHeader(offset, f"member size {info.size}: the next header would not follow this one")
+        return info
+
+    def _proc_pax(self, tar: tarfile.TarFile):
+        # Python 3.11's tarfile takes time quadratic in a pax header's size (CVE-2024-6232); the packer's are a
+        # few hundred bytes.
+        if self.size > MAX_PAX_HEADER:
+            raise tarfile.InvalidHeaderError(f"pax header of {self.size} bytes, expected at most {MAX_PAX_HEADER}")
+        return super()._proc_pax(tar)
 
 
 class _Bounded:

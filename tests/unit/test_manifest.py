@@ -283,3 +283,10 @@ def test_a_file_name_too_long_for_the_file_system(dataset):
     _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][1].update(path="x" * 300))
     with pytest.raises(BenchError, match=f"{dataset / ('x' * 300)}: listed in the manifest but cannot be read"):
         check_split_files(load_manifest(dataset), "train")
+
+
+def test_json_with_an_integer_python_will_not_convert(dataset):
+    # Python refuses to convert integers of more than 4,300 digits with a ValueError that is no JSONDecodeError.
+    (dataset / "manifest.json").write_text('{"version": ' + "9" * 5000 + "}")
+    with pytest.raises(BenchError, match="manifest.json: not a readable JSON manifest"):
+        load_manifest(dataset)
