@@ -117,7 +117,8 @@ def _staging_summary(per_rank: list[dict]) -> dict | None:
     written, read = sum(s["bytes_written"] for s in copies), sum(s["bytes_read"] for s in copies)
     return {"mode": per_rank[0]["mode"], "source_kind": per_rank[0]["source_kind"],
             "compression": per_rank[0]["compression"], "seconds": seconds, "staging_ranks": len(copies),
-            "files": sum(s["files"] for s in copies), "files_reused": sum(s["files_reused"] for s in copies),
+            **{key: sum(s.get(key, 0) for s in copies)
+               for key in ("files", "files_reused", "files_rechecked", "files_recopied")},
             "bytes_written": written, "bytes_read": read,
             "write_gb_per_second": written / max(seconds, 1e-9) / 1e9,
             "read_gb_per_second": read / max(seconds, 1e-9) / 1e9,

@@ -174,7 +174,8 @@ class StagedDataConfig:
     # rule of MLPerf HPC v1.0 and v2.0, which the paper describes).
     stage_timing: Literal["in_run", "before_run"] = "before_run"
     stage_threads: int = 0  # files or archives copied in parallel by a staging rank; 0: its cores
-    stage_reuse: bool = False  # keep files an earlier staging finished (the staging time then covers less)
+    stage_reuse: bool = False  # keep files an earlier staging verified and nothing changed since, else re-hash or
+    # copy them (docs/staging.md, "Reuse"); the staging time then covers less
     # Write record files that have no DALI index (GZIP-compressed ones, as CosmoFlow's official release)
     # uncompressed, with DALI index files, into the staged copy, so that DALI can read it (docs/staging.md);
     # other files are copied as they are.
