@@ -53,8 +53,8 @@ class DistConfig:
     onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS; TF 2.18 leaves it off on some x86 CPUs (4x slower Conv3D)
     fusion_threshold_mb: float = 64.0  # HOROVOD_FUSION_THRESHOLD
     # HOROVOD_CYCLE_TIME. Each cycle Horovod's background thread coordinates with every rank, even with nothing
-    # to reduce; at 1 ms that took ~0.3 of a core per rank here and cost 2 ranks on 2 cores 1.3x at CosmoFlow
-    # 128^3 (docs/performance.md, "Horovod cycle time"); 10 ms adds at most 10 ms to an allreduce.
+    # to reduce; with Open MPI busy-polling, 1 ms took ~0.3 of a core per rank here. 10 ms adds up to 10 ms to
+    # each allreduce: short steps pay that (cosmo_mini sets 2 ms; docs/performance.md, "Horovod cycle time").
     cycle_time_ms: float = 10.0
     # OMPI_MCA_mpi_yield_when_idle (Open MPI; other MPIs ignore it). While Horovod's background thread waits in
     # MPI for the other ranks (every cycle) it otherwise busy-polls a core the compute threads need: 2 ranks on
