@@ -106,13 +106,16 @@ def np_indices(count: int, local_rank: int, local_size: int, seed: int, epoch: i
 
 def dali_reader_sharding(local: tuple[int, int, int] | None, shuffle: bool) -> dict:
     """DALI reader arguments: this rank's files (`local` None), or (node_share, `local` = (local rank, ranks
-    per node, shared seed)) the node's files divided between its ranks, redrawn after every epoch from the
-    seed all of them share.
+    per node, shared seed)) the node's files divided between its ranks, redrawn after every epoch.
 
     Shuffling takes both of DALI's kinds: `random_shuffle` alone draws from a buffer filled in a fixed file
     order, which left CosmoFlow's mini demo (8 sub-cubes of one universe per file) short of its target;
-    with `shuffle_after_epoch` too the file order changes every epoch, as on the tf.data path. Every epoch
-    still reads each of the reader's samples exactly once (tests/unit/test_sharding.py).
+    with `shuffle_after_epoch` too the file order changes every epoch, as on the tf.data path. DALI draws
+    that order from its own fixed seed and the reader's epoch count, not from `seed` (which seeds only the
+    `random_shuffle` buffer): every rank of a node therefore gets the same order and a disjoint shard, and the
+    division is the same whatever the run seed (not the one `epoch_file_indices` plans for tf.data). Every
+    epoch still reads each of the reader's samples exactly once (tests/unit/test_sharding.py, and through the
+    applications' builders tests/unit/test_dali_ranks.py).
     """
     if local is None:
         return {"random_shuffle": shuffle, "shuffle_after_epoch": shuffle}
