@@ -219,8 +219,9 @@ def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batc
 
     drop: leave out the split's last (files mod size) files, so that every rank has as many files.
     """
-    files = len(manifest.splits[split].files)
     where = manifest.root / "manifest.json"
+    check_split_counts(manifest, {split: 0}, str(where))
+    files = len(manifest.splits[split].files)
     if files < size:
         raise BenchError(f"{where}: the {split} split has {files} files for {size} ranks; "
                          f"each rank needs at least one file")

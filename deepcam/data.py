@@ -150,6 +150,7 @@ def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: di
 
 def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int) -> Shard:
     """Rank `rank`'s block of records [rank*m, (rank+1)*m) of a split, m = (N // size) rounded down to batches."""
+    check_split_counts(manifest, {split: 0}, str(manifest.root / MANIFEST_NAME))
     total = manifest.splits[split].samples
     per_rank = total // size
     if per_rank < local_batch:

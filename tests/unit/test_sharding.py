@@ -171,3 +171,14 @@ def test_dali_reader_reads_every_sample_once_per_epoch_in_a_new_order(tmp_path, 
     assert len(set(orders)) == 4 and orders[0] != tuple(sorted(orders[0]))  # shuffled, anew every epoch
     first_files = {order[0] // 8 for order in orders}
     assert len(first_files) > 1  # the file order changes too, not only the draws from the buffer
+
+
+@pytest.mark.parametrize("app", ["cosmoflow", "deepcam"])
+def test_files_read_names_a_missing_split(app):
+    # data.stage_mode=rank plans from files_read before the loaders check the splits (found by fuzzing).
+    import importlib
+    files_read = importlib.import_module(f"{app}.data").files_read
+    m = manifest(files=4, val_files=2)
+    del m.splits["validation"]
+    with pytest.raises(BenchError, match="no 'validation' split \\(found \\['train'\\]\\)"):
+        files_read(m, 0, 2, 2)
