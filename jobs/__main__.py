@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from common.base.cli import guarded
+from common.base.errors import BenchError
 from jobs import __doc__ as DOC
+from jobs.chain import DEFAULT_MARGIN
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -22,6 +24,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     render.add_argument("--instances", type=int, default=0, help="a throughput campaign of this many at once")
     render.add_argument("--config", default="", help="the benchmark config: relative to the suite's checkout, or absolute")
     render.add_argument("--time", default="", help="time limit hh:mm:ss (default: the site's)")
+    render.add_argument("--chain", type=int, default=0, metavar="K",
+                        help="with --runs: a chain of K jobs, each resuming the campaign after the one before; "
+                             "--out then names the job script, and <out>-submit.sh submits the chain")
+    render.add_argument("--stop-margin", type=int, default=DEFAULT_MARGIN, metavar="SECONDS",
+                        help="a chain's jobs stop the campaign this long before their time limit (default %(default)s)")
     render.add_argument("--out", help="write the script here (default: print it)")
     render.add_argument("overrides", nargs="*", help="config overrides for every training, section.key=value")
     sub.add_parser("sites", help="list the example site descriptions")
@@ -39,20 +46,37 @@ def main(argv=None) -> int:
                 print(f"{name:12s} {load_site(name).description}")
             return 0
         job = Job(bench=args.bench, nodes=args.nodes, config=args.config, overrides=tuple(args.overrides),
-                  runs=args.runs, instances=args.instances, time_limit=args.time)
-        script = render(load_site(args.site), job)
+                  runs=args.runs, instances=args.instances, time_limit=args.time, chain=args.chain,
+                  stop_margin=args.stop_margin)
+        site = load_site(args.site)
+        script = render(site, job)
+        if job.chain and not args.out:
+            raise BenchError("--chain writes two scripts (the job and its submission): give --out")
         if not args.out:
             sys.stdout.write(script)
             return 0
         out = Path(args.out)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        tmp.write_text(script)
-        tmp.chmod(0o755)
-        tmp.replace(out)
-        print(f"wrote {out}", file=sys.stderr)
+        _write(out, script)
+        if job.chain:
+            from jobs.chain import submit_script
+            _write(submit_path(out), submit_script(site, job, out.name))
         return 0
 
     return guarded(run)
+
+
+def submit_path(out: Path) -> Path:
+    """Where a chain's submit script goes: beside the job script, `<stem>-submit.sh`."""
+    return out.with_name(f"{out.stem}-submit.sh")
+
+
+def _write(out: Path, text: str) -> None:
+    """An executable script, written whole under a temporary name first."""
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    tmp.replace(out)
+    print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ checkout, the config, the dataset, the output directory), the environment (modul
 threads, Horovod tuning), where the launcher needs them the files that place the ranks (host files,
 per-instance launch scripts), and either one training through the site's launcher or a campaign
 (`python -m common.campaign run ... --launcher "<launcher>"`) when runs or instances are asked for.
+With `chain`, the campaign is one the scheduler drives through a chain of jobs (jobs/chain.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shlex
 from pathlib import Path
 
 from common.base.errors import BenchError
+from jobs import chain as chains
 from jobs.site import Site
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -40,6 +42,8 @@ class Job:
     runs: int = 0
     instances: int = 0
     time_limit: str = ""  # "": the site's
+    chain: int = 0  # with runs: this many jobs, each after the one before, resume the campaign (jobs/chain.py)
+    stop_margin: int = chains.DEFAULT_MARGIN  # a chain's jobs: seconds before the time limit to stop at
 
     @property
     def allocated_nodes(self) -> int:
@@ -53,6 +57,8 @@ class Job:
             raise BenchError(f"--nodes {self.nodes}: expected >= 1")
         if self.runs and self.instances:
             raise BenchError(f"--runs {self.runs} and --instances {self.instances}: give one")
+        if self.chain < 0:
+            raise BenchError(f"--chain {self.chain}: expected a number of jobs >= 1 (0: one job)")
         for o in self.overrides:
             if "=" not in o or o.startswith("-"):
                 raise BenchError(f"override {o!r}: expected section.key=value")
@@ -81,6 +87,7 @@ def directives(site: Site, job: Job, name: str) -> str:
     queue = fill(site.queue, values, f"site {site.name}: queue {site.queue!r}")
     lines += [f"{prefix} {flag}{sep}{value}" for flag, value in _options(site, job, queue) if value]
     lines += [f"{prefix} {arg}" for arg in site.scheduler_args] if prefix else []
+    lines += chains.signal_directives(site, job) if job.chain else []
     if site.scheduler == "sge" and site.account:  # ABCI takes the group on qsub's command line only
         lines.append(f"# submit with: qsub -g {site.account} <this script>")
     return "\n".join(lines) + "\n"
@@ -102,11 +109,15 @@ def _options(site: Site, job: Job, queue: str) -> list[tuple[str, str]]:
 
 
 def _minutes(time_limit: str) -> int:
+    return -(-_seconds(time_limit) // 60)
+
+
+def _seconds(time_limit: str) -> int:
     parts = time_limit.split(":")
     if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
         raise BenchError(f"time limit {time_limit!r}: expected hh:mm:ss, hh:mm or minutes")
     h, m, s = ([0] * (3 - len(parts)) + [int(p) for p in parts]) if len(parts) > 1 else (0, int(parts[0]), 0)
-    return h * 60 + m + (1 if s else 0)
+    return (h * 60 + m) * 60 + s
 
 
 def launcher(site: Site, nodes: int, hostfile: str = "") -> list[str]:
@@ -176,6 +187,7 @@ def render(site: Site, job: Job) -> str:
         raise BenchError(f"site {site.name}: {', '.join(missing)} not set; a job needs the suite's checkout, the "
                          f"dataset and an output directory")
     campaign = bool(job.runs or job.instances)
+    chains.check_chain(site, job, _seconds(job.time_limit or site.time_limit))
     body = [
         "set -euo pipefail",
         "",
@@ -196,6 +208,7 @@ def render(site: Site, job: Job) -> str:
         'fail "DATA_DIR=$DATA_DIR holds no manifest.json or pack.json (convert or pack the dataset first)"',
         'mkdir -p "$OUTPUT_ROOT" || fail "cannot create OUTPUT_ROOT=$OUTPUT_ROOT"',
         "",
+        *(chains.done_check(site, job) if job.chain else []),
         "# ---- environment",
         *[f"module load {shlex.quote(m)}" for m in site.modules],
         *[line for setup in site.setup for line in _setup_lines(setup)],
@@ -215,16 +228,21 @@ def render(site: Site, job: Job) -> str:
         "",
         *(_campaign(site, job) if campaign else _single(site, job)),
     ]
-    header = directives(site, job, name)
+    return directives(site, job, name) + _note(site, job) + "\n".join(body) + "\n"
+
+
+def _note(site: Site, job: Job) -> str:
+    """The comment under the directives: the command that rendered the script, the site, the ranks."""
     words = ["python -m jobs render", f"--site {site.name}", f"--bench {job.bench}", f"--nodes {job.nodes}",
              f"--runs {job.runs}" if job.runs else "", f"--instances {job.instances}" if job.instances else "",
              f"--config {job.config}" if job.config else "", f"--time {job.time_limit}" if job.time_limit else "",
+             f"--chain {job.chain}" if job.chain else "",
+             f"--stop-margin {job.stop_margin}" if job.chain and job.stop_margin != chains.DEFAULT_MARGIN else "",
              *map(shlex.quote, job.overrides)]
-    note = (f"# Rendered by `{' '.join(w for w in words if w)}`\n"
+    return (f"# Rendered by `{' '.join(w for w in words if w)}`\n"
             f"# from the site description of {site.name}: {site.description}\n"
             f"# {job.nodes} node(s) x {site.ranks_per_node} rank(s) = {job.nodes * site.ranks_per_node} ranks"
             f"{f' per instance, {job.instances} instances on {job.allocated_nodes} nodes' if job.instances else ''}.\n")
-    return header + note + "\n".join(body) + "\n"
 
 
 def _config_path(job: Job) -> str:
@@ -265,15 +283,20 @@ def _campaign(site: Site, job: Job) -> list[str]:
     count = f"--runs {job.runs}" if job.runs else f"--instances {job.instances}"
     stage = ' --stage-dir "$STAGE_DIR"' if site.stage_dir else ""
     ranks = job.nodes * site.ranks_per_node
+    driver = [f'"$DRIVER_PYTHON" -m common.campaign run {job.bench} "$CONFIG" --out "$CAMPAIGN_DIR" {count} \\',
+              f'    --np {ranks} --system {shlex.quote(site.name)}{stage} --python "$PYTHON" \\',
+              f"    --launcher {_template(words)} \\",
+              '    "${SETTINGS[@]}"']
+    if job.chain:  # CAMPAIGN_DIR is set where the script checks whether anything is left (chains.done_check)
+        limit = _seconds(job.time_limit or site.time_limit)
+        return ["# ---- the campaign, resumed where the job before stopped", *place, "cd \"$SUITE_DIR\"",
+                *chains.run_driver(site, job, limit, driver)]
     return ["# ---- a campaign: the driver runs here, each training through the launcher; the directory does not",
             "# depend on the job, so submitting the same script again resumes the campaign",
-            f'CAMPAIGN_DIR="$OUTPUT_ROOT/campaign-{job.bench}-{site.name}-n{job.nodes}"',
+            f'CAMPAIGN_DIR="$OUTPUT_ROOT/{chains.campaign_name(site, job)}"',
             *place,
             "cd \"$SUITE_DIR\"",
-            f'"$DRIVER_PYTHON" -m common.campaign run {job.bench} "$CONFIG" --out "$CAMPAIGN_DIR" {count} \\',
-            f'    --np {ranks} --system {shlex.quote(site.name)}{stage} --python "$PYTHON" \\',
-            f"    --launcher {_template(words)} \\",
-            '    "${SETTINGS[@]}"']
+            *driver]
 
 
 def _placement(site: Site, job: Job) -> tuple[list[str], list[str]]:

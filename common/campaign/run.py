@@ -15,6 +15,11 @@ exists; a campaign started again with the same arguments keeps the finished runs
 cut off half-way is moved to `OUT/runs/aborted/` and run again with its seed; a throughput campaign
 restarts its round, as the instances must train together). A larger --runs extends a sequential
 campaign; any other difference from the arguments it was started with is refused. When every run is done the campaign is scored (common/campaign/scoring.py).
+
+SIGUSR1 (a scheduler's warning before the time limit, forwarded by a chained job script: docs/jobs.md)
+stops the campaign gracefully: the signal goes on to the running trainings, which checkpoint and exit 75;
+such a run is not recorded (the next start runs it again from scratch), no further run starts, and the
+campaign exits 75 (EX_TEMPFAIL) while runs are left. SIGTERM still stops the trainings at once.
 """
 from __future__ import annotations
 
@@ -39,6 +44,37 @@ from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, Camp
                                    load_spec, open_campaign, run_dir)
 
 PROGRESS_SECONDS = 60  # how often a running training's newest epoch line is shown
+EXIT_STOPPED = 75  # as a training stopped by a signal (common/runtime/stopping.py): go on in a later job
+
+
+class CampaignStopped(Exception):
+    """A stop request ended the campaign with runs left; starting it again goes on."""
+
+
+class StopRequest:
+    """SIGUSR1 to the campaign: the trainings get it too, and the campaign ends after them (exit 75)."""
+
+    def __init__(self):
+        self.signum = 0
+        self.forwarded: set[int] = set()  # the launchers' pids whose trainings were told
+
+    def install(self) -> "StopRequest":
+        signal.signal(signal.SIGUSR1, self._handler)
+        return self
+
+    def _handler(self, signum, _frame) -> None:
+        self.signum = signum  # acted on in the wait loop, not here
+
+    def forward(self, procs: list[subprocess.Popen]) -> None:
+        """Send the signal on to every running training that has not had it yet (once each)."""
+        for proc in procs:
+            if self.signum and proc.pid not in self.forwarded and proc.poll() is None:
+                self.forwarded.add(proc.pid)
+                for pid in training_pids(proc.pid):
+                    try:
+                        os.kill(pid, self.signum)
+                    except ProcessLookupError:
+                        pass
 
 
 # ---------------------------------------------------------------------------- one run
@@ -52,6 +88,35 @@ def run_command(spec: CampaignSpec, out: Path, index: int) -> list[str]:
     extra = [f"data.stage_dir={stage_path(spec, out, index)}"] if spec.stage_dir else []
     return [*shlex.split(launcher), spec.python or sys.executable, str(REPO / spec.benchmark / "train.py"), spec.config,
             *spec.overrides, *extra, f"run.seed={spec.seed_of(index)}", f"run.output_dir={run_dir(out, index)}"]
+
+
+def training_pids(launcher: int) -> list[int]:
+    """Where a stop signal for a run goes: the run's Python trainings among the launcher's descendants
+    (horovodrun's and mpirun's local ranks: a signal to one rank stops them all after the same step), else
+    the launcher itself (srun, aprun, mpiexec and jsrun start the ranks remotely and pass the signal on).
+    The launcher is spared where ranks are found: horovodrun dies of SIGUSR1."""
+    import psutil
+    try:
+        family = psutil.Process(launcher).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    ranks = []
+    for member in family:
+        try:
+            cmdline = member.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if cmdline and "python" in Path(cmdline[0]).name and any(a.endswith("train.py") for a in cmdline[1:]):
+            ranks.append(member.pid)
+    return ranks or [launcher]
+
+
+def was_stopped(out: Path, index: int, code: int) -> bool:
+    """Did run `index`, which ended after a stop request, end because of it? Yes unless its summary says it
+    ended on its own: exit 75, a summary saying it stopped (horovodrun exits 1 when its workers exit 75), or
+    none (the signal came before the trainings handled it) all count as stopped, and the run runs again."""
+    summary = run_dir(out, index) / "summary.json"
+    return code == EXIT_STOPPED or not summary.is_file() or bool(json.loads(summary.read_text()).get("stopped"))
 
 
 def stage_path(spec: CampaignSpec, out: Path, index: int) -> Path:
@@ -125,15 +190,17 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 # ---------------------------------------------------------------------------- campaigns
-def run_campaign(spec: CampaignSpec, out: Path) -> list[RunRecord]:
-    """Run what is left of the campaign; returns every run's record."""
+def run_campaign(spec: CampaignSpec, out: Path, stop: StopRequest | None = None) -> list[RunRecord]:
+    """Run what is left of the campaign; returns every run's record. `stop`: a stop request ends it early
+    (CampaignStopped) once the running trainings have stopped."""
     open_campaign(out, spec)
+    stop = stop or StopRequest()
     if spec.mode == "throughput":
-        return _run_together(spec, out)
-    return _run_one_by_one(spec, out)
+        return _run_together(spec, out, stop)
+    return _run_one_by_one(spec, out, stop)
 
 
-def _run_one_by_one(spec: CampaignSpec, out: Path) -> list[RunRecord]:
+def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest) -> list[RunRecord]:
     records, t0, ran = [], time.time(), 0
     for index in range(spec.count):
         done = load_record(out, index)
@@ -141,15 +208,21 @@ def _run_one_by_one(spec: CampaignSpec, out: Path) -> list[RunRecord]:
             print(f"run {index + 1}/{spec.count} (seed {done.seed}): done earlier, {done.status}", flush=True)
             records.append(done)
             continue
+        if stop.signum:
+            raise CampaignStopped(f"{len(records)} of {spec.count} runs done; run {index + 1} not started")
         proc, command, started = start_run(spec, out, index)
         print(f"run {index + 1}/{spec.count} (seed {spec.seed_of(index)}): started, log "
               f"{run_dir(out, index) / 'train.log'}", flush=True)
         try:
-            code = _wait_all([proc], out, [index])[0]
+            code = _wait_all([proc], out, [index], stop)[0]
         except BaseException:
             _stop([proc])
             _remove_staged(spec, out, [index])
             raise
+        if stop.signum and was_stopped(out, index, code):
+            _remove_staged(spec, out, [index])
+            raise CampaignStopped(f"{len(records)} of {spec.count} runs done; run {index + 1} stopped "
+                                  f"(exit {code}) and runs again from its start")
         records.append(finish_run(spec, out, index, code, command, started))
         ran += 1
         print(f"run {index + 1}/{spec.count}: {describe_run(out, records[-1])}; {_eta(t0, ran, spec.count - index - 1)}",
@@ -157,30 +230,36 @@ def _run_one_by_one(spec: CampaignSpec, out: Path) -> list[RunRecord]:
     return records
 
 
-def _run_together(spec: CampaignSpec, out: Path) -> list[RunRecord]:
+def _run_together(spec: CampaignSpec, out: Path, stop: StopRequest) -> list[RunRecord]:
     records = [load_record(out, i) for i in range(spec.count)]
     if all(records):
         print(f"all {spec.count} instances done earlier", flush=True)
         return records
+    if stop.signum:
+        raise CampaignStopped(f"the {spec.count} instances not started")
     print(f"starting {spec.count} instances together, {spec.ranks} ranks each", flush=True)
     started = [start_run(spec, out, i) for i in range(spec.count)]
     procs = [p for p, _, _ in started]
     try:
-        codes = _wait_all(procs, out, list(range(spec.count)))
+        codes = _wait_all(procs, out, list(range(spec.count)), stop)
     except BaseException:
         _stop(procs)
         _remove_staged(spec, out, list(range(spec.count)))
         raise
+    if stop.signum and any(was_stopped(out, i, code) for i, code in enumerate(codes)):
+        _remove_staged(spec, out, list(range(spec.count)))
+        raise CampaignStopped(f"the {spec.count} instances stopped; their round runs again from its start")
     return [finish_run(spec, out, i, code, command, t) for i, (code, (_, command, t)) in enumerate(zip(codes, started))]
 
 
-def _wait_all(procs: list[subprocess.Popen], out: Path, indices: list[int]) -> list[int]:
+def _wait_all(procs: list[subprocess.Popen], out: Path, indices: list[int], stop: StopRequest) -> list[int]:
     """Wait for the runs `indices`, saying when each ends and, every PROGRESS_SECONDS, where each stands (the
-    last progress line of its train.log)."""
+    last progress line of its train.log); a stop request goes on to them."""
     codes: list[int | None] = [None] * len(procs)
     shown: dict[int, str] = {}
     last = time.time()
     while None in codes:
+        stop.forward(procs)
         for i, proc in enumerate(procs):
             if codes[i] is None and proc.poll() is not None:
                 codes[i] = proc.returncode
@@ -282,6 +361,7 @@ def _exit_on_sigterm(signum, frame) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop = StopRequest().install()
 
     def run() -> int:
         from common.campaign.scoring import score_campaign
@@ -293,7 +373,12 @@ def main(argv=None) -> int:
             print(f"campaign {out}: {spec.benchmark}, {spec.count} runs "
                   f"{'at once' if spec.mode == 'throughput' else 'one after the other'}, {spec.ranks} ranks each",
                   flush=True)
-            run_campaign(spec, out)
+            try:
+                run_campaign(spec, out, stop)
+            except CampaignStopped as err:
+                print(f"campaign {out} stopped by {signal.Signals(stop.signum).name}: {err}; start it again with "
+                      f"the same arguments to go on", flush=True)
+                return EXIT_STOPPED
         result = score_campaign(out, system_file=args.system_file)
         return 0 if result.valid else 1
 
