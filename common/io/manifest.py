@@ -326,11 +326,10 @@ def check_split_counts(manifest: Manifest, expected: dict[str, int], where: str)
     for split, want in expected.items():
         if split not in manifest.splits:
             raise BenchError(f"{where}: no {split!r} split (found {sorted(manifest.splits)})")
-        found = manifest.splits[split].samples
-        if want and found != want:
+        if want and manifest.splits[split].samples != want:
             key = "data.train_samples" if split == "train" else "data.val_samples"
-            raise BenchError(f"{where}: the {split} split has {found} samples, but the config expects "
-                             f"{want} ({key}); point data.dir at the right dataset or set {key}=0")
+            raise BenchError(f"{where}: the {split} split has {manifest.splits[split].samples} samples, but the "
+                             f"config expects {want} ({key}); point data.dir at the right dataset or set {key}=0")
 
 
 def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = False,
