@@ -31,7 +31,7 @@ from common.runtime.checkpoint import (META, Progress, Resume, check_checkpoint,
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from tests.fuzz.harness import corruptions, fuzz, outcome_of, time_limit, timed
-from tests.fuzz.test_manifest_fuzz import deep_json, json_paths, json_values
+from tests.fuzz.test_manifest_fuzz import deep_json, drawn_location, json_paths, json_values
 from tests.unit.test_checkpoint_meta import model_and_optimizer, write_checkpoint
 
 LIMIT_S = 10.0  # per input; checking this checkpoint takes milliseconds
@@ -59,12 +59,8 @@ numbers = st.sampled_from([0, -1, 1, 2, 3, 10, 2 ** 31, 2 ** 63 - 1, 2 ** 63, -2
 @st.composite
 def meta_mutation(draw, obj: dict) -> tuple[dict, tuple]:
     """A copy of meta.json's `obj` with one value changed, and where (keys and indexes from the top)."""
-    obj = json.loads(json.dumps(obj))
-    where = draw(st.sampled_from(json_paths(obj)))
-    parent = obj
-    for key in where[:-1]:
-        parent = parent[key]
-    key, old = where[-1], parent[where[-1]]
+    obj, where, parent, key = drawn_location(draw, obj)
+    old = parent[key]
     op = draw(st.sampled_from(["delete", "replace", "retype", "nudge", "nest", "rename"]))
     if op == "delete":
         del parent[key]

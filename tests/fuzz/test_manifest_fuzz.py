@@ -100,15 +100,21 @@ def json_paths(obj, prefix=()) -> list[tuple]:
     return found
 
 
-@st.composite
-def json_mutation(draw, obj):
-    """A copy of `obj` with one value deleted, replaced, or of another type."""
+def drawn_location(draw, obj) -> tuple:
+    """A copy of `obj`, a drawn path (keys and indexes) to one of its values, and that value's parent and key."""
     obj = json.loads(json.dumps(obj))
     where = draw(st.sampled_from(json_paths(obj)))
     parent = obj
     for key in where[:-1]:
         parent = parent[key]
-    key, old = where[-1], parent[where[-1]]
+    return obj, where, parent, where[-1]
+
+
+@st.composite
+def json_mutation(draw, obj):
+    """A copy of `obj` with one value deleted, replaced, or of another type."""
+    obj, where, parent, key = drawn_location(draw, obj)
+    old = parent[key]
     op = draw(st.sampled_from(["delete", "replace", "retype", "nudge", "recount", "repath"]))
     if op == "repath":  # a path that leaves the directory, cannot exist, or names something else
         node = draw(st.sampled_from([p for p in json_paths(obj) if p[-1] in ("path", "index")] or [where]))
