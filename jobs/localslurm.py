@@ -48,6 +48,8 @@ def slurm_conf(root: Path, host: str) -> str:
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core", "SchedulerType=sched/builtin", "MpiDefault=none", "ReturnToService=2",
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+        # no accounting database: `scontrol show job` keeps ended jobs' state and exit code for an hour
+        "MinJobAge=3600",
         f"NodeName={host} CPUs={os.cpu_count()} RealMemory={memory_mb} State=UNKNOWN",
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
 

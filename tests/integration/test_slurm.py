@@ -6,8 +6,14 @@ storage; its MLPerf log must pass the official checker's structural rules and re
 run's own target, validation MAE 0.40, which only a model that learned meets (chance is 0.5; a small
 model does not reach the rules' 0.124; the mini dataset's full training through the same path is
 measured in docs/jobs.md). Needs root, to run the daemons.
+
+A campaign as a chain of jobs (docs/jobs.md, "Chains of jobs"): the shipped localhost-slurm site rendered with
+`--runs 2 --chain 4`, submitted by its submit script; one job gets the stop signal, one is cancelled with
+`scancel`, a later job finishes and scores the campaign, the last finds nothing left.
 """
 import json
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +25,7 @@ from common.campaign.compliance import check_log
 from jobs.localslurm import local_slurm, submit
 from jobs.render import Job, render
 from jobs.site import load_site
-from tests.conftest import REPO, checkout_first_on_path
+from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.cosmo_fixtures import LEARNED_MAE, write_learning_config
 
 pytestmark = pytest.mark.slow
@@ -56,3 +62,116 @@ def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm
     assert checked.structural_problems == (), checked.messages
     assert "compliance checker (hpc 3.0.0)" in output  # the script checked the log itself
     print(f"sbatch --wait took {time.time() - t0:.0f} s")
+
+
+# ---------------------------------------------------------------------------- a campaign driven as a chain of jobs
+CHAIN_JOBS = 4
+CHAIN_TIMEOUT = 1200  # seconds for the whole chain: four jobs, four trainings of under a minute each here
+# A larger model than the learning config's, evaluated after its 20 epochs only: a training runs 10-15 s
+# after its first epoch starts here (the signals, sent then, must come while it trains) and meets the target.
+CHAIN_RUN = {"model": {"conv_filters": [16, 32, 64, 64], "dense_units": [64, 32]},
+             "train": {"max_epochs": 20, "eval_every": 20}}
+
+
+def _job_state(env: dict, job: str) -> tuple[str, str]:
+    """A job's state and exit code from `scontrol show job` (the local Slurm keeps ended jobs an hour)."""
+    text = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    state = re.search(r"JobState=(\S+)", text)
+    code = re.search(r"ExitCode=(\S+)", text)
+    return (state.group(1) if state else "UNKNOWN"), (code.group(1) if code else "")
+
+
+def _wait_for(what: str, predicate, timeout: float, context) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s\n{context()}")
+        time.sleep(0.5)
+
+
+def _training(run: Path) -> bool:
+    """Has the run in `run` (a campaign's run directory) started its first epoch (its MLPerf log says so)?"""
+    log = run / "mlperf.log"
+    return log.is_file() and '"key": "epoch_start"' in log.read_text(errors="replace")
+
+
+def _render_chain(tmp_path: Path, config: Path) -> Path:
+    """The shipped localhost-slurm site's chain of CHAIN_JOBS jobs for a 2-run campaign."""
+    script = tmp_path / "chain" / "cosmo.sh"
+    script.parent.mkdir()
+    proc = run_cmd([sys.executable, "-m", "jobs", "render", "--site", "localhost-slurm", "--bench", "cosmoflow",
+                    "--nodes", 1, "--runs", 2, "--chain", CHAIN_JOBS, "--time", "00:10:00", "--stop-margin", 60,
+                    "--config", config, "--out", script])
+    assert proc.returncode == 0, show(proc)
+    assert "#SBATCH --signal=B:USR1@60" in script.read_text()
+    return script
+
+
+def test_a_campaign_chain_goes_on_after_a_stop_signal_and_a_cancelled_job(slurm, cosmo_learnable, tmp_path):
+    """Four chained jobs of the shipped localhost-slurm site run a 2-run campaign: job 1 gets the scheduler's
+    stop signal (what `--signal=B:USR1@60` sends at the margin) during its first training and exits 75, job 2
+    is cancelled (`scancel`) during that run's second attempt, job 3 runs both trainings and scores the
+    campaign, job 4 finds nothing left."""
+    config = write_learning_config(tmp_path / "small.yaml", cosmo_learnable, tmp_path / "unused", **CHAIN_RUN)
+    script = _render_chain(tmp_path, config)
+    # The site's paths are $PWD-relative (submit from a checkout); the rendered script takes each from the
+    # environment, which sbatch passes on to the jobs.
+    out_root = tmp_path / "runs"
+    env = {**slurm, "SUITE_DIR": str(REPO), "DATA_DIR": str(cosmo_learnable), "OUTPUT_ROOT": str(out_root),
+           "STAGE_DIR": str(tmp_path / "stage"), "PYTHON": sys.executable, "DRIVER_PYTHON": sys.executable,
+           "PYTHONPATH": checkout_first_on_path()}
+    t0 = time.time()
+    submitted = subprocess.run([str(script.with_name("cosmo-submit.sh"))], env=env, cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    jobs = re.findall(r"job \d+/\d+: (\d+)", submitted.stdout)
+    assert len(jobs) == CHAIN_JOBS, submitted.stdout
+    campaign = out_root / "campaign-cosmoflow-localhost-slurm-n1"
+    first_run = campaign / "runs" / "run_000"
+    outputs = lambda: "".join(p.read_text(errors="replace")[-4000:] for p in sorted(tmp_path.glob("*.out")))
+
+    _wait_for("job 1 training its first run", lambda: _training(first_run), 600, outputs)
+    stop_signal = subprocess.run(["scancel", "--signal=USR1", "--batch", jobs[0]], env=slurm, capture_output=True,
+                                 text=True)
+    assert stop_signal.returncode == 0, stop_signal.stderr
+    _wait_for("job 1 ending", lambda: _job_state(slurm, jobs[0])[0] not in ("RUNNING", "PENDING"), 300, outputs)
+    # job 2 moves job 1's stopped attempt aside and starts the run again
+    aborted = campaign / "runs" / "aborted"
+    _wait_for("job 2 training the first run again", lambda: _job_state(slurm, jobs[1])[0] == "RUNNING" and
+              aborted.is_dir() and any(aborted.iterdir()) and _training(first_run), 600, outputs)
+    cancel = subprocess.run(["scancel", jobs[1]], env=slurm, capture_output=True, text=True)
+    assert cancel.returncode == 0, cancel.stderr
+    _wait_for("the chain ending", lambda: all(_job_state(slurm, j)[0] not in ("RUNNING", "PENDING", "COMPLETING")
+                                              for j in jobs), CHAIN_TIMEOUT, outputs)
+    print(f"the chain of {CHAIN_JOBS} jobs took {time.time() - t0:.0f} s")
+    states = [_job_state(slurm, j) for j in jobs]
+    logs = {j: (tmp_path / f"cosmoflow-localhost-slurm-n1-{j}.out").read_text(errors="replace") for j in jobs}
+    report = "\n".join(f"--- job {j} {states[i]}\n{logs[j][-3000:]}" for i, j in enumerate(jobs))
+
+    # job 1: the signal went on to the driver and the training; exit 75
+    assert states[0] == ("FAILED", "75:0"), report
+    assert "USR1: passed on to the campaign driver" in logs[jobs[0]], report
+    assert "stopped by SIGUSR1" in logs[jobs[0]] and "campaign driver exit 75" in logs[jobs[0]], report
+    # job 2: cancelled; the driver stopped its training
+    assert states[1][0] == "CANCELLED", report
+    assert "TERM: the campaign driver stops its trainings" in logs[jobs[1]], report
+    assert "an unfinished earlier attempt moved to" in logs[jobs[1]], report  # job 1's
+    # job 3: both runs, then the score (2 runs: reported, not valid under the rules' 10)
+    assert "run 1/2: success" in logs[jobs[2]] and "run 2/2: success" in logs[jobs[2]], report
+    assert states[2] == ("FAILED", "1:0") and "campaign driver exit 1 " in logs[jobs[2]], report  # not valid
+    assert "nothing left for this job" in logs[jobs[3]] and states[3] == ("COMPLETED", "0:0"), report
+    attempts = sorted(aborted.iterdir())
+    assert len(attempts) == 2, report  # job 1's stopped attempt and job 2's cancelled one
+    for attempt, signal_name in zip(attempts, ("SIGUSR1", "SIGTERM")):  # each stopped in its first epoch
+        stopped = json.loads((attempt / "summary.json").read_text())
+        assert stopped["stopped"] and stopped["status"] == "aborted", stopped
+        assert stopped["reason"].startswith(f"stopped by {signal_name}"), stopped
+    for index in (0, 1):
+        record = json.loads((campaign / "runs" / f"run_{index:03d}" / "campaign_run.json").read_text())
+        summary = json.loads((campaign / "runs" / f"run_{index:03d}" / "summary.json").read_text())
+        assert record["seed"] == 1000 + index and summary["status"] == "success", (record, summary)
+    # the score: both runs succeeded; 2 runs of a small model are reported, not a valid MLPerf score
+    score = json.loads((campaign / "score.json").read_text())
+    assert [r["status"] for r in score["runs"]] == ["success", "success"] and not score["valid"], score
+    assert (campaign / "score.md").is_file(), report
+    assert not (tmp_path / "stage").exists() or not any((tmp_path / "stage").iterdir()), "staged copies left"
