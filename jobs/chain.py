@@ -85,7 +85,15 @@ def campaign_name(site: Site, job: Job) -> str:
 
 def run_driver(site: Site, job: Job, limit_seconds: int, driver: list[str]) -> list[str]:
     """Shell lines that run the campaign driver (`driver`: its command, continued lines) so that the stop
-    signal reaches it, and exit with its code (75: stopped with runs left)."""
+    signal reaches it, and exit with its code (75: stopped with runs left). The driver is told the moment
+    the stop margin begins (--deadline), so that it starts no run that would not end before it."""
+    deadline = ["# the moment the stop margin begins (SECONDS: the time this script has run so far)",
+                f"DEADLINE=$(($(date +%s) + {limit_seconds - job.stop_margin} - SECONDS))"]
+    driver = [*driver[:-1], '    --deadline "$DEADLINE" \\', driver[-1]]
+    return [*deadline, *_driver_lines(site, job, limit_seconds, driver)]
+
+
+def _driver_lines(site: Site, job: Job, limit_seconds: int, driver: list[str]) -> list[str]:
     if site.scheduler in ("pbs", "pjsub"):
         stop_after = limit_seconds - job.stop_margin
         return [f"# {site.scheduler} sends no signal before the limit: timeout sends USR1 {job.stop_margin} s before",

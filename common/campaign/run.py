@@ -20,6 +20,8 @@ SIGUSR1 (a scheduler's warning before the time limit, forwarded by a chained job
 stops the campaign gracefully: the signal goes on to the running trainings, which checkpoint and exit 75;
 such a run is not recorded (the next start runs it again from scratch), no further run starts, and the
 campaign exits 75 (EX_TEMPFAIL) while runs are left. SIGTERM still stops the trainings at once.
+`--deadline T` (seconds since the epoch, a chained job's time limit less its stop margin) exits 75 too,
+rather than start a run that the longest run so far says would not end by T.
 """
 from __future__ import annotations
 
@@ -190,17 +192,20 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 # ---------------------------------------------------------------------------- campaigns
-def run_campaign(spec: CampaignSpec, out: Path, stop: StopRequest | None = None) -> list[RunRecord]:
+def run_campaign(spec: CampaignSpec, out: Path, stop: StopRequest | None = None,
+                 deadline: float = 0.0) -> list[RunRecord]:
     """Run what is left of the campaign; returns every run's record. `stop`: a stop request ends it early
-    (CampaignStopped) once the running trainings have stopped."""
+    (CampaignStopped) once the running trainings have stopped. `deadline` (seconds since the epoch, 0: none):
+    a sequential campaign starts no run that the longest run so far says cannot end before it
+    (CampaignStopped)."""
     open_campaign(out, spec)
     stop = stop or StopRequest()
     if spec.mode == "throughput":
         return _run_together(spec, out, stop)
-    return _run_one_by_one(spec, out, stop)
+    return _run_one_by_one(spec, out, stop, deadline)
 
 
-def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest) -> list[RunRecord]:
+def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest, deadline: float = 0.0) -> list[RunRecord]:
     records, t0, ran = [], time.time(), 0
     for index in range(spec.count):
         done = load_record(out, index)
@@ -210,6 +215,7 @@ def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest) -> list[Ru
             continue
         if stop.signum:
             raise CampaignStopped(f"{len(records)} of {spec.count} runs done; run {index + 1} not started")
+        _check_time_left(records, deadline, index, spec.count)
         proc, command, started = start_run(spec, out, index)
         print(f"run {index + 1}/{spec.count} (seed {spec.seed_of(index)}): started, log "
               f"{run_dir(out, index) / 'train.log'}", flush=True)
@@ -228,6 +234,18 @@ def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest) -> list[Ru
         print(f"run {index + 1}/{spec.count}: {describe_run(out, records[-1])}; {_eta(t0, ran, spec.count - index - 1)}",
               flush=True)
     return records
+
+
+def _check_time_left(records: list[RunRecord], deadline: float, index: int, count: int) -> None:
+    """Refuse to start run `index` when the time left before `deadline` (seconds since the epoch; 0: none)
+    is shorter than the longest run recorded so far: it would only be stopped, and its time wasted."""
+    if not deadline or not records:
+        return
+    longest, left = max(r.wall_seconds for r in records), deadline - time.time()
+    if left < longest:
+        raise CampaignStopped(f"{len(records)} of {count} runs done; run {index + 1} not started: "
+                              f"{max(left, 0) / 60:.1f} min left before the deadline, and a run took up to "
+                              f"{longest / 60:.1f} min")
 
 
 def _run_together(spec: CampaignSpec, out: Path, stop: StopRequest) -> list[RunRecord]:
@@ -328,6 +346,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--stage-dir", default="", help="node-local directory; each run stages below it")
     run.add_argument("--python", default="", help="the trainings' interpreter, e.g. a container's python "
                                                    "(default: this one)")
+    run.add_argument("--deadline", type=float, default=0.0,
+                     help="seconds since the epoch: start no run that the longest run so far says would end "
+                          "after it (a chained job's stop margin: docs/jobs.md); exit 75 instead")
     run.add_argument("--launcher", default=DEFAULT_LAUNCHER,
                      help="how a run is launched; {np}, {run} and {python} are filled in (default: %(default)s)")
     score = sub.add_parser("score", help="(re)write the submission layout and the score of a campaign")
@@ -374,10 +395,11 @@ def main(argv=None) -> int:
                   f"{'at once' if spec.mode == 'throughput' else 'one after the other'}, {spec.ranks} ranks each",
                   flush=True)
             try:
-                run_campaign(spec, out, stop)
+                run_campaign(spec, out, stop, args.deadline)
             except CampaignStopped as err:
-                print(f"campaign {out} stopped by {signal.Signals(stop.signum).name}: {err}; start it again with "
-                      f"the same arguments to go on", flush=True)
+                how = f"by {signal.Signals(stop.signum).name}" if stop.signum else "before its deadline"
+                print(f"campaign {out} stopped {how}: {err}; start it again with the same arguments to go on",
+                      flush=True)
                 return EXIT_STOPPED
         result = score_campaign(out, system_file=args.system_file)
         return 0 if result.valid else 1

@@ -1,5 +1,6 @@
 """Chains of jobs (jobs/chain.py): the rendered job and submit scripts of every chained scheduler, the stop
 signal's way from the scheduler to the campaign driver, and the campaign's exit 75 with a fake launcher."""
+import dataclasses
 import json
 import os
 import signal
@@ -301,3 +302,22 @@ def test_the_campaign_driver_exits_75_on_usr1(tmp_path):
     assert proc.returncode == 75, text
     assert "stopped by SIGUSR1: 0 of 2 runs done; run 1 stopped (exit 75)" in text
     assert load_record(out, 0) is None
+
+
+def test_a_run_the_deadline_cannot_hold_is_not_started(tmp_path, monkeypatch, capsys):
+    spec, out = fake_spec(tmp_path), tmp_path / "campaign"
+    monkeypatch.setenv("MODE", "succeed")
+    spec = dataclasses.replace(spec, runs=3)
+    run_campaign(dataclasses.replace(spec, runs=1), out)  # one run done: its wall time is the estimate
+    took = load_record(out, 0).wall_seconds
+    with pytest.raises(CampaignStopped, match=r"1 of 3 runs done; run 2 not started: .* min left before the "
+                                              r"deadline, and a run took up to"):
+        run_campaign(spec, out, deadline=time.time() + took / 2)
+    assert not run_dir(out, 1).exists()
+    assert [r.status for r in run_campaign(spec, out, deadline=time.time() + took + 3600)] == ["success"] * 3
+
+
+def test_a_chained_jobs_driver_gets_the_moment_its_stop_margin_begins(tmp_path):
+    script = driver_script(tmp_path, "slurm", 7200, 600).read_text()
+    assert 'DEADLINE=$(($(date +%s) + 6600 - SECONDS))' in script
+    assert '    --deadline "$DEADLINE" \\\n    "${SETTINGS[@]}" &' in script
