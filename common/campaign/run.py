@@ -5,6 +5,7 @@ M instances training at once (its throughput score), then the submission layout 
         [--runs 10] [--instances M] [--np 2] [--seed 1000] [--system NAME] [--stage-dir DIR] \\
         [--launcher TEMPLATE] [--python PATH] [config overrides, e.g. data.dir=... train.local_batch_size=8]
     python -m common.campaign score campaigns/cosmo
+    python -m common.campaign compare campaigns/cosmo-a campaigns/cosmo-b [--confidence 0.95]
 
 `run` starts `<benchmark>/train.py` once per run through the launcher (default: this environment's
 horovodrun on localhost), run i with `run.seed=<seed + i>` and its own output directory
@@ -14,7 +15,8 @@ count: the rules' 10 for CosmoFlow, 5 for DeepCAM). A run is finished when its `
 exists; a campaign started again with the same arguments keeps the finished runs and continues (a run
 cut off half-way is moved to `OUT/runs/aborted/` and run again with its seed; a throughput campaign
 restarts its round, as the instances must train together). A larger --runs extends a sequential
-campaign; any other difference from the arguments it was started with is refused. When every run is done the campaign is scored (common/campaign/scoring.py).
+campaign; any other difference from the arguments it was started with is refused. When every run is done the campaign is scored (common/campaign/scoring.py). `compare` says whether one
+campaign's time to train is shorter than another's given run-to-run variation (common/campaign/uncertainty.py).
 
 SIGUSR1 (a scheduler's warning before the time limit, forwarded by a chained job script: docs/jobs.md)
 stops the campaign gracefully: the signal goes on to the running trainings, which checkpoint and exit 75;
@@ -354,6 +356,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     score = sub.add_parser("score", help="(re)write the submission layout and the score of a campaign")
     score.add_argument("out", help="the campaign directory")
     score.add_argument("--system-file", help="a system description JSON whose fields replace the detected ones")
+    compare = sub.add_parser("compare", help="compare two scored time-to-train campaigns, with bootstrap intervals")
+    compare.add_argument("a", help="campaign A's directory (holding score.json)")
+    compare.add_argument("b", help="campaign B's directory")
+    compare.add_argument("--confidence", type=float, default=0.95, help="the intervals' level (default %(default)s)")
     # Overrides may also follow the options (argparse alone would refuse positionals after them).
     args, extra = parser.parse_known_args(argv)
     unknown = [e for e in extra if e.startswith("-") or "=" not in e or args.command != "run"]
@@ -386,6 +392,10 @@ def main(argv=None) -> int:
 
     def run() -> int:
         from common.campaign.scoring import score_campaign
+        if args.command == "compare":
+            from common.campaign.uncertainty import compare
+            print(compare(Path(args.a), Path(args.b), args.confidence))
+            return 0
         out = Path(args.out)
         if args.command == "run":
             spec = spec_from_args(args)

@@ -31,7 +31,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from common.base.version import code_version
+from common.campaign import uncertainty
 from common.campaign.spec import CampaignSpec, load_record, load_spec, required_runs, run_dir
 from common.base.files import atomic_path, write_json_atomic
 from common.campaign.compliance import check_log
@@ -58,6 +61,7 @@ class RunScore:
     nodes: int | None
     scale: int | None  # nodes x max(accelerators per node, 1), as the summariser counts an instance
     counted: bool = False  # in the olympic mean (time to train) or the instances (throughput)
+    epochs: int | None = None  # the epoch of the last evaluation (of a compliant run: epochs to converge)
 
     @property
     def minutes(self) -> float | None:
@@ -82,6 +86,9 @@ class CampaignScore:
     summariser_output: str
     code: dict
     rcp_checker: dict | None = None  # closed time-to-train campaigns: mlperf-logging's RCP checker verdict
+    score_interval: dict | None = None  # time to train: the score's bootstrap interval (common/campaign/uncertainty.py)
+    epochs_mean: float | None = None  # time to train: olympic mean of the compliant runs' epochs to converge
+    epochs_interval: dict | None = None  # and its interval
 
 
 # ---------------------------------------------------------------------------- the rules, here
@@ -173,6 +180,7 @@ def score_run(out: Path, index: int, spec: CampaignSpec) -> RunScore:
     score.compliant, score.problems = checked.passed, list(checked.messages if not checked.passed else ())
     keys = log_values(log)
     score.run_start_ms, score.run_stop_ms = keys.get("run_start"), keys.get("run_stop")
+    score.epochs = keys.get("last_eval_epoch")
     score.division = keys.get("submission_division")
     if "number_of_nodes" in keys and "accelerators_per_node" in keys:
         score.nodes = int(keys["number_of_nodes"])
@@ -183,7 +191,8 @@ def score_run(out: Path, index: int, spec: CampaignSpec) -> RunScore:
 
 
 def log_values(log: Path) -> dict:
-    """run_start / run_stop times (ms) and the values of the other keys of an MLPerf log, first one wins."""
+    """run_start / run_stop times (ms) and the values of the other keys of an MLPerf log, first one wins;
+    `last_eval_epoch`: the epoch_num of the last evaluation."""
     values: dict = {}
     for line in log.read_text(errors="replace").splitlines():
         if not line.startswith(":::MLLOG "):
@@ -195,6 +204,8 @@ def log_values(log: Path) -> dict:
         key = event.get("key")
         if key in ("run_start", "run_stop"):
             values.setdefault(key, float(event["time_ms"]))
+        elif key in ("eval_error", "eval_accuracy") and isinstance(event.get("metadata"), dict):
+            values["last_eval_epoch"] = event["metadata"].get("epoch_num")  # the last one wins
         elif key is not None:
             values.setdefault(key, event.get("value"))
     return values
@@ -307,10 +318,37 @@ def score_campaign(out: str | os.PathLike, system_file: str | None = None) -> Ca
                            code=json.loads((out / "campaign.json").read_text()).get("code", {}),
                            rcp_checker=rcp_check(folder, out / "rcp_checker.log")
                            if division == "closed" and spec.mode != "throughput" else None)
+    if spec.mode != "throughput":
+        _add_intervals(result)
     write_json_atomic(_as_json(result), out / "score.json")
     (out / "score.md").write_text(score_markdown(result))
     print(score_markdown(result), flush=True)
     return result
+
+
+def _add_intervals(result: CampaignScore) -> None:
+    """The bootstrap intervals of the time to train and of the epochs to converge (olympic means)."""
+    passing = [r for r in result.runs if r.compliant]
+    failed = len(result.runs) - len(passing)
+    result.score_interval = dataclasses.asdict(uncertainty.olympic_interval([r.minutes for r in passing], failed))
+    epochs = [float(r.epochs) for r in passing if r.epochs is not None]
+    if len(epochs) == len(passing) and epochs:
+        means = uncertainty.olympic_means(np.asarray([epochs]), failed)
+        result.epochs_mean = None if means is None else float(means[0])
+        result.epochs_interval = dataclasses.asdict(uncertainty.olympic_interval(epochs, failed))
+
+
+def _interval_lines(result: CampaignScore) -> list[str]:
+    if result.score_interval is None:
+        return []
+    interval = uncertainty.Interval(**result.score_interval)
+    lines = [f"- {interval.confidence:.0%} interval of the time to train: {interval.text()} ({interval.method}, "
+             f"{interval.resamples} resamples; rough with few runs: docs/campaigns.md)"]
+    if result.epochs_interval is not None and result.epochs_mean is not None:
+        epochs = uncertainty.Interval(**result.epochs_interval)
+        lines.append(f"- epochs to converge (olympic mean of the compliant runs): {result.epochs_mean:.2f}, "
+                     f"{epochs.confidence:.0%} interval {epochs.text(unit='', digits=2)}")
+    return lines
 
 
 def _division(out: Path, runs: list[RunScore]) -> str:
@@ -351,15 +389,16 @@ def score_markdown(result: CampaignScore) -> str:
              f"- MLPerf HPC {RULESET}, {result.division} division; {len(result.runs)} runs, the rules ask for "
              f"{result.required_runs}" + ("" if result.mode != "throughput" else " converged instances"),
              f"- valid: {'yes' if result.valid else 'no: ' + result.reason}",
+             *_interval_lines(result),
              f"- mlperf-logging's result summariser: " + (f"{result.summariser_minutes:.3f} min"
                                                           if result.summariser_minutes is not None else "no score"),
              f"- package checker: {'passed' if result.package_checker['passed'] else 'found errors'} "
              f"({result.package_checker['log']})",
              _rcp_line(result.rcp_checker),
              f"- code: {result.code.get('commit', 'unknown')}" + (" (modified)" if result.code.get("modified") else ""),
-             "", "| run | seed | status | compliant | minutes | counted |", "|---|---|---|---|---|---|"]
+             "", "| run | seed | status | compliant | minutes | epochs | counted |", "|---|---|---|---|---|---|---|"]
     for r in result.runs:
         minutes = f"{r.minutes:.3f}" if r.minutes is not None else "-"
         lines.append(f"| {r.index} | {r.seed} | {r.status} | {'yes' if r.compliant else 'no'} | {minutes} | "
-                     f"{'yes' if r.counted else 'no'} |")
+                     f"{r.epochs if r.epochs is not None else '-'} | {'yes' if r.counted else 'no'} |")
     return "\n".join(lines) + "\n"

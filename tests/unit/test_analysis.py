@@ -118,6 +118,9 @@ def test_analyses_of_the_constructed_runs():
     assert join["compute_seconds"].tolist() == pytest.approx(join["measured_training_and_eval_seconds"].tolist())
     var = analyses.variability(runs)
     assert var["time_to_train_cv"].fillna(0).tolist() == pytest.approx([0, 0, 0], abs=1e-12)
+    # identical runs: the olympic mean is their time, and its bootstrap interval has no width
+    for column in ("time_to_train_olympic", "olympic_ci95_low", "olympic_ci95_high"):
+        assert var[column].tolist() == pytest.approx(var["time_to_train_mean"].tolist())
     # Weak scaling at local batch 4: per-unit throughput 100 U^-0.1 against U=1's.
     assert scal["efficiency"].tolist() == pytest.approx([u ** -0.1 for u in (1, 2, 4)])
     assert analyses.strong_scaling(runs).empty  # each global batch ran on one unit count only

@@ -16,7 +16,10 @@ A configuration is (benchmark, units, global batch size); `runs` may mix campaig
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+
+from common.campaign.uncertainty import olympic_interval, olympic_means
 
 CONFIG = ["benchmark", "units", "global_batch_size"]
 PARTS = ["staging", "training", "evaluation", "other"]
@@ -134,14 +137,24 @@ def staging_ratios(runs: pd.DataFrame) -> pd.DataFrame:
 
 def variability(runs: pd.DataFrame) -> pd.DataFrame:
     """Spread of time to train (converged runs) and throughput per configuration: mean, std, coefficient of
-    variation, min, max."""
+    variation, min, max; the olympic mean of time to train (failed runs counted as the scoring does) and its
+    95% bootstrap interval (common/campaign/uncertainty.py)."""
     rows = []
     for key, group in runs.groupby(CONFIG):
         ttt = group.loc[group["converged"], "time_to_train"]
         rate = group["samples_per_second"]
+        failed = len(group) - len(ttt)
+        olympic = olympic_means(np.asarray([ttt.tolist()]), failed) if len(ttt) else None
+        interval = olympic_interval(ttt.tolist(), failed)
         rows.append({**dict(zip(CONFIG, key)), "runs": len(group), "converged": len(ttt),
+                     "time_to_train_olympic": float("nan") if olympic is None else float(olympic[0]),
+                     "olympic_ci95_low": _or_nan(interval.low), "olympic_ci95_high": _or_nan(interval.high),
                      "time_to_train_mean": ttt.mean(), "time_to_train_std": ttt.std(),
                      "time_to_train_cv": ttt.std() / ttt.mean() if len(ttt) > 1 else float("nan"),
                      "time_to_train_min": ttt.min(), "time_to_train_max": ttt.max(),
                      "samples_per_second_cv": rate.std() / rate.mean() if len(rate) > 1 else float("nan")})
     return pd.DataFrame(rows)
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value

@@ -53,7 +53,9 @@ def build(runs: pd.DataFrame, targets: list[tuple[str, int, int]]) -> Report:
         ("Compute budget", "Unit-hours: compute units x time to train.", analyses.budget(runs), {}),
         ("Staging ratio", "Staging seconds over the mean epoch seconds (the paper's Table 5): how many epochs' "
          "worth of time the staging costs.", analyses.staging_ratios(runs), {}),
-        ("Run-to-run variability", "Time to train of converged runs; cv = std / mean.", analyses.variability(runs),
+        ("Run-to-run variability", "Time to train of converged runs; cv = std / mean; the olympic mean as the scoring "
+         "takes it (failed runs dropped as the slowest) with its 95% interval, a stratified bootstrap over the "
+         "converged runs (rough with few runs: docs/campaigns.md).", analyses.variability(runs),
          {"variability.png": figures.variability(runs)}),
     ]
     return Report(sections=sections, predictions=[predict(runs, *t) for t in targets])
