@@ -6,6 +6,8 @@ M instances training at once (its throughput score), then the submission layout 
         [--launcher TEMPLATE] [--python PATH] [config overrides, e.g. data.dir=... train.local_batch_size=8]
     python -m common.campaign score campaigns/cosmo
     python -m common.campaign compare campaigns/cosmo-a campaigns/cosmo-b [--confidence 0.95]
+    python -m common.campaign rcp campaigns/cosmo-b8-* --out rcps_cosmoflow_mine.json [--label local]
+    python -m common.campaign rcp-check campaigns/cosmo-new --rcps rcps_cosmoflow_mine.json
 
 `run` starts `<benchmark>/train.py` once per run through the launcher (default: this environment's
 horovodrun on localhost), run i with `run.seed=<seed + i>` and its own output directory
@@ -360,6 +362,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     compare.add_argument("a", help="campaign A's directory (holding score.json)")
     compare.add_argument("b", help="campaign B's directory")
     compare.add_argument("--confidence", type=float, default=0.95, help="the intervals' level (default %(default)s)")
+    rcp = sub.add_parser("rcp", help="write an RCP file (mlperf-logging's format) from campaigns' runs")
+    rcp.add_argument("campaigns", nargs="+", help="campaign directories (runs/run_*/mlperf.log)")
+    rcp.add_argument("--out", required=True, help="the RCP JSON file to write")
+    rcp.add_argument("--label", default="local", help="each record is named <benchmark>_<label>_<batch>")
+    rcp_check = sub.add_parser("rcp-check", help="mlperf-logging's RCP checker on a scored campaign, against an "
+                                                 "RCP file")
+    rcp_check.add_argument("campaign")
+    rcp_check.add_argument("--rcps", required=True, help="an RCP file (from `rcp`, or mlperf-logging's)")
     # Overrides may also follow the options (argparse alone would refuse positionals after them).
     args, extra = parser.parse_known_args(argv)
     unknown = [e for e in extra if e.startswith("-") or "=" not in e or args.command != "run"]
@@ -380,6 +390,21 @@ def spec_from_args(args: argparse.Namespace) -> CampaignSpec:
                         launcher=args.launcher, stage_dir=args.stage_dir, python=args.python)
 
 
+def _analysis_command(args: argparse.Namespace) -> int:
+    """compare, rcp and rcp-check: commands on finished campaigns."""
+    if args.command == "compare":
+        from common.campaign.uncertainty import compare
+        print(compare(Path(args.a), Path(args.b), args.confidence))
+        return 0
+    from common.campaign import rcps
+    if args.command == "rcp":
+        print("\n".join(rcps.write_rcps([Path(c) for c in args.campaigns], Path(args.out), args.label)))
+        return 0
+    verdict = rcps.check_campaign(Path(args.campaign), Path(args.rcps))
+    print(f"RCP checker: {'passed' if verdict['passed'] else 'failed'}: {verdict['message']} ({verdict['log']})")
+    return 0 if verdict["passed"] else 1
+
+
 def _exit_on_sigterm(signum, frame) -> None:
     """A scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the running trainings are stopped."""
     raise SystemExit(128 + signum)
@@ -392,10 +417,8 @@ def main(argv=None) -> int:
 
     def run() -> int:
         from common.campaign.scoring import score_campaign
-        if args.command == "compare":
-            from common.campaign.uncertainty import compare
-            print(compare(Path(args.a), Path(args.b), args.confidence))
-            return 0
+        if args.command in ("compare", "rcp", "rcp-check"):
+            return _analysis_command(args)
         out = Path(args.out)
         if args.command == "run":
             spec = spec_from_args(args)

@@ -152,12 +152,14 @@ def package_check(submission: Path) -> dict:
     return {"passed": proc.returncode == 0 and "FOUND NO ERRORS" in output, "errors": errors, "log": str(log)}
 
 
-def rcp_check(folder: Path, log: Path) -> dict:
+def rcp_check(folder: Path, log: Path, rcps: Path | None = None) -> dict:
     """mlperf-logging's RCP checker on `folder` (result_*.txt): do the runs converge in as few epochs as the
-    reference convergence point of their global batch allows? Its verdict, message and log."""
+    reference convergence point of their global batch allows? Its verdict, message and log. `rcps`: an RCP
+    file of one's own (common/campaign/rcps.py) instead of the ones mlperf-logging ships."""
     log.unlink(missing_ok=True)
+    custom = ["--custom_rcps", str(rcps)] if rcps else []
     proc = subprocess.run([sys.executable, "-m", "mlperf_logging.rcp_checker", str(folder), "--rcp_usage", USAGE,
-                           "--rcp_version", RULESET, "--log_output", str(log)], capture_output=True, text=True)
+                           "--rcp_version", RULESET, "--log_output", str(log), *custom], capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     verdicts = [line.split(" - ", 1)[-1] for line in output.splitlines() if "RCP test" in line]
     message = verdicts[-1] if verdicts else (output.strip().splitlines() or ["no output"])[-1]
