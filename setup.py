@@ -39,6 +39,10 @@ setup(
         "tqdm==4.67.1",
         "psutil==6.1.1",
         "xxhash==3.6.0",
+        "optuna==5.0.0",  # hyperparameter search (common/hpo, docs/hpo.md)
+        "onnx==1.20.1",  # trained models in ONNX (common/export.py): onnx 1.21+ needs protobuf 6, TF 2.18 < 6
+        "tf2onnx==1.17.0",  # Keras 3's ONNX export on the TensorFlow backend (1.16 pins protobuf 3.20)
+        "onnxruntime==1.32.0",  # `export --check` runs the exported model
         "zstandard==0.25.0",
         "google-crc32c==1.9.0",  # TFRecord CRCs with the CPU's CRC32C instructions (common/io/crc.py)
     ],
