@@ -58,5 +58,7 @@ setup(
         "sciml-campaign=common.campaign.run:main",
         "sciml-report=common.campaign.analysis.__main__:main",
         "sciml-jobs=jobs.__main__:main",
+        "sciml-export=common.export:main",
+        "sciml-hpo=common.hpo.__main__:main",
     ]},
 )

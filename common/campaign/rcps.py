@@ -55,12 +55,13 @@ def read_run(log: Path) -> tuple[str, int, dict, float | None]:
 
 
 def run_logs(directory: Path) -> list[Path]:
-    """The MLPerf logs of the finished runs under a campaign directory."""
-    logs = sorted(p / "mlperf.log" for p in (directory / "runs").glob("run_*")
-                  if (p / "campaign_run.json").is_file() and (p / "mlperf.log").is_file())
+    """The MLPerf logs of the finished runs under a campaign (or search) directory: those with a campaign's
+    run record or a search's trial record."""
+    logs = sorted(p / "mlperf.log" for p in (directory / "runs").glob("run_*") if (p / "mlperf.log").is_file()
+                  and ((p / "campaign_run.json").is_file() or (p / "trial.json").is_file()))
     if not logs:
         raise BenchError(f"{directory}: no finished run with an MLPerf log under {directory / 'runs'} "
-                         f"(runs/run_*/campaign_run.json and mlperf.log)")
+                         f"(runs/run_*/ with mlperf.log and campaign_run.json or trial.json)")
     return logs
 
 

@@ -166,7 +166,7 @@ def _remove_staged(spec: CampaignSpec, out: Path, indices: list[int]) -> None:
         shutil.rmtree(stage_path(spec, out, index), ignore_errors=True)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def stop_processes(procs: list[subprocess.Popen]) -> None:
     """Terminate the runs still going, and every process they started: launchers such as horovodrun put
     their workers in process groups of their own, so the launcher's group alone does not reach them.
     What ignores SIGTERM for 20 s is killed."""
@@ -226,7 +226,7 @@ def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest, deadline: 
         try:
             code = _wait_all([proc], out, [index], stop)[0]
         except BaseException:
-            _stop([proc])
+            stop_processes([proc])
             _remove_staged(spec, out, [index])
             raise
         if stop.signum and was_stopped(out, index, code):
@@ -265,7 +265,7 @@ def _run_together(spec: CampaignSpec, out: Path, stop: StopRequest) -> list[RunR
     try:
         codes = _wait_all(procs, out, list(range(spec.count)), stop)
     except BaseException:
-        _stop(procs)
+        stop_processes(procs)
         _remove_staged(spec, out, list(range(spec.count)))
         raise
     if stop.signum and any(was_stopped(out, i, code) for i, code in enumerate(codes)):

@@ -1,0 +1,207 @@
+"""A search's state and its loop of trials (docs/hpo.md).
+
+The study lives in OUT: `hpo.json` (the space and the settings it was started with; a start with other
+ones is refused, except a larger --trials), Optuna's journal `journal.log` (an append-only file several
+processes and jobs share through file locks; `--storage` takes an Optuna storage URL instead, such as
+sqlite:///OUT/study.db or a database server), `runs/run_<n>/` per trial and `workers/` heartbeats.
+
+A worker (one `python -m common.hpo run` process) asks for a trial, trains it, tells the result, and goes
+on until the study holds --trials finished trials; workers on several nodes share a study by running the
+same command. Each worker touches `workers/<host>-<pid>` every HEARTBEAT_SECONDS; a trial left running by
+a worker whose heartbeat is older than --stale-minutes (a killed job) is marked failed and its settings
+queued again, so a search survives a killed job and goes on where it stood.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from common.base.errors import BenchError
+from common.base.files import write_json_atomic
+from common.hpo.space import Space
+from common.hpo.trial import Launch, TrialResult, encode, run_trial, suggest
+
+HEARTBEAT_SECONDS = 30
+SPEC_NAME = "hpo.json"
+STUDY_NAME = "hpo"
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySettings:
+    trials: int
+    launch: Launch
+    storage: str = ""  # an Optuna storage URL ("": the journal file in OUT)
+    stale_minutes: float = 10.0
+
+
+def storage_for(out: Path, settings: StudySettings):
+    if settings.storage:
+        return settings.storage
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+    return optuna.storages.JournalStorage(JournalFileBackend(str(out / "journal.log")))
+
+
+def open_study(space: Space, out: Path, settings: StudySettings):
+    """Create the study in `out`, or load it when its hpo.json matches (a larger --trials may extend it)."""
+    import optuna
+    out.mkdir(parents=True, exist_ok=True)
+    _check_spec(out, space, settings)
+    sampler = optuna.samplers.TPESampler(seed=space.sampler_seed, n_startup_trials=space.sampler_startup) \
+        if space.sampler == "tpe" else optuna.samplers.RandomSampler(seed=space.sampler_seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=space.startup_trials,
+                                         n_warmup_steps=round(space.warmup_epochs * 100)) \
+        if space.pruner == "median" else optuna.pruners.NopPruner()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=storage_for(out, settings), sampler=sampler, pruner=pruner,
+                                study_name=STUDY_NAME, direction="minimize", load_if_exists=True)
+    if not study.trials and not study.user_attrs.get("enqueued"):
+        study.set_user_attr("enqueued", True)
+        for values in space.enqueue:
+            study.enqueue_trial({p.name: encode(p, values[p.name]) for p in space.params})
+    return study
+
+
+def _check_spec(out: Path, space: Space, settings: StudySettings) -> None:
+    spec = {"space": space.as_json(), "ranks": settings.launch.ranks, "launcher": settings.launch.launcher,
+            "python": settings.launch.python, "storage": settings.storage}
+    path = out / SPEC_NAME
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        differ = sorted(k for k in set(spec) | set(saved) if k != "trials" and spec.get(k) != saved.get(k))
+        if differ:
+            raise BenchError(f"{out}: a study started with other settings ({', '.join(differ)} differ from {path}); "
+                             f"start it again with the same ones, or give another --out")
+    write_json_atomic({**spec, "trials": settings.trials}, path)
+
+
+class Heartbeat:
+    """This worker's heartbeat file, touched by a thread while the worker lives."""
+
+    def __init__(self, out: Path):
+        self.name = f"{socket.gethostname()}-{os.getpid()}"
+        self.path = out / "workers" / self.name
+        self._stop = threading.Event()
+
+    def __enter__(self) -> "Heartbeat":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch()
+        threading.Thread(target=self._beat, daemon=True).start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            self.path.touch()
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self.path.unlink(missing_ok=True)
+
+
+def requeue_stale(study, out: Path, stale_minutes: float, me: str) -> list[int]:
+    """Mark failed the running trials whose worker stopped beating, and queue their settings again."""
+    from optuna.trial import TrialState
+    requeued = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial.user_attrs.get("worker")
+        if worker == me or worker is None:
+            continue
+        beat = out / "workers" / worker
+        age = time.time() - beat.stat().st_mtime if beat.exists() else float("inf")
+        if age > stale_minutes * 60:
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            study.enqueue_trial(dict(trial.params) or trial.system_attrs.get("fixed_params", {}))
+            requeued.append(trial.number)
+            print(f"trial {trial.number}: its worker {worker} has been silent for "
+                  f"{'ever' if age == float('inf') else f'{age / 60:.1f} min'} (more than {stale_minutes:g} min); "
+                  f"marked failed and its settings queued again", flush=True)
+    return requeued
+
+
+def finished(study) -> int:
+    from optuna.trial import TrialState
+    done = (TrialState.COMPLETE, TrialState.PRUNED)
+    return sum(t.state in done for t in study.get_trials(deepcopy=False))
+
+
+def running(study) -> int:
+    from optuna.trial import TrialState
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def run_study(space: Space, out: Path, settings: StudySettings) -> None:
+    """Run trials until the study holds settings.trials finished ones (complete or pruned)."""
+    study = open_study(space, out, settings)
+    t0, ran = time.time(), 0
+    with Heartbeat(out) as heartbeat:
+        while True:
+            requeue_stale(study, out, settings.stale_minutes, heartbeat.name)
+            done = finished(study)
+            if done + running(study) >= settings.trials:
+                break
+            trial = study.ask()
+            trial.set_user_attr("worker", heartbeat.name)
+            result = _one_trial(study, trial, space, out, settings)
+            ran += 1
+            print(describe(result, study, done + 1, settings.trials, time.time() - t0, ran), flush=True)
+    print(f"study {out}: {finished(study)} of {settings.trials} trials finished"
+          + (f" ({running(study)} still running in other workers)" if running(study) else ""), flush=True)
+
+
+def _one_trial(study, trial, space: Space, out: Path, settings: StudySettings) -> TrialResult:
+    from optuna.trial import TrialState
+    values = suggest(trial, space)
+    print(f"trial {trial.number}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+    try:
+        result = run_trial(space, out, trial, values, settings.launch)
+    except BaseException:  # a killed worker, or bad input: this trial did not run its course
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        if not isinstance(trial, int):
+            study.enqueue_trial(dict(trial.params))
+        raise
+    state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(result.state, TrialState.FAIL)
+    for key in ("status", "epochs", "seconds", "global_batch_size"):
+        trial.set_user_attr(key, getattr(result, key))
+    study.tell(trial, result.value if state == TrialState.COMPLETE else None, state=state)
+    return result
+
+
+def describe(result: TrialResult, study, index: int, total: int, elapsed: float, ran: int) -> str:
+    if result.state == "pruned":
+        what = f"pruned at epoch {result.pruned_at_epoch:g}"
+    elif result.state == "complete" and result.status == "success":
+        what = f"target reached, epochs {result.epochs:g}, time to train {result.seconds:.1f} s, objective {result.value:g}"
+    elif result.state == "complete":
+        what = f"{result.status}: target missed, objective {result.value:g} (the penalty)"
+    else:
+        what = f"crashed (exit {result.exit_code}; see its train.log)"
+    try:
+        best = f"best so far: trial {study.best_trial.number}, objective {study.best_value:g}"
+    except ValueError:
+        best = "no complete trial yet"
+    left = max(total - index, 0)
+    return (f"trial {result.number} ({index}/{total}): {what}, {result.wall_seconds / 60:.1f} min; {best}; "
+            f"about {elapsed / ran * left / 60:.0f} min left in this worker")
+
+
+def saved_settings(out: Path) -> tuple[Space, StudySettings]:
+    """The space and settings a study was started with (its hpo.json)."""
+    from common.hpo.space import Param
+    path = out / SPEC_NAME
+    try:
+        spec = json.loads(path.read_text())
+        raw = spec["space"]
+        space = Space(**{**raw, "params": tuple(Param(**{**p, "choices": tuple(p["choices"])}) for p in raw["params"]),
+                         "overrides": tuple(raw["overrides"]), "enqueue": tuple(raw["enqueue"])})
+        launch = Launch(spec["ranks"], spec["launcher"], spec["python"])
+        return space, StudySettings(trials=spec["trials"], launch=launch, storage=spec["storage"])
+    except FileNotFoundError:
+        raise BenchError(f"{out}: no {SPEC_NAME}; not a study directory (python -m common.hpo run ... --out {out})") \
+            from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BenchError(f"{path}: not a study's settings ({type(err).__name__}: {err})") from None
