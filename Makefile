@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
 
-.PHONY: setup demo slurm-demo test test-fast bench bench-reference study scaling clean-demo help
+.PHONY: setup demo slurm-demo test test-fast bench bench-reference study hpo-study scaling clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
@@ -18,6 +18,8 @@ help:
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
 	@echo "make study   CosmoFlow mini campaigns at global batch 4, 8 and 16 (SEEDS=3 runs each, about"
 	@echo "             11 min per run here), then the analysis report in docs/study (docs/campaigns.md)"
+	@echo "make hpo-study  CosmoFlow mini hyperparameter searches at global batch 4, 8 and 16 (TRIALS=8 each),"
+	@echo "             then SEEDS=3 runs of each best setting and their report in docs/hpo_study (docs/hpo.md)"
 	@echo "make scaling CosmoFlow mini on 1 and 2 ranks (one epoch each, about 20 min here): weak and strong"
 	@echo "             scaling efficiency and where a step goes, report in docs/scaling (docs/metrics.md)"
 	@echo "make bench   CosmoFlow and DeepCAM training throughput, input-pipeline (loader) throughput and"
@@ -59,6 +61,9 @@ bench-reference: $(STAMP)
 
 study: $(STAMP)
 	PY=$(PY) scripts/study.sh
+
+hpo-study: $(STAMP)
+	PY=$(PY) scripts/hpo_study.sh
 
 scaling: $(STAMP)
 	PY=$(PY) scripts/scaling.sh
