@@ -39,9 +39,15 @@ class ElasticConfig:
 
     enabled: bool = False  # run under hvd.elastic.run; launch with horovodrun --host-discovery-script
     commit_every_steps: int = 10  # commit the in-memory state every this many steps (and at every epoch end)
+    # A worker whose process sends no heartbeat for this many seconds (stopped or frozen) is SIGKILLed by its
+    # watchdog, so that Horovod drops its host and the others go on (common/runtime/elastic.py); 0: no watchdog.
+    # At least 5 heartbeats (1 s apart). A live worker beats from a thread of its own, busy or not.
+    hang_timeout_s: float = 60.0
 
     def __post_init__(self):
         check(self.commit_every_steps >= 1, "dist.elastic.commit_every_steps", self.commit_every_steps, ">= 1")
+        check(self.hang_timeout_s == 0 or 5 <= self.hang_timeout_s < math.inf, "dist.elastic.hang_timeout_s",
+              self.hang_timeout_s, "0 (no watchdog) or seconds >= 5")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,16 +10,27 @@ for the new global batch, the input pipelines for the new rank and size (reseede
 traced steps whose allreduces are per tensor (the only failures hvd.elastic.run recognises). The interrupted
 epoch continues from the fraction of its steps done, in steps of the new layout (`convert_progress`).
 
+A worker that stops without exiting (SIGSTOP, a frozen process) would hang the run: the others' collective
+fails after the Gloo timeout, but Horovod's driver resets them only once every worker of the old layout has
+reported or exited. So each worker has a watchdog process (`Heartbeat`, `watch`) that SIGKILLs it when it has
+sent no heartbeat for `dist.elastic.hang_timeout_s`; the driver then blacklists its host as after a crash.
+
 This module imports `horovod.tensorflow.elastic` (for `ObjectState` and `run`) besides common/runtime/dist.py, the
 other module that imports Horovod. `python -m common.runtime.elastic hosts FILE` is a host discovery script
-(docs/faults.md).
+(docs/faults.md); `... watchdog` is the watchdog process.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
+import os
+import select
+import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -212,6 +223,7 @@ class ElasticStrategy(DataParallel):
         check_elastic(cfg, dist)
         super().__init__(dist)
         self.every = cfg.dist.elastic.commit_every_steps
+        self.hang_timeout_s = cfg.dist.elastic.hang_timeout_s
         self.seed = cfg.run.seed
         self.driver: Driver | None = None
 
@@ -228,7 +240,8 @@ class ElasticStrategy(DataParallel):
             return Attempt(now, data_now, lambda hooks: fit(ours, data_now, dataclasses.replace(ctx, hooks=hooks),
                                                             self.make_steps))
 
-        self.driver = Driver(self.dist, self.every, attempt, run.mlperf, functools.partial(print, flush=True))
+        self.driver = Driver(self.dist, self.every, attempt, run.mlperf, functools.partial(print, flush=True),
+                             hang_timeout_s=self.hang_timeout_s)
         return self.driver.run()
 
     def summary(self, trainee: Trainee) -> dict:
@@ -256,11 +269,14 @@ def _placement(dist: DistEnv) -> tuple:
 
 
 class Driver:
-    """Runs fit() under hvd.elastic.run; `attempt(dist, seed_offset)` builds one (re)start's pieces."""
+    """Runs fit() under hvd.elastic.run; `attempt(dist, seed_offset)` builds one (re)start's pieces; with
+    `hang_timeout_s` > 0 a watchdog process kills this worker when it stops sending heartbeats that long."""
 
     def __init__(self, dist: DistEnv, every: int, attempt: Callable[[DistEnv, int], Attempt], mlperf,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, hang_timeout_s: float = 0.0):
         self.dist, self.every, self.make_attempt, self.mlperf, self.log = dist, every, attempt, mlperf, log
+        self.hang_timeout_s = hang_timeout_s
+        self.heartbeat: Heartbeat | None = None
         self.detected: float | None = None
         self.last: Attempt | None = None
         self.resets: list[dict] = []  # this process's record (the state's may lose one in a rollback)
@@ -269,10 +285,20 @@ class Driver:
     def run(self):
         """The FitResult of the elastic run (every rank); `self.last` holds the last (re)start's pieces."""
         self.state = new_state()
-        return _horovod_elastic().run(self._train)(self.state)
+        if self.hang_timeout_s:
+            # The host name as the launcher knows it (its blacklist, the discovery script's lines).
+            host = os.environ.get("HOROVOD_HOSTNAME", os.uname().nodename)
+            self.heartbeat = Heartbeat(self.hang_timeout_s, host, self.dist.rank)
+        try:
+            return _horovod_elastic().run(self._train)(self.state)
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.close()
 
     def _train(self, state):
         dist = current_layout(self.dist)
+        if self.heartbeat is not None:
+            self.heartbeat.rank = dist.rank  # the rank its watchdog names
         self.mlperf.follow_root(dist.is_root)
         restart = self.last is not None or state.progress is not None
         # The input order is reseeded by the committed position, which every rank agrees on after the sync.
@@ -306,11 +332,83 @@ class Driver:
         (a rank 0 that took over from a dead one)."""
         resets = max(self.resets, list(self.state.resets if self.state else []), key=len)
         return {"resets": len(resets), "sizes": [self.dist.size] + [r["size"] for r in resets],
-                "seconds_lost": [r["seconds_lost"] for r in resets], "events": resets}
+                "seconds_lost": [r["seconds_lost"] for r in resets], "events": resets,
+                "hang_timeout_s": self.hang_timeout_s}
 
 
 def _global_step(state) -> int:
     return Progress(**state.progress).global_step(max(1, state.steps_per_epoch))
+
+
+# ---------------------------------------------------------------------------- the hang watchdog
+HEARTBEAT_S = 1.0  # a worker's heartbeat period (dist.elastic.hang_timeout_s is at least 5 of them)
+
+
+class Heartbeat:
+    """A watchdog process for this worker, and the thread that sends it a heartbeat (the worker's current rank)
+    every HEARTBEAT_S s. The thread beats whatever the main thread does (tracing, a step, a reset's wait), so
+    only a process that does not run at all (stopped, frozen) misses `timeout_s` of beats and is killed."""
+
+    def __init__(self, timeout_s: float, host: str, rank: int):
+        self.rank = rank
+        read, self._write = os.pipe()
+        # The repository's root on the path: the watchdog imports this module wherever the worker was started.
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "common.runtime.elastic", "watchdog", str(read), f"{timeout_s:g}",
+             str(os.getpid()), host], pass_fds=(read,), env=env)
+        os.close(read)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="elastic-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                os.write(self._write, f"{self.rank}\n".encode())
+            except OSError:  # the watchdog has gone, or close() closed the pipe
+                return
+            if self._done.wait(HEARTBEAT_S):
+                return
+
+    def close(self) -> None:
+        """Stop beating; the watchdog sees the pipe closed and exits."""
+        self._done.set()
+        self._thread.join()
+        os.close(self._write)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def watch(fd: int, timeout_s: float, pid: int, host: str) -> int:
+    """The watchdog process: read heartbeats from `fd`; SIGKILL the worker `pid` (on `host`) after `timeout_s`
+    without one, saying so on stderr (returns 1); return 0 when the worker closes the pipe or exits."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)  # the worker's stop signals, sent to a whole job: it watches on
+    last, rank, pending = time.monotonic(), "?", b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, last + timeout_s - time.monotonic()))
+        if os.getppid() != pid:  # the worker exited (a forked child of it may still hold the pipe open); this
+            return 0  # check also keeps the kill below from hitting another process that reuses the pid
+        if ready:
+            data = os.read(fd, 4096)
+            if not data:
+                return 0
+            *beats, pending = (pending + data).split(b"\n")
+            rank = beats[-1].decode() if beats else rank
+            last = time.monotonic()
+        elif time.monotonic() - last >= timeout_s:
+            silent = time.monotonic() - last
+            os.kill(pid, signal.SIGKILL)
+            at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+            print(f"elastic watchdog: the worker on host {host} (pid {pid}, rank {rank}) sent no heartbeat for "
+                  f"{silent:.1f} s (dist.elastic.hang_timeout_s={timeout_s:g}): it is stopped or hung; killed it "
+                  f"with SIGKILL at {at}, so that Horovod's elastic driver drops its host and the others go on",
+                  file=sys.stderr, flush=True)
+            return 1
 
 
 # ---------------------------------------------------------------------------- host discovery
@@ -338,7 +436,13 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     hosts = sub.add_parser("hosts", help="print the host:slots lines of FILE (a --host-discovery-script)")
     hosts.add_argument("file", type=Path)
+    dog = sub.add_parser("watchdog", help="(started by each elastic worker) kill worker PID when the pipe FD has "
+                                          "had no heartbeat for TIMEOUT s")
+    for name, kind in (("fd", int), ("timeout", float), ("pid", int), ("host", str)):
+        dog.add_argument(name, type=kind)
     args = parser.parse_args(argv)
+    if args.command == "watchdog":
+        return watch(args.fd, args.timeout, args.pid, args.host)
     return guarded(lambda: print("\n".join(read_hosts(args.file))) or 0)
 
 

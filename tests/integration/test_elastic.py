@@ -2,12 +2,15 @@
 SIGKILLed during training (a non-root worker, or rank 0 itself); the other two roll back to the last commit,
 go on at size 2 and reach the target (a validation MAE only a model that learned meets); summary.json and the MLPerf log record the reset (after rank 0's death
 the new rank 0 continues the same log), and the log passes the checker's structural rules. A killed worker
-re-admitted on its host after Horovod's blacklist cooldown (3, 2, 3). A host added to the discovery file
+re-admitted on its host after Horovod's blacklist cooldown (3, 2, 3). A SIGSTOPped worker: its watchdog kills it
+after dist.elastic.hang_timeout_s and the run finishes at size 2 as after a kill. A host added to the discovery file
 mid-run: its worker joins at the next commit and the run finishes at size 3. A stop signal to one worker
 stops all of them with exit 75 and a checkpoint, which a plain run resumes. DeepCAM: 2 workers, one killed,
 the run finishes alone (its unreachable target: tests/integration/test_deepcam_e2e.py says why)."""
+import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +18,7 @@ import time
 
 from pathlib import Path
 
+import psutil
 import pytest
 
 from common.runtime.checkpoint import check_checkpoint
@@ -124,6 +128,13 @@ def _signal_in_epoch_3(launcher, out, rank: int, sig, delay: float = 0.0) -> flo
         raise
 
 
+# Shorter than the default (60 s) to keep the test short; above the Gloo timeout (5 s), which the others wait out
+# before they reach the rendezvous where they wait for the stopped worker to go.
+HANG_TIMEOUT = 10
+WATCHDOG_KILL = re.compile(r"elastic watchdog: the worker on host (\S+) \(pid (\d+), rank (\d+)\) sent no heartbeat "
+                           r"for ([\d.]+) s \(dist.elastic.hang_timeout_s=(\S+)\): .* killed it with SIGKILL at (\S+),")
+
+
 # A non-root worker's death (rank 2): the re-admission test below, which also sees the run shrink to 2 first.
 @pytest.mark.parametrize("victim_rank", [0])
 def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, dataset, victim_rank):
@@ -145,6 +156,44 @@ def test_killing_a_worker_rolls_back_and_finishes_at_size_two(tmp_path, dataset,
     print(f"rank {victim_rank} killed; elastic reset: {resets[0]['time_ms'] / 1000 - killed:.2f} s from the kill, "
           f"{elastic['seconds_lost'][0]:.2f} s from the failure's detection, to the first step at size 2; "
           f"rolled back to epoch {resets[0]['value']['epoch']} step {resets[0]['value']['step']}")
+
+
+def test_a_stopped_worker_is_killed_after_the_hang_timeout_and_the_run_finishes_at_size_two(tmp_path, dataset):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+    elastic_cfg = {**ELASTIC_CFG["dist"]["elastic"], "hang_timeout_s": HANG_TIMEOUT}
+    launcher, out = _launch(tmp_path, dataset, 3, hosts, dist={"elastic": elastic_cfg})
+    victim = rank_process(launcher.pid, 2)
+    victim_host = victim.environ()["HOROVOD_HOSTNAME"]
+    try:
+        _signal_in_epoch_3(launcher, out, 2, signal.SIGSTOP, delay=0.15)
+        stopped = time.time()
+        summary = _finished(tmp_path, launcher, out)  # horovodrun killed after 180 s: the test cannot hang
+    finally:
+        try:
+            victim.kill()  # SIGKILL ends a stopped process too, when its watchdog has not
+        except psutil.NoSuchProcess:
+            pass
+    output = (tmp_path / "horovodrun.log").read_text()
+    kills = WATCHDOG_KILL.findall(output)
+    assert len(kills) == 1, output[-8000:]
+    host, pid, rank, silent, timeout, at = kills[0]
+    assert (host, int(pid), rank, float(timeout)) == (victim_host, victim.pid, "2", HANG_TIMEOUT), kills
+    # Killed a full timeout after its last heartbeat, which came before the stop (they are 1 s apart): within the
+    # stated timeout of the stop, give or take 3 s for a watchdog woken late on 2 loaded cores.
+    detected = datetime.datetime.fromisoformat(at).timestamp() - stopped
+    assert float(silent) >= HANG_TIMEOUT and 0 < detected <= HANG_TIMEOUT + 3, (detected, kills)
+    elastic = summary["elastic"]
+    assert elastic["resets"] == 1 and elastic["sizes"] == [3, 2] and summary["ranks"] == 2, elastic
+    assert elastic["hang_timeout_s"] == HANG_TIMEOUT
+    events = _events(out / "mlperf.log")
+    resets = [e for e in events if e["key"] == "elastic_reset"]
+    assert len(resets) == 1 and resets[0]["value"]["size"] == 2 and resets[0]["value"]["epoch"] >= 3
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+    assert check_log(out / "mlperf.log").structural_problems == ()
+    print(f"rank 2 stopped; killed by its watchdog {detected:.2f} s later (no heartbeat for {silent} s, "
+          f"hang_timeout_s={HANG_TIMEOUT}); first step at size 2 {resets[0]['time_ms'] / 1000 - stopped:.2f} s "
+          f"after the stop")
 
 
 def test_a_killed_worker_comes_back_on_its_host_after_the_blacklist_cooldown(tmp_path, dataset):

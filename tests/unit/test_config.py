@@ -52,12 +52,19 @@ def test_int_accepted_for_float(cfg_file):
     ("train.local_batch_size=0", ["train.local_batch_size", ">= 1"]),
     ("schedule.decay_epochs=[3,2]", ["decay"]),
     ("noequals", ["section.key=value"]),
+    ("dist.elastic.hang_timeout_s=2", ["dist.elastic.hang_timeout_s", "0 (no watchdog) or seconds >= 5"]),
+    ("dist.elastic.hang_timeout_s=-1", ["dist.elastic.hang_timeout_s", "-1"]),
 ])
 def test_bad_keys_and_values_name_the_key(cfg_file, override, words):
     with pytest.raises(BenchError) as err:
         load_config(cfg_file, [override], CosmoConfig)
     for word in words:
         assert word in str(err.value)
+
+
+def test_elastic_hang_timeout_default_and_off(cfg_file):
+    assert load_config(cfg_file, [], CosmoConfig).dist.elastic.hang_timeout_s == 60.0
+    assert load_config(cfg_file, ["dist.elastic.hang_timeout_s=0"], CosmoConfig).dist.elastic.hang_timeout_s == 0
 
 
 def test_missing_file(tmp_path):
