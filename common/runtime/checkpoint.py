@@ -8,7 +8,9 @@ A checkpoint is a directory `CKPT_DIR/ckpt-<global step>/` holding
   shuffle buffers included) when the loader is tf.data; DALI's iterator cannot be saved,
 - `meta.json`, written last by rank 0: where the run stands (`Progress`: epoch, steps done in it, the
   history, the partial epoch's sums, time spent by earlier attempts), the variables' names and shapes,
-  and the size and xxh3-128 of every file.
+  the size and xxh3-128 of every file, and what the training input's position depends on (`InputPosition`:
+  loader, input seed, the global step its stream began at, the rank layout). A DALI stream is a function of
+  these alone, so a resumed run with the same ones rebuilds it and skips the batches consumed (`plan_input`).
 Every rank writes into `.tmp-ckpt-<step>/`; rank 0 adds meta.json (fsynced) and renames the directory,
 so a checkpoint directory without the `.tmp-` prefix is complete. Rank 0 keeps the newest
 `checkpoint.keep` and removes the rest and any stale temporary directory.
@@ -59,6 +61,38 @@ class Progress:
 
 
 @dataclasses.dataclass(frozen=True)
+class InputPosition:
+    """What a rank's training stream depends on, saved in meta.json as "input": rebuilt with the same loader,
+    seed and layout it gives the same batches, and the run has taken `global_step - start_step` of them."""
+
+    loader: str  # the input pipeline: "tfdata" or "dali" ("" for a rank layout whose position cannot be replayed)
+    seed: int  # the input seed the datasets were built with (the run's, or a reseeded one)
+    start_step: int  # the global step at which this stream began (0, or where a reseeded attempt began)
+    layout: dict  # LAYOUT_KEYS: the rank layout and the settings the stream's order depends on
+
+    def to_meta(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def layout_change(self, layout: dict) -> str:
+        """How `layout` differs from the saved one ("" when it does not), for the log."""
+        changed = [f"{key} {self.layout.get(key)!r} -> {layout.get(key)!r}" for key in LAYOUT_KEYS
+                   if self.layout.get(key) != layout.get(key)]
+        return ", ".join(changed)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputPlan:
+    """Where a run's training input starts: the seed its datasets are built with, the global step its stream
+    begins at, and how a resumed run reaches the checkpoint's position."""
+
+    seed: int
+    start_step: int = 0
+    restore: str = ""  # "iterator": tf.data's saved state; "replay": skip `skip` batches; "": starts afresh
+    skip: int = 0  # batches of the rebuilt stream already consumed (restore "replay")
+    why_afresh: str = ""  # a resumed run's reason for starting afresh
+
+
+@dataclasses.dataclass(frozen=True)
 class Resume:
     """A checkpoint chosen for resuming, with its meta.json."""
 
@@ -76,6 +110,47 @@ class Resume:
     @property
     def ranks(self) -> int:
         return int(self.meta["ranks"])
+
+    @property
+    def input_position(self) -> InputPosition | None:
+        """What the saved input position depends on; None for a checkpoint written before meta.json held it."""
+        saved = self.meta.get("input")
+        return InputPosition(**saved) if saved is not None else None
+
+
+def plan_input(resume: Resume | None, seeds: tuple[int, int], loader: str, layout: dict) -> InputPlan:
+    """How this run's training input starts, given the checkpoint it resumes (None: none), `seeds` (the run's, and
+    the one new to this attempt), the loader it reads with and its layout (LAYOUT_KEYS). A tf.data iterator saved
+    by as many ranks is restored; a DALI stream of the same seed and layout is rebuilt and its consumed batches
+    skipped; otherwise the input starts afresh with the new seed, so that it does not replay the first epochs."""
+    run_seed, fresh_seed = seeds
+    if resume is None:
+        return InputPlan(run_seed)
+    saved, step = resume.input_position, resume.meta["global_step"]
+    if resume.input_state and resume.ranks == layout["ranks"] and loader == "tfdata":
+        return InputPlan(saved.seed if saved else run_seed, saved.start_step if saved else 0, restore="iterator")
+    why = _why_not_replayed(resume, saved, loader, layout)
+    if not why:
+        return InputPlan(saved.seed, saved.start_step, restore="replay", skip=step - saved.start_step)
+    return InputPlan(fresh_seed, start_step=step, why_afresh=why)
+
+
+def _why_not_replayed(resume: Resume, saved: InputPosition | None, loader: str, layout: dict) -> str:
+    """Why the checkpoint's input position cannot be reached by replaying a rebuilt DALI stream ("": it can)."""
+    if resume.input_state:
+        return (f"the checkpoint holds the tf.data iterators of {resume.ranks} ranks; this run has "
+                f"{layout['ranks']} and reads with {loader}")
+    if saved is None:
+        return ("the checkpoint records no input position (DALI, or checkpoint.input_state=false, before "
+                "meta.json held one)")
+    if saved.loader == "tfdata":
+        return "the tf.data iterator state was not saved (checkpoint.input_state=false)"
+    if saved.loader == "":
+        return f"the {saved.layout.get('strategy')} strategy keeps no input position"
+    if loader != "dali":
+        return f"the checkpoint's input was read with DALI, this run reads with {loader}"
+    change = saved.layout_change(layout)
+    return f"the input layout changed since the checkpoint ({change})" if change else ""
 
 
 def checkpoint_dir(cfg: CheckpointConfig, output_dir: str | os.PathLike) -> Path:
@@ -144,6 +219,12 @@ def find_resume(cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark
 # ---------------------------------------------------------------------------- reading meta.json
 PROGRESS_KEYS = tuple(f.name for f in dataclasses.fields(Progress))
 PARTIAL_KEYS = ("loss_sum", "seconds")
+INPUT_KEYS = tuple(f.name for f in dataclasses.fields(InputPosition))
+# What a DALI stream's order depends on beside its loader and seed. ranks_per_node: the ranks of a node that
+# share its files under data.stage_mode=node_share (0 otherwise, where a rank's files follow from ranks alone).
+LAYOUT_KEYS = ("run_seed", "ranks", "ranks_per_node", "node_share", "local_batch_size", "shuffle", "shuffle_buffer",
+               "strategy")
+INPUT_LOADERS = ("tfdata", "dali", "")
 _COUNT_LIMIT = 2 ** 63  # counts (steps, epochs, sizes) are int64 wherever they go
 _FILE_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.-]{1,255}")  # as the writers name them: model.npz, rank_00000.npz
 _XXH3 = re.compile(r"[0-9a-f]{32}")
@@ -179,8 +260,31 @@ def _check_meta(meta: dict, where: Path, name: str) -> None:
     _check_progress(_value(meta, "progress", dict, where), where)
     for key in ("model_variables", "rank_variables"):
         _check_variables(_value(meta, key, list, where), key, where)
-    _check_files(_value(meta, "files", dict, where), _count(meta, "ranks", where, minimum=1),
-                 _value(meta, "input_state", bool, where), where)
+    ranks = _count(meta, "ranks", where, minimum=1)
+    _check_files(_value(meta, "files", dict, where), ranks, _value(meta, "input_state", bool, where), where)
+    if "input" in meta:  # checkpoints written before meta.json held it resume with a fresh input order
+        _check_input(_value(meta, "input", dict, where), step, ranks, where)
+
+
+def _check_input(position: dict, step: int, ranks: int, where: Path) -> None:
+    """What `InputPosition(**position)` needs, and a stream that began no later than the checkpoint's step."""
+    _only(position, INPUT_KEYS, "input", where)
+    loader = _value(position, "loader", str, where, "input")
+    if loader not in INPUT_LOADERS:
+        raise BenchError(f"{where}: 'input.loader' is {_show(loader)}, expected one of {list(INPUT_LOADERS)}")
+    _integer(position, "seed", where, "input")
+    start = _count(position, "start_step", where, "input")
+    if start > step:
+        raise BenchError(f"{where}: 'input.start_step' is {start}, after the checkpoint's 'global_step' {step}")
+    layout = _value(position, "layout", dict, where, "input")
+    _only(layout, LAYOUT_KEYS, "input.layout", where)
+    _integer(layout, "run_seed", where, "input.layout")
+    for key, minimum in (("ranks", 1), ("ranks_per_node", 0), ("local_batch_size", 1), ("shuffle_buffer", 1)):
+        _count(layout, key, where, "input.layout", minimum=minimum)
+    for key, kind in (("node_share", bool), ("shuffle", bool), ("strategy", str)):
+        _value(layout, key, kind, where, "input.layout")
+    if layout["ranks"] != ranks:
+        raise BenchError(f"{where}: 'input.layout.ranks' is {layout['ranks']}, but 'ranks' is {ranks}")
 
 
 def _check_progress(progress: dict, where: Path) -> None:
@@ -262,6 +366,14 @@ def _count(obj: dict, key: str, where: Path, label: str = "", minimum: int = 0) 
     raise BenchError(f"{where}: {name!r} is {_show(value)}, expected an integer in [{minimum}, 2^63)")
 
 
+def _integer(obj: dict, key: str, where: Path, label: str) -> int:
+    """obj[key], which must be an integer in [-2^63, 2^63) (a seed)."""
+    value = _value(obj, key, None, where, label)
+    if isinstance(value, int) and not isinstance(value, bool) and -_COUNT_LIMIT <= value < _COUNT_LIMIT:
+        return value
+    raise BenchError(f"{where}: {label + '.' + key!r} is {_show(value)}, expected an integer in [-2^63, 2^63)")
+
+
 def _number(obj: dict, key: str, where: Path, label: str, minimum: float | None) -> float:
     """obj[key], which must be a finite number (>= `minimum` unless None)."""
     value = _value(obj, key, None, where, label)
@@ -339,8 +451,10 @@ class Checkpointer:
     """Writes a run's checkpoints on the schedule of its config; all ranks call `save` together."""
 
     def __init__(self, cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark: str,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], input_position: InputPosition | None = None):
+        """`input_position`: what the training input's position depends on, saved as meta.json's "input"."""
         self.cfg, self.dist, self.benchmark, self.log = cfg, dist, benchmark, log
+        self.input_position = input_position
         self.directory = checkpoint_dir(cfg, output_dir)
         self.last_time = time.monotonic()
 
@@ -368,6 +482,8 @@ class Checkpointer:
                     "model_variables": variable_names(list(model.variables) + list(optimizer.variables)),
                     "rank_variables": variable_names(list(model.non_trainable_variables)),
                     "files": {name: entry for part in every for name, entry in part.items()}}
+            if self.input_position is not None:
+                meta["input"] = self.input_position.to_meta()
             _write_synced(tmp / META, json.dumps(meta, indent=1, default=float) + "\n")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
@@ -434,18 +550,27 @@ def restore_shared(resume: Resume, model, optimizer, dist: DistEnv) -> None:
                      resume.meta["model_variables"], "model and optimizer")
 
 
-def restore_rank(resume: Resume, model, train_iter, dist: DistEnv, log: Callable[[str], None]) -> bool:
-    """This rank's own variables and input position; True when the input position was restored.
+def restore_rank(resume: Resume, model, train_iter, dist: DistEnv, log: Callable[[str], None],
+                 plan: InputPlan | None = None) -> bool:
+    """This rank's own variables and input position; True when the input continues where the checkpoint stopped.
 
-    With another rank count than the checkpoint's, every rank takes rank 0's non-trainable variables and
-    the input stream starts afresh (the data order differs from an uninterrupted run)."""
+    `plan` (plan_input) says how: tf.data's saved iterator state is read into `train_iter`; a DALI stream was
+    rebuilt with the checkpoint's seed, and `train_iter` skips the batches consumed; else the input starts afresh
+    (without a plan, it does unless the iterator state can be read). With another rank count than the
+    checkpoint's, every rank takes rank 0's non-trainable variables."""
     same_ranks = resume.ranks == dist.size
     source = dist.rank if same_ranks else 0
     _load_arrays(resume.path / f"rank_{source:05d}.npz", list(model.non_trainable_variables),
                  resume.meta["rank_variables"], "per-rank")
-    if not (resume.input_state and same_ranks and train_iter is not None):
-        why = ("the loader's iterator state was not saved (DALI, or checkpoint.input_state=false)"
-               if not resume.input_state else f"the checkpoint has {resume.ranks} ranks, this run {dist.size}")
+    if plan is not None and plan.restore == "replay":
+        log(f"resume: the DALI training input was replayed: {plan.skip} batches skipped per rank, from a stream "
+            f"rebuilt with the checkpoint's seed {plan.seed}; the data order is the uninterrupted run's")
+        return True
+    readable = resume.input_state and same_ranks and train_iter is not None
+    if not (readable and (plan is None or plan.restore == "iterator")):
+        why = plan.why_afresh if plan is not None and plan.why_afresh else (
+            "the loader's iterator state was not saved (DALI, or checkpoint.input_state=false)"
+            if not resume.input_state else f"the checkpoint has {resume.ranks} ranks, this run {dist.size}")
         log(f"resume: the training input starts afresh: {why}; the data order differs from an uninterrupted run")
         return False
     import tensorflow as tf

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from common.io.datasets import Datasets
-from common.runtime.checkpoint import Checkpointer, Progress, Resume, restore_rank, restore_shared
+from common.runtime.checkpoint import Checkpointer, InputPlan, Progress, Resume, restore_rank, restore_shared
 from common.runtime.dist import DistEnv
 from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
 from common.runtime.phases import PhaseClock, device_sync_for
@@ -127,6 +127,7 @@ class Control:
     resume: Resume | None = None  # the checkpoint this run continues from
     stop: StopRequests | None = None  # the stop signals, checked (collectively) after every step
     input_state: bool = False  # the training iterator can be saved (tf.data) and is, in every checkpoint
+    input_plan: InputPlan | None = None  # how a resumed run's input reaches the checkpoint's position
     run_start: float = dataclasses.field(default_factory=time.time)  # time.time() at this attempt's run_start
 
     def progress(self) -> Progress:
@@ -194,14 +195,22 @@ def fit(trainee: Trainee, data: Datasets, ctx: LoopContext, make_steps: StepsFac
     if ctx.hooks:
         ctx.hooks.restore(model, optimizer)
     dist.broadcast_variables(shared_variables(model) + optimizer.variables)
-    train_iter = iter(data.train)
+    train_iter = iter(replayed(data.train, control.input_plan))
     if control.resume:
-        restore_rank(control.resume, model, train_iter, dist, ctx.log)
+        restore_rank(control.resume, model, train_iter, dist, ctx.log, control.input_plan)
     steps = (make_steps or data_parallel_steps)(trainee, dist, control.stop.flag() if control.stop else None)
     try:
         return _Training(trainee, data, ctx, steps, train_iter).run()
     finally:
         steps.close()
+
+
+def replayed(train: Any, plan: InputPlan | None) -> Any:
+    """The training dataset from the checkpoint's position when `plan` replays it: a DALI stream rebuilt with the
+    checkpoint's seed gives the same batches, and the consumed ones are read and dropped inside tf.data."""
+    if plan is None or plan.restore != "replay" or not plan.skip:
+        return train
+    return train.skip(plan.skip)
 
 
 def shared_variables(model) -> list:

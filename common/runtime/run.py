@@ -37,7 +37,7 @@ from common.io.datasets import Datasets
 from common.io.iostats import IOCounters, io_report, write_io_report
 from common.io.manifest import Manifest
 from common.io.staging import StageResult, check_unstaged_source, stage_for_run
-from common.runtime.checkpoint import Checkpointer, Resume, find_resume
+from common.runtime.checkpoint import Checkpointer, InputPlan, InputPosition, Resume, find_resume, plan_input
 from common.runtime.config import save_config
 from common.runtime.dist import DistEnv, describe
 from common.runtime.elastic import ElasticStrategy
@@ -109,6 +109,8 @@ class Run:
         self.trainee: Trainee | None = None
         self.data: Datasets | None = None
         self.monitor = RunMonitor(cfg, dist)
+        self.strategy: DataParallel | None = None  # known from init_stop
+        self.input_plan: InputPlan | None = None  # how the training input starts (input_seed)
 
     @classmethod
     def open(cls, benchmark: str, cfg: Any, dist: DistEnv, stop: StopRequests) -> "Run":
@@ -160,6 +162,7 @@ class Run:
 
     def init_stop(self, strategy: DataParallel, hyperparameters: dict) -> None:
         """The scale keys, the hyperparameters and the strategy's keys, then init_stop."""
+        self.strategy = strategy
         scale = scale_keys(nodes=self.dist.num_nodes, accelerators_per_node=self.dist.local_size if self.dist.gpu
                            else 0, global_batch_size=self.cfg.train.local_batch_size * strategy.replicas)
         self.mlperf.events(scale | hyperparameters | strategy.mlperf_keys())
@@ -182,13 +185,11 @@ class Run:
             self.log(f"resuming from {self.resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
 
     def input_seed(self) -> int:
-        """The seed of the input order: the run's, or a new one per attempt when a resumed run cannot restore
-        the input position (no iterator state saved, or another rank count), so that it does not replay the
-        first epochs' order."""
-        resume = self.resume
-        if resume is None or (resume.input_state and resume.ranks == self.dist.size):
-            return self.cfg.run.seed
-        return reseeded(self.cfg.run.seed, resume.progress.attempt)
+        """The seed to build the input with (after init_stop): the run's; a resumed run's checkpoint's, when its
+        position is restored (tf.data's iterator state) or replayed (a DALI stream of the same seed and layout);
+        else a new one per attempt, so that it does not replay the first epochs' order (`plan_input`)."""
+        self.input_plan = self._plan_input(self._expected_loader())
+        return self.input_plan.seed
 
     def input_ready(self, data: Datasets) -> None:
         self.mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
@@ -197,6 +198,7 @@ class Run:
             read_error: Callable[[Exception], Exception]) -> FitResult:
         """Train with the strategy, then run_stop; a failure to read the data becomes `read_error(err)`."""
         import tensorflow as tf
+        data = self._input_as_planned(strategy, data, rebuild)
         self.follow(self.dist, trainee, data)
         try:
             result = strategy.fit(trainee, data, self, rebuild)
@@ -251,12 +253,43 @@ class Run:
         options = FitOptions(max_epochs=cfg.train.max_epochs, target=cfg.train.target,
                              eval_every=cfg.train.eval_every, eval_every_steps=cfg.train.eval_every_steps)
         ckpt = cfg.checkpoint
-        checkpointer = (Checkpointer(ckpt, cfg.run.output_dir, self.dist, self.benchmark, self.log)
+        plan = self.input_plan or InputPlan(cfg.run.seed)
+        # A position is kept (saved, or replayable) only when every rank reads its own stream.
+        position = InputPosition(data.loader if strategy.saves_input_position else "", plan.seed, plan.start_step,
+                                 input_layout(cfg, self.dist, strategy))
+        checkpointer = (Checkpointer(ckpt, cfg.run.output_dir, self.dist, self.benchmark, self.log, position)
                         if ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal else None)
-        # The input position is saved only when every rank reads its own tf.data stream.
         control = Control(checkpointer=checkpointer, resume=self.resume, stop=self.stop, run_start=self.run_start,
-                          input_state=ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position)
+                          input_state=ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position,
+                          input_plan=plan)
         return LoopContext(self.dist, self.mlperf, options, control, self.log, monitor=self.monitor)
+
+    def _expected_loader(self) -> str:
+        """The loader this run will read with, as far as known before the datasets are built: data.loader, or
+        for `auto` the checkpoint's (the same config and installation choose the same one)."""
+        requested, saved = self.cfg.data.loader, self.resume.input_position if self.resume else None
+        if requested != "auto" or self.resume is None:
+            return requested
+        return saved.loader if saved else ("tfdata" if self.resume.input_state else "")
+
+    def _plan_input(self, loader: str) -> InputPlan:
+        attempt = self.resume.progress.attempt if self.resume else 0
+        return plan_input(self.resume, (self.cfg.run.seed, reseeded(self.cfg.run.seed, attempt)), loader,
+                          input_layout(self.cfg, self.dist, self.strategy or DataParallel(self.dist)))
+
+    def _input_as_planned(self, strategy: DataParallel, data: Datasets, rebuild: Rebuild) -> Datasets:
+        """`data`, or when it was built for a position its loader cannot reach (data.loader=auto chose another
+        loader than the checkpoint's), the input planned afresh for that loader and built again."""
+        if self.input_plan is None or self.input_plan.restore == "" or not data.loader:
+            return data
+        plan = self._plan_input(data.loader)
+        if plan.seed == self.input_plan.seed:
+            self.input_plan = plan
+            return data
+        self.log(f"resume: data.loader=auto chose {data.loader}, not the checkpoint's loader; building the input "
+                 f"again with seed {plan.seed}")
+        self.input_plan = plan
+        return rebuild.input(strategy, plan.seed)
 
     def _stop_if_asked(self, before: str) -> None:
         """Before the event `before`: end the run (StoppedBeforeStart) when a stop signal arrived in start-up on
@@ -297,6 +330,15 @@ class Run:
         if stopped:
             fields |= {"stopped": True, "checkpoint": checkpoint}
         return fields
+
+
+def input_layout(cfg: Any, dist: DistEnv, strategy: DataParallel) -> dict:
+    """What the order of a rank's training stream depends on beside its loader and seed (checkpoint.LAYOUT_KEYS)."""
+    data = cfg.data
+    node_share = bool(data.stage_dir) and data.stage_mode == "node_share"
+    return {"run_seed": cfg.run.seed, "ranks": dist.size, "ranks_per_node": dist.local_size if node_share else 0,
+            "node_share": node_share, "local_batch_size": cfg.train.local_batch_size, "shuffle": data.shuffle,
+            "shuffle_buffer": data.shuffle_buffer, "strategy": strategy.name}
 
 
 def staged_data_config(data_cfg, staging: StageResult | None):

@@ -1,7 +1,7 @@
 """Fuzzing the reading of a checkpoint's meta.json on resume (common/runtime/checkpoint.py): `check_checkpoint`
 (read_meta and the file checks), `find_resume` (which skips a checkpoint that does not check out, with a warning),
 and what a run then reads of the chosen `Resume`: its progress, rank count and input state, and the variables
-`restore_shared` and `restore_rank` assign.
+`restore_shared` and `restore_rank` assign, and the input plan (`plan_input`) of its input position.
 
 Inputs: the meta.json of a real checkpoint (written by `Checkpointer.save` for a stand-in model of four
 variables, one rank, mid-epoch with a history and partial sums) with corrupted bytes (truncated, bytes that are
@@ -26,21 +26,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.runtime.checkpoint import (META, Progress, Resume, check_checkpoint, find_resume, restore_rank,
-                                       restore_shared)
+from common.runtime.checkpoint import (META, InputPosition, Progress, Resume, check_checkpoint, find_resume,
+                                       plan_input, restore_rank, restore_shared)
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from tests.fuzz.harness import corruptions, fuzz, outcome_of, time_limit, timed
 from tests.fuzz.test_manifest_fuzz import deep_json, drawn_location, json_paths, json_values
-from tests.unit.test_checkpoint_meta import model_and_optimizer, write_checkpoint
+from tests.unit.test_checkpoint_meta import LAYOUT, model_and_optimizer, write_checkpoint
 
 LIMIT_S = 10.0  # per input; checking this checkpoint takes milliseconds
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    """A checkpoint directory `ckpt/ckpt-000000010` as a one-rank run writes it (no input state)."""
-    return write_checkpoint(tmp_path_factory.mktemp("run"))
+    """A checkpoint directory `ckpt/ckpt-000000010` as a one-rank DALI run writes it (no input state)."""
+    position = InputPosition(loader="dali", seed=5, start_step=4, layout=LAYOUT)
+    return write_checkpoint(tmp_path_factory.mktemp("run"), position=position)
 
 
 def copy_of(source: Path, tmp_path_factory) -> Path:
@@ -137,7 +138,9 @@ def restore(resume: Resume) -> list[np.ndarray]:
     """The variables of a fresh stand-in model after restoring `resume` into it."""
     model, optimizer = model_and_optimizer(fill=0.0)
     restore_shared(resume, model, optimizer, DistEnv())
-    restore_rank(resume, model, None, DistEnv(), lambda _m: None)
+    plan = plan_input(resume, (5, 6), "dali", LAYOUT)
+    assert plan.restore == "replay" and plan.skip >= 0 or plan.restore == "" and plan.why_afresh, plan
+    restore_rank(resume, model, None, DistEnv(), lambda _m: None, plan)
     return [v.value for v in model.variables + optimizer.variables]
 
 

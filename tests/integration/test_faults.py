@@ -91,6 +91,24 @@ def test_stopping_after_some_epochs_and_resuming_gives_the_straight_run(dataset,
     assert check_log(out / "mlperf.log").structural_problems == ()
 
 
+def test_a_resumed_dali_run_replays_its_input_and_gives_the_straight_run(dataset, tmp_path):
+    """data.loader=dali (on the CPU): the resumed run rebuilds each rank's DALI stream with the checkpoint's seed
+    and skips the batches consumed, so epochs 3 and 4 read what the uninterrupted run's did."""
+    sections = {**FAULT_CFG, "data": {**FAULT_CFG["data"], "loader": "dali"},
+                "train": {**FAULT_CFG["train"], "max_epochs": 4}}
+    outs = {}
+    for name, first in (("straight", []), ("resumed", ["train.max_epochs=2"])):
+        outs[name] = tmp_path / name
+        cfg = write_config(tmp_path / f"{name}.yaml", dataset, outs[name], **sections)
+        proc = horovodrun(2, [TRAIN, cfg, *first])
+        assert proc.returncode == 1, show(proc)  # the target is out of reach
+    resumed = horovodrun(2, [TRAIN, tmp_path / "resumed.yaml", "checkpoint.resume=true"])
+    assert "the DALI training input was replayed: 16 batches skipped per rank" in resumed.stdout, show(resumed)
+    _assert_same_run(outs["straight"], outs["resumed"])
+    meta = json.loads((_final_checkpoint(outs["resumed"]) / "meta.json").read_text())
+    assert meta["input"]["loader"] == "dali" and meta["input"]["layout"]["ranks"] == 2, meta["input"]
+
+
 def _rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
     return rank_process(launcher.pid, rank)
 

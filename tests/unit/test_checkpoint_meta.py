@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from common.base.errors import BenchError
-from common.runtime.checkpoint import META, Checkpointer, Progress, check_checkpoint, newest_valid
+from common.runtime.checkpoint import META, Checkpointer, InputPosition, Progress, check_checkpoint, newest_valid
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 
@@ -20,6 +20,8 @@ SAVED = Progress(epoch=3, step=2, attempt=2, earlier_seconds=12.5, partial={"los
                  history=[{"epoch": e, "loss": 0.5 / e, "lr": 0.01, "steps": STEPS, "train_seconds": 2.0,
                            "samples_per_second": 40.0, "val_loss": 0.4 / e, "mae": 0.3 / e, "step": STEPS * e}
                           for e in (1, 2)])
+LAYOUT = {"run_seed": 5, "ranks": 1, "ranks_per_node": 0, "node_share": False, "local_batch_size": 4, "shuffle": True,
+          "shuffle_buffer": 8, "strategy": "data_parallel"}  # a one-rank run's, as meta.json's input.layout
 
 
 class Variable:
@@ -55,11 +57,12 @@ def model_and_optimizer(fill: float | None = None) -> tuple[Model, Model]:
     return Model([kernel, bias, mean], [mean]), Model([momentum], [])
 
 
-def write_checkpoint(out, progress: Progress = SAVED):
-    """A checkpoint as a one-rank run writes it (no input state), under out/ckpt; its path."""
+def write_checkpoint(out, progress: Progress = SAVED, position: InputPosition | None = None):
+    """A checkpoint as a one-rank run writes it (no input state; meta.json's "input" from `position`, none when
+    None), under out/ckpt; its path."""
     model, optimizer = model_and_optimizer()
     checkpointer = Checkpointer(CheckpointConfig(dir=str(out / "ckpt")), str(out), DistEnv(), "cosmoflow",
-                                lambda _m: None)
+                                lambda _m: None, position)
     return checkpointer.save(progress, progress.global_step(STEPS), model, optimizer, None, False)
 
 
