@@ -6,11 +6,15 @@ checkout, the config, the dataset, the output directory), the environment (modul
 threads, Horovod tuning), where the launcher needs them the files that place the ranks (host files,
 per-instance launch scripts), and either one training through the site's launcher or a campaign
 (`python -m common.campaign run ... --launcher "<launcher>"`) when runs or instances are asked for.
+With a stage directory, an EXIT trap removes what the job's runs staged on every node, one task per node
+through the scheduler's launcher; a job whose share of the dataset per node exceeds the site's
+stage_capacity_gb is refused before anything is written (`check_stage_capacity`).
 With `chain`, the campaign is one the scheduler drives through a chain of jobs (jobs/chain.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import shlex
 from pathlib import Path
@@ -28,6 +32,14 @@ PREFIXES = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "pjsub": "#PJM", 
 # The placement file a campaign's launcher names per instance (the campaign fills in {run}).
 INSTANCE_FILE = "instance_{run:03d}"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+# GB (10^9 bytes) the official datasets take once staged, by benchmark (docs/staging.md, "Staging at full
+# scale"). CosmoFlow: the release's 589,824 GZIP files of about 2.9 MB (its 1.7 TB tar, docs/datasets.md);
+# with data.stage_decompress each is written as its 16 MiB record (the (128, 128, 128, 4) int16 cube) with
+# its framing and a DALI index line. DeepCAM: 136,424 converted records of 768 x 1152 x 16 float32 fields and
+# a uint8 label map (57,507,840 bytes each, deepcam-convert's uncompressed default). A site's dataset_gb wins.
+DATASET_GB = {"cosmoflow": 1710.0, "deepcam": 7846.0}
+DECOMPRESSED_GB = {"cosmoflow": 9896.0}
+LLIO_LOCALTMP_MIB = 87 * 1024  # Fugaku: the largest LLIO node temporary area per node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +100,19 @@ def directives(site: Site, job: Job, name: str) -> str:
     lines += [f"{prefix} {flag}{sep}{value}" for flag, value in _options(site, job, queue) if value]
     lines += [f"{prefix} {arg}" for arg in site.scheduler_args] if prefix else []
     lines += chains.signal_directives(site, job) if job.chain else []
+    lines += _llio_directives(site)
     if site.scheduler == "sge" and site.account:  # ABCI takes the group on qsub's command line only
         lines.append(f"# submit with: qsub -g {site.account} <this script>")
     return "\n".join(lines) + "\n"
+
+
+def _llio_directives(site: Site) -> list[str]:
+    """Fugaku: staging into $PJM_LOCALTMP asks LLIO for the node temporary area, stage_capacity_gb in MiB or
+    else the most a node has (87 GiB, RIKEN's I/O guide)."""
+    if site.scheduler != "pjsub" or not site.stage_dir.startswith("$PJM_LOCALTMP"):
+        return []
+    mib = int(site.stage_capacity_gb * 1e9) // 2 ** 20 if site.stage_capacity_gb else LLIO_LOCALTMP_MIB
+    return [f"#PJM --llio localtmp-size={mib}Mi"]
 
 
 def _options(site: Site, job: Job, queue: str) -> list[tuple[str, str]]:
@@ -125,7 +147,7 @@ def launcher(site: Site, nodes: int, hostfile: str = "") -> list[str]:
     nodes for mpiexec and mpirun where the scheduler does not tell them."""
     ranks, rpn, cpr = nodes * site.ranks_per_node, site.ranks_per_node, site.cpus_per_rank
     kind, extra = site.launcher_kind, shlex.split(site.launcher_args)
-    hosts = ["--hostfile", hostfile] if hostfile else []
+    hosts = [("--vcoordfile" if site.scheduler == "pjsub" else "--hostfile"), hostfile] if hostfile else []
     if kind == "srun":
         cmd = ["srun", f"--nodes={nodes}", f"--ntasks={ranks}", f"--ntasks-per-node={rpn}", f"--cpus-per-task={cpr}"]
         cmd += [f"--cpu-bind={site.cpu_bind}"] if site.cpu_bind else []
@@ -171,7 +193,7 @@ def settings(site: Site, job: Job, campaign: bool) -> list[str]:
            f"dist.hierarchical_allreduce={str(h.hierarchical_allreduce).lower()}",
            f"dist.hierarchical_allgather={str(h.hierarchical_allgather).lower()}", f"mlperf.platform={site.name}"]
     if site.stage_dir and not campaign:  # a campaign gives every run its own directory (--stage-dir)
-        out += ["data.stage_dir=$STAGE_DIR", f"data.stage_mode={site.stage_mode}"]
+        out += ["data.stage_dir=${STAGE_DIR:+$STAGE_DIR/$STAGE_NAME}", f"data.stage_mode={site.stage_mode}"]
     elif site.stage_dir:
         out += [f"data.stage_mode={site.stage_mode}"]
     return out
@@ -188,6 +210,7 @@ def render(site: Site, job: Job) -> str:
                          f"dataset and an output directory")
     campaign = bool(job.runs or job.instances)
     chains.check_chain(site, job, _seconds(job.time_limit or site.time_limit))
+    check_stage_capacity(site, job)
     body = [
         "set -euo pipefail",
         "",
@@ -199,6 +222,7 @@ def render(site: Site, job: Job) -> str:
         f'PYTHON="${{PYTHON:-{site.python}}}"  # runs the trainings',
         f'DRIVER_PYTHON="${{DRIVER_PYTHON:-{site.driver_python or site.python}}}"  # checks logs, drives campaigns',
         f'CONFIG="{_config_path(job)}"',
+        *([] if campaign else [_job_id_line(site)]),
         "",
         "fail() { echo \"error: $*\" >&2; exit 2; }",
         f'[ -f "$SUITE_DIR/{job.bench}/train.py" ] || fail "SUITE_DIR=$SUITE_DIR is not the suite\'s checkout '
@@ -210,8 +234,7 @@ def render(site: Site, job: Job) -> str:
         "",
         *(chains.done_check(site, job) if job.chain else []),
         "# ---- environment",
-        *[f"module load {shlex.quote(m)}" for m in site.modules],
-        *[line for setup in site.setup for line in _setup_lines(setup)],
+        *_environment_setup(site),
         f"export OMP_NUM_THREADS={site.threads}",
         f"export HOROVOD_FUSION_THRESHOLD={int(site.horovod.fusion_threshold_mb * 2 ** 20)}",
         f"export HOROVOD_CYCLE_TIME={site.horovod.cycle_time_ms:g}",
@@ -220,6 +243,7 @@ def render(site: Site, job: Job) -> str:
         *[f"export {k}={shlex.quote(v)}" for k, v in sorted(site.env.items())],
         "export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}",
         "",
+        *_stage_cleanup(site, job, campaign),
         "# ---- the same settings for the run's config (it applies them; the exports are for other tools)",
         "SETTINGS=(",
         *[f'    "{s}"' for s in settings(site, job, campaign)],
@@ -265,7 +289,6 @@ def _job_id_line(site: Site) -> str:
 def _single(site: Site, job: Job) -> list[str]:
     place, words = _placement(site, job)
     return ["# ---- one training",
-            _job_id_line(site),
             f'RUN_DIR="$OUTPUT_ROOT/{job.bench}-$JOB_ID"',
             'echo "training: $RUN_DIR"',
             *place,
@@ -316,6 +339,8 @@ def _placement(site: Site, job: Job) -> tuple[list[str], list[str]]:
         return ['HOSTS_DIR="$OUTPUT_ROOT/hosts-$PBS_JOBID"', 'mkdir -p "$HOSTS_DIR"',
                 f'sort -u "$PBS_NODEFILE" | split -d -a 3 -l {job.nodes} - "$HOSTS_DIR/instance_"'], \
             launcher(site, job.nodes, f"$HOSTS_DIR/{INSTANCE_FILE}")
+    if site.scheduler == "pjsub" and kind == "mpiexec" and instances:  # Fujitsu MPI: a vcoordfile per instance
+        return _vcoord_instances(site, job), launcher(site, job.nodes, f"$VCOORD_DIR/{INSTANCE_FILE}")
     if kind == "ibrun" and instances:
         return _ibrun_instances(site, job), [f"$LAUNCH_DIR/{INSTANCE_FILE}", *container(site)]
     return [], launcher(site, job.nodes)
@@ -349,3 +374,134 @@ def _template(words: list[str]) -> str:
     text = " ".join(f"'{w}'" if w.startswith("$") else shlex.quote(w.replace("{", "{{").replace("}", "}}"))
                     for w in words)
     return f'"{text}"' if any(w.startswith("$") for w in words) else shlex.quote(text)
+
+
+def _vcoord_dir() -> list[str]:
+    return ['VCOORD_DIR="$OUTPUT_ROOT/vcoord-$PJM_JOBID"', 'mkdir -p "$VCOORD_DIR"']
+
+
+def _vcoord_instances(site: Site, job: Job) -> list[str]:
+    """One vcoordfile per instance: a line per rank naming its node's coordinate in the job's one-dimensional
+    node shape (node=N), instance i on nodes i*n ... i*n+n-1, ranks_per_node consecutive ranks per node."""
+    n, rpn = job.nodes, site.ranks_per_node
+    return [*_vcoord_dir(),
+            "# each instance's ranks on nodes of its own: one line per rank, its node's coordinate",
+            f"for i in $(seq 0 {job.instances - 1}); do",
+            f"    seq -f '(%.0f)' $((i * {n})) $((i * {n} + {n - 1})) | awk '{{for (r = 0; r < {rpn}; r++) print}}' \\",
+            '        >"$VCOORD_DIR/instance_$(printf %03d "$i")"',
+            "done"]
+
+
+def _environment_setup(site: Site) -> list[str]:
+    """The site's module loads and setup lines, with `set -u` lifted around them: modules' and conda's
+    activate scripts read variables that may be unset."""
+    lines = [*(f"module load {shlex.quote(m)}" for m in site.modules),
+             *(line for setup in site.setup for line in _setup_lines(setup))]
+    if not lines:
+        return []
+    return ["set +u  # module and conda's activate scripts read unset variables", *lines, "set -u"]
+
+
+# ---------------------------------------------------------------------------- node-local staging
+def staging_of(site: Site, job: Job) -> tuple[str, bool, int]:
+    """(stage mode, decompress, ranks per spatial group) the job's trainings stage with: the site's mode,
+    then the last data.stage_mode, data.stage_decompress and parallel.spatial among the site's and the
+    job's overrides (which the trainings apply after the site's settings)."""
+    mode, decompress, group = site.stage_mode, False, 1
+    for override in (*site.overrides.get(job.bench, ()), *job.overrides):
+        key, _, value = override.partition("=")
+        if key == "data.stage_mode":
+            mode = value
+        elif key == "data.stage_decompress":
+            decompress = value.strip().lower() in ("true", "1", "yes")
+        elif key == "parallel.spatial":
+            group = 1
+            for part in re.findall(r"\d+", value):
+                group *= int(part)
+    return mode, decompress, group
+
+
+def dataset_gb(site: Site, job: Job) -> float:
+    """The GB the job's dataset takes once staged: the site's figure, else the official dataset's."""
+    if job.bench in site.dataset_gb:
+        return site.dataset_gb[job.bench]
+    _, decompress, _ = staging_of(site, job)
+    return DECOMPRESSED_GB.get(job.bench, DATASET_GB[job.bench]) if decompress else DATASET_GB[job.bench]
+
+
+def stage_share_gb(site: Site, job: Job) -> float:
+    """The GB one node stages: node, the whole dataset; node_share, files n, n+N, ... of every split (1/N
+    of it, common/io/staging.py); rank, each rank its shard, a spatial group's ranks the group's (the
+    node's ranks together: group size / N of it)."""
+    mode, _, group = staging_of(site, job)
+    size = dataset_gb(site, job)
+    if mode == "node":
+        return size
+    if mode == "node_share":
+        return size / job.nodes
+    return size * min(group, job.nodes * site.ranks_per_node) / job.nodes
+
+
+def check_stage_capacity(site: Site, job: Job) -> None:
+    """Refuse a job whose share of the dataset per node exceeds what the site says its stage_dir holds."""
+    if not site.stage_dir or not site.stage_capacity_gb:
+        return
+    share, capacity = stage_share_gb(site, job), site.stage_capacity_gb
+    if share <= capacity:
+        return
+    mode, _, _ = staging_of(site, job)
+    size = dataset_gb(site, job)
+    more = (f"at least {math.ceil(share * job.nodes / capacity)} nodes" if mode != "node" else
+            "data.stage_mode node_share (node copies the whole dataset to every node, whatever the node count)")
+    raise BenchError(f"site file {site.source or site.name}: stage_dir {site.stage_dir} holds {capacity:g} GB per "
+                     f"node (stage_capacity_gb), less than the {share:.0f} GB per node that {mode} staging of the "
+                     f"{job.bench} dataset ({size:g} GB) on {job.nodes} nodes needs; use {more}, or another "
+                     f"stage_dir (a larger node-local file system, or none to read data.dir in place)")
+
+
+def _stage_cleanup(site: Site, job: Job, campaign: bool) -> list[str]:
+    """Shell lines: the name of what the job's runs stage below STAGE_DIR, and an EXIT trap that removes it on
+    every node of the job (one task per node through the scheduler's launcher)."""
+    if not site.stage_dir:
+        return []
+    name = (f"'{chains.campaign_name(site, job)}-run_*'" if campaign else f'"{job.bench}-$JOB_ID"')
+    prep, launch = _per_node(site, job.allocated_nodes)
+    return ["# ---- node-local staging: the job's runs stage into $STAGE_DIR/$STAGE_NAME (a campaign's run i into",
+            "# <campaign>-run_<i>); when the script exits, however it exits (bash runs the EXIT trap after an",
+            "# error or a TERM too), that is removed on every node, and nothing else of $STAGE_DIR",
+            f"STAGE_NAME={name}",
+            *prep,
+            "# shellcheck disable=SC2317  # called by the trap",
+            "clean_stage() {",
+            '    [ -n "$STAGE_DIR" ] || return 0',
+            '    echo "removing $STAGE_DIR/$STAGE_NAME on every node"',
+            f'    {launch}find "$STAGE_DIR" -mindepth 1 -maxdepth 1 -name "$STAGE_NAME" -exec rm -rf {{}} + ||',
+            '        echo "warning: removing $STAGE_DIR/$STAGE_NAME failed on some node (see above)" >&2',
+            "}",
+            "trap clean_stage EXIT",
+            ""]
+
+
+def _per_node(site: Site, nodes: int) -> tuple[list[str], str]:
+    """(shell lines that prepare it, the command prefix) starting one task on each of the job's nodes."""
+    kind = site.launcher_kind
+    if site.scheduler == "slurm":  # ibrun too: it runs in a Slurm allocation
+        return [], f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 "
+    if kind == "jsrun":
+        return [], f"jsrun --nrs={nodes} --rs_per_host=1 --tasks_per_rs=1 --cpu_per_rs=1 "
+    if site.scheduler == "pjsub":
+        return [*_vcoord_dir(), "# one line per node: the clean-up's one rank on each",
+                f"seq -f '(%.0f)' 0 {nodes - 1} >\"$VCOORD_DIR/nodes\""], \
+            f'mpiexec --vcoordfile "$VCOORD_DIR/nodes" -n {nodes} '
+    if site.scheduler == "pbs" and kind == "mpiexec":
+        return [], f"mpiexec -n {nodes} --ppn 1 "
+    if site.scheduler == "sge":
+        return ['STAGE_HOSTS="$OUTPUT_ROOT/stage-nodes-$JOB_ID"',
+                "# the job's nodes (Grid Engine's PE_HOSTFILE), one slot each",
+                "awk '!seen[$1]++ {print $1 \" slots=1\"}' \"$PE_HOSTFILE\" >\"$STAGE_HOSTS\""], \
+            f'mpirun --hostfile "$STAGE_HOSTS" -np {nodes} --map-by ppr:1:node '
+    if kind == "aprun":
+        return [], f"aprun -n {nodes} -N 1 "
+    if kind == "mpirun":
+        return [], f"mpirun -np {nodes} --map-by ppr:1:node "
+    return [], ""  # local: this host

@@ -18,6 +18,7 @@ from common.base.errors import BenchError
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
 SCHEDULERS = ("slurm", "lsf", "pbs", "pjsub", "sge", "cobalt", "local")
+BENCHMARKS = ("cosmoflow", "deepcam")
 DEFAULT_LAUNCHERS = {"slurm": "srun", "lsf": "jsrun", "pbs": "mpiexec", "pjsub": "mpiexec", "sge": "mpirun",
                      "cobalt": "aprun", "local": "horovodrun"}
 
@@ -75,11 +76,18 @@ class Site:
     output_root: str = ""  # where run and campaign directories go (absolute), e.g. a scratch file system
     stage_dir: str = ""  # node-local directory to stage into ("" reads data in place)
     stage_mode: Literal["rank", "node", "node_share"] = "node"
+    # GB (10^9 bytes) stage_dir holds on each node; 0: not known, and not checked. The renderer refuses a job
+    # whose share of the dataset per node is larger (jobs/render.py, `check_stage_capacity`). With Fugaku's
+    # $PJM_LOCALTMP it is also the LLIO node temporary area the job asks for (#PJM --llio localtmp-size).
+    stage_capacity_gb: float = 0.0
+    # benchmark -> GB the staged dataset takes, where it is not the official one (jobs/render.py, DATASET_GB)
+    dataset_gb: dict[str, float] = dataclasses.field(default_factory=dict)
     container: ContainerConfig = ContainerConfig()
     horovod: HorovodTuning = HorovodTuning()
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # exported as given
     # Config overrides this system's jobs give a benchmark (before the job's own), e.g. Mesh-TF partitioning.
     overrides: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    source: str = ""  # the site file (set by load_site, not a key of the file)
 
     @property
     def launcher_kind(self) -> str:
@@ -110,8 +118,10 @@ def load_site(name_or_path: str) -> Site:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise BenchError(f"site file {path} is not valid YAML: {err}") from None
+    if isinstance(raw, dict) and "source" in raw:
+        raise BenchError(f"site file {path}: source is set to the file's path when it is read, not a key of the file")
     try:
-        site = build(Site, raw)
+        site = dataclasses.replace(build(Site, raw), source=str(path))
         check_site(site)
     except BenchError as err:
         raise BenchError(f"site file {path}: {err}") from None
@@ -134,6 +144,7 @@ def check_site(site: Site) -> None:
             site.ranks_per_node % site.accelerators_per_node:
         raise BenchError(f"accelerators_per_node {site.accelerators_per_node} and ranks_per_node "
                          f"{site.ranks_per_node}: expected one to divide the other")
+    _check_staging(site)
     if site.container.kind != "none" and not site.container.image:
         raise BenchError(f"container.kind {site.container.kind}: container.image is empty")
     if site.launcher_kind == "jsrun" and site.scheduler != "lsf":
@@ -144,3 +155,18 @@ def check_site(site: Site) -> None:
     if site.scheduler == "sge" and not site.constraint:
         raise BenchError("scheduler sge: constraint is empty; give the resource type that allocates whole nodes "
                          "(#$ -l <type>=<nodes>; ABCI: rt_F)")
+
+
+def _check_staging(site: Site) -> None:
+    """The node-local capacity and the dataset sizes: positive figures, for known benchmarks."""
+    if site.stage_capacity_gb < 0:
+        raise BenchError(f"stage_capacity_gb {site.stage_capacity_gb:g}: expected >= 0 (0: not known)")
+    if site.stage_capacity_gb and not site.stage_dir:
+        raise BenchError(f"stage_capacity_gb {site.stage_capacity_gb:g} with an empty stage_dir: give the node-local "
+                         f"directory it is the capacity of")
+    for bench, gb in site.dataset_gb.items():
+        if bench not in BENCHMARKS or gb <= 0:
+            raise BenchError(f"dataset_gb.{bench} {gb:g}: expected a benchmark of {list(BENCHMARKS)} and GB > 0")
+    if site.scheduler == "pjsub" and site.stage_dir.startswith("$PJM_LOCALTMP") and site.stage_capacity_gb > 93.4:
+        raise BenchError(f"stage_capacity_gb {site.stage_capacity_gb:g} with $PJM_LOCALTMP: LLIO's node temporary "
+                         f"area holds at most 87 GiB (93.4 GB) per node")
