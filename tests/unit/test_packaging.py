@@ -16,6 +16,8 @@ SCRIPTS = {  # console script: the main() its `python -m` form runs
     "sciml-campaign": "common.campaign.run:main",
     "sciml-report": "common.campaign.analysis.__main__:main",
     "sciml-jobs": "jobs.__main__:main",
+    "sciml-export": "common.export:main",
+    "sciml-hpo": "common.hpo.__main__:main",
 }
 REINSTALL = 'reinstall the project: pip install -c constraints.txt --no-build-isolation -e ".[test]"'
 

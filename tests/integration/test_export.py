@@ -1,0 +1,99 @@
+"""`python -m common.export` on real runs: a short CosmoFlow and DeepCAM training with a checkpoint at every epoch's
+end, exported to ONNX and checked against Keras by onnxruntime on validation samples; a damaged checkpoint is
+refused."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, run_cmd, show
+from tests.integration import cosmo_fixtures
+from tests.integration.test_deepcam_e2e import TINY as DEEPCAM_TINY
+from tests.integration.test_deepcam_e2e import make_dataset as make_deepcam_dataset
+from tests.integration.test_deepcam_e2e import write_config as write_deepcam_config
+
+pytestmark = pytest.mark.slow
+CHECKPOINTED = {"every_epochs": 1}  # runs write no checkpoint unless told to
+CHECK_LINE = re.compile(r"max abs difference (\S+), relative (\S+) .*: match")
+
+
+def _train(script: str, config: Path) -> None:
+    proc = run_cmd([sys.executable, REPO / script, config], timeout=900)
+    assert proc.returncode == 1, show(proc)  # the tiny runs cannot reach their targets: exit 1, as planned
+
+
+@pytest.fixture(scope="module")
+def cosmo_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export-cosmo")
+    data = cosmo_fixtures.make_dataset(root / "data")
+    out = root / "run"
+    _train("cosmoflow/train.py", cosmo_fixtures.write_config(root / "c.yaml", data, out, checkpoint=CHECKPOINTED))
+    return out
+
+
+@pytest.fixture(scope="module")
+def deepcam_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export-deepcam")
+    data = make_deepcam_dataset(root / "data", 32, 48, train=8, validation=4)
+    out = root / "run"
+    sections = DEEPCAM_TINY | {"train": {**DEEPCAM_TINY["train"], "max_epochs": 1, "target": 1.0},
+                               "checkpoint": CHECKPOINTED}
+    _train("deepcam/train.py", write_deepcam_config(root / "c.yaml", "deepcam_mini.yaml", data, out, sections))
+    return out
+
+
+def export(run: Path, out: Path, *extra) -> subprocess.CompletedProcess:
+    return run_cmd([sys.executable, "-m", "common.export", run, "--format", "onnx", "--out", out, *extra])
+
+
+def newest_checkpoint(run: Path) -> Path:
+    return sorted((run / "checkpoints").glob("ckpt-*"))[-1]
+
+
+def assert_carries_the_checkpoint_weights(onnx_path: Path, checkpoint: Path, variable: str) -> None:
+    """The ONNX file holds `variable` (a model variable's path in meta.json) with the checkpoint's values, in
+    whatever layout ONNX wants (a transposed convolution's kernel is (in, out, kh, kw) there)."""
+    import json
+    import onnx
+    from onnx import numpy_helper
+    listed = [v[0] for v in json.loads((checkpoint / "meta.json").read_text())["model_variables"]]
+    with np.load(checkpoint / "model.npz") as arrays:
+        expected = np.sort(arrays[f"v{listed.index(variable):05d}"], axis=None)
+    initializers = [numpy_helper.to_array(t) for t in onnx.load(str(onnx_path)).graph.initializer]
+    assert any(a.size == expected.size and np.array_equal(np.sort(a, axis=None), expected) for a in initializers), \
+        variable
+
+
+@pytest.mark.parametrize("benchmark,variable", [("cosmoflow", "output/kernel"),
+                                                ("deepcam", "logits/kernel")])
+def test_a_trained_run_exports_to_onnx_that_matches_keras(benchmark, variable, request, tmp_path):
+    run = request.getfixturevalue("cosmo_run" if benchmark == "cosmoflow" else "deepcam_run")
+    out = tmp_path / "model.onnx"
+    proc = export(run, out, "--check", "--samples", "4")
+    assert proc.returncode == 0, show(proc)
+    assert out.is_file() and out.stat().st_size > 0 and not list(tmp_path.glob(".*tmp*"))
+    checkpoint = newest_checkpoint(run)
+    assert f"{benchmark}: checkpoint {checkpoint}" in proc.stdout and "MiB" in proc.stdout
+    max_abs, relative = (float(v) for v in CHECK_LINE.search(proc.stdout).groups())
+    assert relative <= 1e-5 and max_abs <= 1e-5, proc.stdout
+    assert "check on 4 validation samples" in proc.stdout and "onnxruntime" in proc.stdout
+    assert_carries_the_checkpoint_weights(out, checkpoint, variable)
+
+
+def test_a_damaged_model_npz_is_refused_naming_the_file(cosmo_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(cosmo_run, run)
+    damaged = newest_checkpoint(run) / "model.npz"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    out = tmp_path / "model.onnx"
+    proc = export(run, out)
+    message = proc.stderr.replace("\n  ", " ")
+    assert proc.returncode == 2, show(proc)
+    assert f"{damaged}: xxh3_128" in message and "the file is corrupt" in message
+    assert "--checkpoint" in message and not out.exists()  # an older checkpoint is offered; nothing written
