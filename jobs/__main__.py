@@ -29,6 +29,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "--out then names the job script, and <out>-submit.sh submits the chain")
     render.add_argument("--stop-margin", type=int, default=DEFAULT_MARGIN, metavar="SECONDS",
                         help="a chain's jobs stop the campaign this long before their time limit (default %(default)s)")
+    render.add_argument("--hpo", default="", metavar="SPACE.yaml",
+                        help="a worker of this hyperparameter search (the space file: relative to the suite's "
+                             "checkout, or absolute); each submission of the script is one more worker of the study "
+                             "(docs/hpo.md)")
+    render.add_argument("--trials", type=int, default=0, help="with --hpo: the finished trials the study should hold")
+    render.add_argument("--study-dir", default="",
+                        help="with --hpo: the study's directory, absolute or below the output root "
+                             "(default: hpo-<space file's name>-<site>-n<nodes>)")
     render.add_argument("--out", help="write the script here (default: print it)")
     render.add_argument("overrides", nargs="*", help="config overrides for every training, section.key=value")
     sub.add_parser("sites", help="list the example site descriptions")
@@ -47,7 +55,7 @@ def main(argv=None) -> int:
             return 0
         job = Job(bench=args.bench, nodes=args.nodes, config=args.config, overrides=tuple(args.overrides),
                   runs=args.runs, instances=args.instances, time_limit=args.time, chain=args.chain,
-                  stop_margin=args.stop_margin)
+                  stop_margin=args.stop_margin, hpo=args.hpo, trials=args.trials, study_dir=args.study_dir)
         site = load_site(args.site)
         script = render(site, job)
         if job.chain and not args.out:

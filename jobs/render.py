@@ -9,7 +9,8 @@ per-instance launch scripts), and either one training through the site's launche
 With a stage directory, an EXIT trap removes what the job's runs staged on every node, one task per node
 through the scheduler's launcher; a job whose share of the dataset per node exceeds the site's
 stage_capacity_gb is refused before anything is written (`check_stage_capacity`).
-With `chain`, the campaign is one the scheduler drives through a chain of jobs (jobs/chain.py).
+With `chain`, the campaign is one the scheduler drives through a chain of jobs (jobs/chain.py); with `hpo`,
+the job is a worker of a hyperparameter search, its trials through the same launcher (jobs/hpo.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from common.base.errors import BenchError
 from jobs import chain as chains
+from jobs import hpo as searches
 from jobs.site import Site
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -45,7 +47,8 @@ LLIO_LOCALTMP_MIB = 87 * 1024  # Fugaku: the largest LLIO node temporary area pe
 @dataclasses.dataclass(frozen=True)
 class Job:
     """What to render: benchmark, nodes, config (relative to the suite's checkout), overrides, and
-    runs (a sequential campaign) or instances (a throughput campaign); neither: one training."""
+    runs (a sequential campaign), instances (a throughput campaign) or hpo (a search's worker); none of
+    them: one training."""
 
     bench: str
     nodes: int
@@ -56,6 +59,9 @@ class Job:
     time_limit: str = ""  # "": the site's
     chain: int = 0  # with runs: this many jobs, each after the one before, resume the campaign (jobs/chain.py)
     stop_margin: int = chains.DEFAULT_MARGIN  # a chain's jobs: seconds before the time limit to stop at
+    hpo: str = ""  # a search space file (relative to the suite's checkout): the job is a worker of the search
+    trials: int = 0  # with hpo: the finished trials the study should hold
+    study_dir: str = ""  # with hpo: the study's directory ("": jobs/hpo.py's name under the output root)
 
     @property
     def allocated_nodes(self) -> int:
@@ -74,6 +80,7 @@ class Job:
         for o in self.overrides:
             if "=" not in o or o.startswith("-"):
                 raise BenchError(f"override {o!r}: expected section.key=value")
+        searches.check_flags(self)
 
 
 def fill(template: str, values: dict[str, str], where: str) -> str:
@@ -184,15 +191,16 @@ def container(site: Site) -> list[str]:
             "podman-hpc": ["podman-hpc", "run", "--rm", *options, c.image]}[c.kind]
 
 
-def settings(site: Site, job: Job, campaign: bool) -> list[str]:
+def settings(site: Site, job: Job, driven: bool) -> list[str]:
     """The config overrides every training of the job gets: data, staging, threads, Horovod, platform (the
-    job's own overrides follow them, quoted)."""
+    job's own overrides follow them, quoted). `driven`: a driver (a campaign, a search) starts the trainings
+    and gives each its own stage directory."""
     h = site.horovod
     out = [f"data.dir=$DATA_DIR", f"dist.threads_per_rank={site.threads}",
            f"dist.fusion_threshold_mb={h.fusion_threshold_mb:g}", f"dist.cycle_time_ms={h.cycle_time_ms:g}",
            f"dist.hierarchical_allreduce={str(h.hierarchical_allreduce).lower()}",
            f"dist.hierarchical_allgather={str(h.hierarchical_allgather).lower()}", f"mlperf.platform={site.name}"]
-    if site.stage_dir and not campaign:  # a campaign gives every run its own directory (--stage-dir)
+    if site.stage_dir and not driven:  # a driver gives every run its own directory (--stage-dir)
         out += ["data.stage_dir=${STAGE_DIR:+$STAGE_DIR/$STAGE_NAME}", f"data.stage_mode={site.stage_mode}"]
     elif site.stage_dir:
         out += [f"data.stage_mode={site.stage_mode}"]
@@ -201,7 +209,7 @@ def settings(site: Site, job: Job, campaign: bool) -> list[str]:
 
 def render(site: Site, job: Job) -> str:
     """The batch script's text."""
-    name = f"{job.bench}-{site.name}-n{job.nodes}"
+    name = f"{'hpo-' if job.hpo else ''}{job.bench}-{site.name}-n{job.nodes}"
     data = site.data.get(job.bench, "")
     if not site.suite_dir or not data or not site.output_root:
         missing = [k for k, v in (("suite_dir", site.suite_dir), (f"data.{job.bench}", data),
@@ -210,7 +218,11 @@ def render(site: Site, job: Job) -> str:
                          f"dataset and an output directory")
     campaign = bool(job.runs or job.instances)
     chains.check_chain(site, job, _seconds(job.time_limit or site.time_limit))
+    if job.hpo:
+        searches.check_space(job)
     check_stage_capacity(site, job)
+    # the space file, with --hpo (it names the config); else the config
+    inputs, what = ("SPACE", "search space") if job.hpo else ("CONFIG", "config")
     body = [
         "set -euo pipefail",
         "",
@@ -221,13 +233,13 @@ def render(site: Site, job: Job) -> str:
         f'STAGE_DIR="${{STAGE_DIR:-{site.stage_dir}}}"',
         f'PYTHON="${{PYTHON:-{site.python}}}"  # runs the trainings',
         f'DRIVER_PYTHON="${{DRIVER_PYTHON:-{site.driver_python or site.python}}}"  # checks logs, drives campaigns',
-        f'CONFIG="{_config_path(job)}"',
+        f'{inputs}="{_in_suite(job.hpo or job.config or BENCH_CONFIGS[job.bench])}"',
         *([] if campaign else [_job_id_line(site)]),
         "",
         "fail() { echo \"error: $*\" >&2; exit 2; }",
         f'[ -f "$SUITE_DIR/{job.bench}/train.py" ] || fail "SUITE_DIR=$SUITE_DIR is not the suite\'s checkout '
         f'(no {job.bench}/train.py)"',
-        '[ -f "$CONFIG" ] || fail "config $CONFIG does not exist"',
+        f'[ -f "${inputs}" ] || fail "{what} ${inputs} does not exist"',
         '[ -f "$DATA_DIR/manifest.json" ] || [ -f "$DATA_DIR/pack.json" ] || '
         'fail "DATA_DIR=$DATA_DIR holds no manifest.json or pack.json (convert or pack the dataset first)"',
         'mkdir -p "$OUTPUT_ROOT" || fail "cannot create OUTPUT_ROOT=$OUTPUT_ROOT"',
@@ -246,11 +258,11 @@ def render(site: Site, job: Job) -> str:
         *_stage_cleanup(site, job, campaign),
         "# ---- the same settings for the run's config (it applies them; the exports are for other tools)",
         "SETTINGS=(",
-        *[f'    "{s}"' for s in settings(site, job, campaign)],
+        *[f'    "{s}"' for s in settings(site, job, campaign or bool(job.hpo))],
         *[f"    {shlex.quote(o)}" for o in (*site.overrides.get(job.bench, ()), *job.overrides)],
         ")",
         "",
-        *(_campaign(site, job) if campaign else _single(site, job)),
+        *(_campaign(site, job) if campaign else _search(site, job) if job.hpo else _single(site, job)),
     ]
     return directives(site, job, name) + _note(site, job) + "\n".join(body) + "\n"
 
@@ -262,6 +274,8 @@ def _note(site: Site, job: Job) -> str:
              f"--config {job.config}" if job.config else "", f"--time {job.time_limit}" if job.time_limit else "",
              f"--chain {job.chain}" if job.chain else "",
              f"--stop-margin {job.stop_margin}" if job.chain and job.stop_margin != chains.DEFAULT_MARGIN else "",
+             f"--hpo {job.hpo} --trials {job.trials}" if job.hpo else "",
+             f"--study-dir {job.study_dir}" if job.study_dir else "",
              *map(shlex.quote, job.overrides)]
     return (f"# Rendered by `{' '.join(w for w in words if w)}`\n"
             f"# from the site description of {site.name}: {site.description}\n"
@@ -269,10 +283,10 @@ def _note(site: Site, job: Job) -> str:
             f"{f' per instance, {job.instances} instances on {job.allocated_nodes} nodes' if job.instances else ''}.\n")
 
 
-def _config_path(job: Job) -> str:
-    """The benchmark config: an absolute path as given, else relative to the suite's checkout."""
-    config = job.config or BENCH_CONFIGS[job.bench]
-    return config if config.startswith("/") else f"$SUITE_DIR/{config}"
+def _in_suite(path: str) -> str:
+    """A file the job reads (a config, a search space): an absolute path as given, else relative to the suite's
+    checkout."""
+    return path if path.startswith("/") else f"$SUITE_DIR/{path}"
 
 
 def _setup_lines(line: str) -> list[str]:
@@ -320,6 +334,11 @@ def _campaign(site: Site, job: Job) -> list[str]:
             *place,
             "cd \"$SUITE_DIR\"",
             *driver]
+
+
+def _search(site: Site, job: Job) -> list[str]:
+    place, words = _placement(site, job)
+    return searches.worker_lines(site, job, place, _template(words))
 
 
 def _placement(site: Site, job: Job) -> tuple[list[str], list[str]]:

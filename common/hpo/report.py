@@ -52,14 +52,17 @@ def best_per_batch(table: pd.DataFrame) -> pd.DataFrame:
     return hits.sort_values(["objective", "trial"]).groupby("global_batch_size", as_index=False).first()
 
 
-def write_best_configs(best: pd.DataFrame, space: Space, out: Path, ranks: int) -> list[Path]:
-    """The config of each best trial: the space's config with its overrides and the trial's settings
-    written in, planned by the application (a dry run) to be sure it trains."""
+def write_best_configs(best: pd.DataFrame, space: Space, out: Path, ranks: int,
+                       overrides: tuple[str, ...] = ()) -> list[Path]:
+    """The config of each best trial: the space's config with its overrides, the workers' (`overrides`: a
+    job's data and Horovod settings) and the trial's settings written in, planned by the application (a
+    dry run) to be sure it trains."""
     written = []
     for _, row in best.iterrows():
         params = load_result(out, int(row["trial"])).params  # as drawn (the table's columns are pandas' types)
         raw = yaml.safe_load(space.config_path.read_text())
-        for item in [*space.overrides, *(override(k, v) for k, v in params.items()), f"run.seed={space.seed}"]:
+        for item in [*space.overrides, *overrides, *(override(k, v) for k, v in params.items()),
+                     f"run.seed={space.seed}"]:
             set_dotted(raw, item)
         path = out / "best" / f"{space.benchmark}_b{int(row['global_batch_size'])}.yaml"
         path.parent.mkdir(exist_ok=True)
@@ -80,12 +83,12 @@ def set_dotted(raw: dict, item: str) -> None:
     node[key] = yaml.safe_load(text)
 
 
-def write_report(study, space: Space, out: Path, ranks: int) -> Path:
-    """trials.csv, best/*.yaml, figures/*.png and report.md."""
+def write_report(study, space: Space, out: Path, ranks: int, overrides: tuple[str, ...] = ()) -> Path:
+    """trials.csv, best/*.yaml, figures/*.png and report.md (`overrides`: the workers', as the trials got them)."""
     table = trials_table(study, space, out)
     table.to_csv(out / "trials.csv", index=False)
     best = best_per_batch(table)
-    configs = write_best_configs(best, space, out, ranks)
+    configs = write_best_configs(best, space, out, ranks, overrides)
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
     importance = param_importances(study)

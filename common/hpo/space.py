@@ -84,9 +84,9 @@ def override(name: str, value: Any) -> str:
     return f"{name}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
 
 
-def load_space(path: str | Path, ranks: int = 1) -> Space:
-    """Read and check a search space file (its configs planned for `ranks` ranks); every error names the
-    file and the key."""
+def load_space(path: str | Path, ranks: int = 1, overrides: tuple[str, ...] = ()) -> Space:
+    """Read and check a search space file (its configs planned for `ranks` ranks, with the worker's
+    `overrides` after the space's own); every error names the file and the key."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -98,7 +98,8 @@ def load_space(path: str | Path, ranks: int = 1) -> Space:
         raise BenchError(f"search space {path}: expected a mapping, found {type(raw).__name__}")
     try:
         space = _build(raw)
-        check_configs(space, ranks)
+        check_overrides(space, overrides)
+        check_configs(space, ranks, overrides)
     except BenchError as err:
         raise BenchError(f"search space {path}: {err}") from None
     return space
@@ -141,15 +142,27 @@ def _check_choices(space: Space) -> None:
     if space.failure_penalty < 1:
         raise BenchError(f"failure_penalty {space.failure_penalty}: expected >= 1 (a miss must not beat a hit)")
     for item in space.overrides:
-        if "=" not in item or item.split("=", 1)[0] in FIXED_BY_SEARCH:
-            raise BenchError(f"override {item!r}: expected key=value, not {' or '.join(FIXED_BY_SEARCH)} "
-                             f"(the search sets them)")
+        _check_override(item, FIXED_BY_SEARCH)
     names = {p.name for p in space.params}
     for i, trial in enumerate(space.enqueue):
         if set(trial) != names:
             raise BenchError(f"enqueue[{i}]: keys {sorted(trial)}, expected every parameter: {sorted(names)}")
         for p in space.params:
             _check_in_range(p, trial[p.name], f"enqueue[{i}].{p.name}")
+
+
+def check_overrides(space: Space, overrides: tuple[str, ...]) -> None:
+    """The worker's overrides (a job's data, Horovod and platform settings) may set neither a searched
+    parameter nor what the search sets for every trial: the trial's own value would silently win."""
+    owned = (*FIXED_BY_SEARCH, *(p.name for p in space.params))
+    for item in overrides:
+        _check_override(item, owned)
+
+
+def _check_override(item: str, owned: tuple[str, ...]) -> None:
+    if "=" not in item or item.split("=", 1)[0] in owned:
+        raise BenchError(f"override {item!r}: expected key=value of a key the search does not set "
+                         f"({', '.join(owned)})")
 
 
 def _check_in_range(p: Param, value: Any, where: str) -> None:
@@ -211,10 +224,10 @@ def plan(benchmark: str, config: Path, overrides: list[str], ranks: int) -> dict
     return json.loads(proc.stdout)
 
 
-def check_configs(space: Space, ranks: int) -> None:
-    """Plan the config with every parameter at the low ends, at the high ends, with each other choice, and
-    each enqueued trial: a key the config does not have, or a value it refuses, is an error now rather
-    than in trial 7 (the application's error names the key)."""
+def check_configs(space: Space, ranks: int, overrides: tuple[str, ...] = ()) -> None:
+    """Plan the config (with the space's overrides, then the worker's) with every parameter at the low ends,
+    at the high ends, with each other choice, and each enqueued trial: a key the config does not have, or a
+    value it refuses, is an error now rather than in trial 7 (the application's error names the key)."""
     if not space.config_path.is_file():
         raise BenchError(f"config {space.config}: no such file ({space.config_path})")
     ends = [{p.name: p.probe_values()[i if p.kind != "categorical" else 0] for p in space.params} for i in (0, -1)]
@@ -223,6 +236,6 @@ def check_configs(space: Space, ranks: int) -> None:
     for setting in settings:
         items = [override(k, v) for k, v in setting.items()]
         try:
-            plan(space.benchmark, space.config_path, [*space.overrides, *items], ranks)
+            plan(space.benchmark, space.config_path, [*space.overrides, *overrides, *items], ranks)
         except BenchError as err:
             raise BenchError(f"the trial setting {', '.join(items)} makes no valid config: {err}") from None

@@ -1,9 +1,9 @@
 """A search's state and its loop of trials (docs/hpo.md).
 
-The study lives in OUT: `hpo.json` (the space and the settings it was started with; a start with other
-ones is refused, except a larger --trials), Optuna's journal `journal.log` (an append-only file several
-processes and jobs share through file locks; `--storage` takes an Optuna storage URL instead, such as
-sqlite:///OUT/study.db or a database server), `runs/run_<n>/` per trial and `workers/` heartbeats.
+The study lives in OUT: `hpo.json` (the space and the settings it was started with; a worker started with
+another space, rank count, overrides or storage is refused), Optuna's journal `journal.log` (an append-only
+file several processes and jobs share through file locks; `--storage` takes an Optuna storage URL instead,
+such as sqlite:///OUT/study.db or a database server), `runs/run_<n>/` per trial and `workers/` heartbeats.
 
 A worker (one `python -m common.hpo run` process) asks for a trial, trains it, tells the result, and goes
 on until the study holds --trials finished trials; workers on several nodes share a study by running the
@@ -29,6 +29,11 @@ from common.hpo.trial import Launch, TrialResult, encode, run_trial, suggest
 HEARTBEAT_SECONDS = 30
 SPEC_NAME = "hpo.json"
 STUDY_NAME = "hpo"
+# What every worker of a study must share (what a trial trains, and where the study lives), and the value of a
+# key in an hpo.json written before it was recorded. A worker's launcher, interpreter and stage directory are
+# its own: they say how it reaches its nodes (a job's host file), not what its trials train.
+SHARED = ("space", "ranks", "overrides", "storage")
+BEFORE_RECORDED = {"overrides": []}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +57,7 @@ def open_study(space: Space, out: Path, settings: StudySettings):
     import optuna
     out.mkdir(parents=True, exist_ok=True)
     _check_spec(out, space, settings)
-    sampler = optuna.samplers.TPESampler(seed=space.sampler_seed, n_startup_trials=space.sampler_startup) \
-        if space.sampler == "tpe" else optuna.samplers.RandomSampler(seed=space.sampler_seed)
+    sampler = sampler_for(space, 0)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=space.startup_trials,
                                          n_warmup_steps=round(space.warmup_epochs * 100)) \
         if space.pruner == "median" else optuna.pruners.NopPruner()
@@ -67,13 +71,24 @@ def open_study(space: Space, out: Path, settings: StudySettings):
     return study
 
 
+def sampler_for(space: Space, number: int):
+    """The sampler that draws trial `number`'s settings, seeded with the space's seed plus the number: a
+    trial's draw does not depend on the worker that asks for it, where workers that each seeded one sampler
+    alike (jobs started together, a worker started again) would draw the same random settings."""
+    import optuna
+    seed = space.sampler_seed + number
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=space.sampler_startup) \
+        if space.sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed)
+
+
 def _check_spec(out: Path, space: Space, settings: StudySettings) -> None:
-    spec = {"space": space.as_json(), "ranks": settings.launch.ranks, "launcher": settings.launch.launcher,
-            "python": settings.launch.python, "storage": settings.storage}
+    launch = settings.launch
+    spec = {"space": space.as_json(), "ranks": launch.ranks, "overrides": list(launch.overrides),
+            "storage": settings.storage, "launcher": launch.launcher, "python": launch.python}
     path = out / SPEC_NAME
     if path.is_file():
         saved = json.loads(path.read_text())
-        differ = sorted(k for k in set(spec) | set(saved) if k != "trials" and spec.get(k) != saved.get(k))
+        differ = sorted(k for k in SHARED if spec[k] != saved.get(k, BEFORE_RECORDED.get(k)))
         if differ:
             raise BenchError(f"{out}: a study started with other settings ({', '.join(differ)} differ from {path}); "
                              f"start it again with the same ones, or give another --out")
@@ -155,6 +170,7 @@ def run_study(space: Space, out: Path, settings: StudySettings) -> None:
 
 def _one_trial(study, trial, space: Space, out: Path, settings: StudySettings) -> TrialResult:
     from optuna.trial import TrialState
+    study.sampler = sampler_for(space, trial.number)  # draws at suggest time, the trial's number known
     values = suggest(trial, space)
     print(f"trial {trial.number}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
     try:
@@ -198,7 +214,7 @@ def saved_settings(out: Path) -> tuple[Space, StudySettings]:
         raw = spec["space"]
         space = Space(**{**raw, "params": tuple(Param(**{**p, "choices": tuple(p["choices"])}) for p in raw["params"]),
                          "overrides": tuple(raw["overrides"]), "enqueue": tuple(raw["enqueue"])})
-        launch = Launch(spec["ranks"], spec["launcher"], spec["python"])
+        launch = Launch(spec["ranks"], spec["launcher"], spec["python"], tuple(spec.get("overrides", ())))
         return space, StudySettings(trials=spec["trials"], launch=launch, storage=spec["storage"])
     except FileNotFoundError:
         raise BenchError(f"{out}: no {SPEC_NAME}; not a study directory (python -m common.hpo run ... --out {out})") \

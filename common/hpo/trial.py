@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,11 +54,15 @@ class TrialResult:
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """How trials are started: the campaigns' launcher template ({np}, {run}, {python}) and interpreter."""
+    """How this worker starts trials: the campaigns' launcher template ({np}, {run}, {python}), the
+    interpreter, the overrides of where it runs (a job's data, Horovod and platform settings; every trial
+    gets them after the space's own), and a node-local directory each trial stages below ("": none)."""
 
     ranks: int
     launcher: str
     python: str = ""
+    overrides: tuple[str, ...] = ()
+    stage_dir: str = ""
 
 
 def trial_dir(out: Path, number: int) -> Path:
@@ -82,11 +87,18 @@ def suggest(trial, space: Space) -> dict:
     return values
 
 
+def stage_dir(launch: Launch, number: int) -> Path | None:
+    """Where trial `number` stages its data: its own directory below the worker's, since trial numbers are
+    unique in a study and workers may share a node."""
+    return Path(launch.stage_dir) / f"run_{number:03d}" if launch.stage_dir else None
+
+
 def trial_command(space: Space, out: Path, number: int, values: dict, launch: Launch) -> list[str]:
     launcher = launch.launcher.format(np=launch.ranks, run=number, python=Path(sys.executable).parent)
-    settings = [override(k, v) for k, v in values.items()]
+    stage = stage_dir(launch, number)
+    settings = [*([f"data.stage_dir={stage}"] if stage else []), *(override(k, v) for k, v in values.items())]
     return [*shlex.split(launcher), launch.python or sys.executable, str(REPO / space.benchmark / "train.py"),
-            str(space.config_path), *space.overrides, *settings, f"run.seed={space.seed}",
+            str(space.config_path), *space.overrides, *launch.overrides, *settings, f"run.seed={space.seed}",
             f"run.output_dir={trial_dir(out, number)}"]
 
 
@@ -138,6 +150,9 @@ def run_trial(space: Space, out: Path, trial, values: dict, launch: Launch,
     except BaseException:
         stop_processes([proc])
         raise
+    finally:  # this node's staged copy (a job's clean-up removes the other nodes')
+        if launch.stage_dir:
+            shutil.rmtree(stage_dir(launch, trial.number), ignore_errors=True)
     result = _result(space, directory, trial.number, values, proc.returncode, time.time() - started, pruned_at)
     write_json_atomic(dataclasses.asdict(result), directory / TRIAL_RECORD)
     return result
