@@ -31,8 +31,8 @@ from common.runtime.config import CheckpointConfig, load_config
 FORMATS = ("onnx",)
 TOLERANCE = 1e-4  # of the largest absolute Keras output
 CONFIG_FILE = "config.yaml"
-HOW_TO_CHECKPOINT = ("train with checkpoint.every_epochs=1 (a checkpoint at the end of every epoch; a run that "
-                     "reaches its target ends without one, so its newest is of the epoch before)")
+HOW_TO_CHECKPOINT = ("train with checkpoint.every_epochs=1 (a checkpoint at the end of every epoch, and of the "
+                     "epoch that reaches the target)")
 
 
 @dataclasses.dataclass(frozen=True)

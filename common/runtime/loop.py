@@ -291,16 +291,28 @@ class _Training:
         if not math.isfinite(stats.loss):
             return run.finish(RUN_ABORTED, f"non-finite training loss {stats.loss} in epoch {epoch}", None)
         if run.reached:
-            return run.success()
+            return self.succeeded(epoch, stats)
         if epoch == options.max_epochs or (not options.eval_every_steps and epoch % options.eval_every == 0):
             run.evaluate(epoch, self.data.train_steps)
             if run.reached:
-                return run.success()
+                return self.succeeded(epoch, stats)
         if control.checkpointer and control.checkpointer.due(epoch):
             self.saver.save(Progress(epoch + 1, 0, run.history))
         if ctx.hooks:
             ctx.hooks.epoch_done(Progress(epoch + 1, 0, list(run.history)))
         return None
+
+    def succeeded(self, epoch: int, stats: EpochStats) -> FitResult:
+        """The run reached its target in `epoch`. A run that checkpoints on a schedule (every_epochs or
+        every_minutes) first saves the weights that reached it, when the epoch was trained to its end, as the
+        checkpoint of that epoch's end it would otherwise have written when due: `python -m common.export`
+        then exports the model that met the target (docs/export.md). Inside the timed region, as every
+        checkpoint of the run."""
+        checkpointer = self.ctx.control.checkpointer
+        scheduled = checkpointer is not None and bool(checkpointer.cfg.every_epochs or checkpointer.cfg.every_minutes)
+        if scheduled and stats.steps == self.data.train_steps:
+            self.saver.save(Progress(epoch + 1, 0, self.evaluator.history))
+        return self.evaluator.success()
 
     def after_step(self, epoch: int, step: int, running: dict) -> bool:
         """After each step: the monitor, evaluation when due (True ends the epoch), then the strategy's hook."""

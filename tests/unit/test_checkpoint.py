@@ -45,7 +45,7 @@ class StopAt(StopRequests):
         super().arm()
 
 
-def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10):
+def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, target=0.0):
     import keras
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
@@ -57,7 +57,7 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10):
     mlperf = MLPerfLog(out / "mlperf.log")
     trainee = Trainee(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
                       lambda _data: lambda epoch: 0.05 * (1 + epoch))
-    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=max_epochs, target=0.0),
+    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=max_epochs, target=target),
                                                control, log=lambda _m: None))
     mlperf.close()
     return result, [v.numpy() for v in model.variables]
@@ -189,3 +189,19 @@ def test_resume_type_reads_its_meta(tmp_path):
     found = newest_valid(tmp_path / "ckpt")
     assert isinstance(found, Resume) and found.ranks == 1 and found.input_state
     assert (found.progress.epoch, found.progress.step, found.progress.attempt) == (2, 0, 1)
+
+
+@pytest.mark.parametrize("every_epochs,saved", [(3, True), (0, False)])
+def test_the_epoch_that_reaches_the_target_saves_its_weights_when_checkpoints_are_scheduled(tmp_path, every_epochs,
+                                                                                            saved):
+    """Target reached in epoch 1, whose end is not due (every 3 epochs): the final weights are saved all the same,
+    so an export gets the model that met the target; a run without a schedule (signals only) saves nothing."""
+    result, final = _fit(tmp_path, 5, every_epochs=every_epochs, target=10.0)
+    assert result.status == "success" and result.epochs == 1
+    found = list_checkpoints(tmp_path / "ckpt")
+    assert [p.name for p in found] == (["ckpt-000000004"] if saved else [])
+    if saved:
+        meta = check_checkpoint(found[0])
+        assert (meta["progress"]["epoch"], meta["progress"]["step"]) == (2, 0)
+        with np.load(found[0] / "model.npz") as arrays:
+            _same([arrays[f"v{i:05d}"] for i in range(2)], final[:2])  # the first Dense layer's kernel and bias
