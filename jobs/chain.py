@@ -107,20 +107,29 @@ def _driver_lines(site: Site, job: Job, limit_seconds: int, driver: list[str]) -
                 'exit "$rc"']
     return ["# the scheduler signals this shell: run the driver in the background, pass USR1 on to it and wait",
             "# again after each signal (bash runs a trap only between commands, not during a foreground one)",
-            "DRIVER_PID=",
+            *in_background("DRIVER_PID", [
+                "forward() {",
+                '    echo "$1: passed on to the campaign driver"',
+                '    [ -z "$DRIVER_PID" ] || kill "-$1" "$DRIVER_PID" 2>/dev/null || true',
+                "}",
+                "trap 'forward USR1' USR1",
+                "# at the limit the scheduler sends TERM to every process of the job, the driver too: keep waiting for it",
+                "trap 'echo \"TERM: the campaign driver stops its trainings\"' TERM"],
+                driver, "campaign driver exit $rc (75: stopped; the next job of the chain goes on)")]
+
+
+def in_background(pid_var: str, traps: list[str], command: list[str], ending: str) -> list[str]:
+    """Shell lines that set the signal `traps` (their functions may signal $`pid_var`), run `command` (its
+    continued lines) in the background as $`pid_var`, wait for it again after each signal the shell takes,
+    then echo `ending` (which may name $rc) and exit with the command's code."""
+    return [f"{pid_var}=",
             "# shellcheck disable=SC2317  # called by the traps",
-            "forward() {",
-            '    echo "$1: passed on to the campaign driver"',
-            '    [ -z "$DRIVER_PID" ] || kill "-$1" "$DRIVER_PID" 2>/dev/null || true',
-            "}",
-            "trap 'forward USR1' USR1",
-            "# at the limit the scheduler sends TERM to every process of the job, the driver too: keep waiting for it",
-            "trap 'echo \"TERM: the campaign driver stops its trainings\"' TERM",
-            *driver[:-1], f"{driver[-1]} &",
-            "DRIVER_PID=$!",
-            'while kill -0 "$DRIVER_PID" 2>/dev/null; do wait "$DRIVER_PID" || true; done',
-            'rc=0; wait "$DRIVER_PID" || rc=$?',
-            "echo \"campaign driver exit $rc (75: stopped; the next job of the chain goes on)\"",
+            *traps,
+            *command[:-1], f"{command[-1]} &",
+            f"{pid_var}=$!",
+            f'while kill -0 "${pid_var}" 2>/dev/null; do wait "${pid_var}" || true; done',
+            f'rc=0; wait "${pid_var}" || rc=$?',
+            f'echo "{ending}"',
             'exit "$rc"']
 
 

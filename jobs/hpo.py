@@ -21,6 +21,7 @@ import yaml
 
 from common.base.errors import BenchError
 from common.base.version import REPO
+from jobs.chain import in_background
 from jobs.site import Site
 
 
@@ -87,20 +88,15 @@ def worker_lines(site: Site, job: Job, place: list[str], launcher: str) -> list[
             "# the scheduler's TERM (the time limit, a cancelled job) must reach the worker, which then stops its",
             "# trial and queues it again: run it in the background, pass TERM on and wait again after each signal",
             "# (bash runs a trap only between commands, not during a foreground one)",
-            "WORKER_PID=",
-            "# shellcheck disable=SC2317  # called by the trap",
-            "stop_worker() {",
-            '    echo "TERM: passed on to the search worker; it queues its running trial again"',
-            '    [ -z "$WORKER_PID" ] || kill -TERM "$WORKER_PID" 2>/dev/null || true',
-            "}",
-            "trap stop_worker TERM",
-            f'"$DRIVER_PYTHON" -m common.hpo run "$SPACE" --out "$STUDY_DIR" --trials {job.trials} \\',
-            f'    --np {job.nodes * site.ranks_per_node} --python "$PYTHON"{stage} \\',
-            f"    --launcher {launcher} \\",
-            '    "${SETTINGS[@]}" &',
-            "WORKER_PID=$!",
-            'while kill -0 "$WORKER_PID" 2>/dev/null; do wait "$WORKER_PID" || true; done',
-            'rc=0; wait "$WORKER_PID" || rc=$?',
-            'echo "search worker exit $rc (0: the study holds its trials; 143: stopped, its trial queued again; '
-            '2: bad input)"',
-            'exit "$rc"']
+            *in_background("WORKER_PID", [
+                "stop_worker() {",
+                '    echo "TERM: passed on to the search worker; it queues its running trial again"',
+                '    [ -z "$WORKER_PID" ] || kill -TERM "$WORKER_PID" 2>/dev/null || true',
+                "}",
+                "trap stop_worker TERM"], [
+                f'"$DRIVER_PYTHON" -m common.hpo run "$SPACE" --out "$STUDY_DIR" --trials {job.trials} \\',
+                f'    --np {job.nodes * site.ranks_per_node} --python "$PYTHON"{stage} \\',
+                f"    --launcher {launcher} \\",
+                '    "${SETTINGS[@]}"'],
+                "search worker exit $rc (0: the study holds its trials; 143: stopped, its trial queued again; "
+                "2: bad input)")]
