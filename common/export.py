@@ -32,7 +32,7 @@ FORMATS = ("onnx",)
 TOLERANCE = 1e-4  # of the largest absolute Keras output
 CONFIG_FILE = "config.yaml"
 HOW_TO_CHECKPOINT = ("train with checkpoint.every_epochs=1 (a checkpoint at the end of every epoch, and of the "
-                     "epoch that reaches the target)")
+                     "weights that reach the target)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -304,14 +304,16 @@ class _Training:
 
     def succeeded(self, epoch: int, stats: EpochStats) -> FitResult:
         """The run reached its target in `epoch`. A run that checkpoints on a schedule (every_epochs or
-        every_minutes) first saves the weights that reached it, when the epoch was trained to its end, as the
-        checkpoint of that epoch's end it would otherwise have written when due: `python -m common.export`
-        then exports the model that met the target (docs/export.md). Inside the timed region, as every
-        checkpoint of the run."""
+        every_minutes) first saves the weights that reached it: at the epoch's end, the checkpoint of that end
+        it would otherwise have written when due; inside the epoch (train.eval_every_steps), a checkpoint of
+        the step reached, as a stop signal writes one. `python -m common.export` then exports the model that
+        met the target (docs/export.md). Inside the timed region, as every checkpoint of the run."""
         checkpointer = self.ctx.control.checkpointer
         scheduled = checkpointer is not None and bool(checkpointer.cfg.every_epochs or checkpointer.cfg.every_minutes)
         if scheduled and stats.steps == self.data.train_steps:
             self.saver.save(Progress(epoch + 1, 0, self.evaluator.history))
+        elif scheduled:
+            self.saver.save(Progress(epoch, stats.steps, self.evaluator.history, stats.partial()))
         return self.evaluator.success()
 
     def after_step(self, epoch: int, step: int, running: dict) -> bool:

@@ -45,7 +45,7 @@ class StopAt(StopRequests):
         super().arm()
 
 
-def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, target=0.0):
+def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, target=0.0, eval_every_steps=0):
     import keras
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
@@ -57,7 +57,8 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, targ
     mlperf = MLPerfLog(out / "mlperf.log")
     trainee = Trainee(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
                       lambda _data: lambda epoch: 0.05 * (1 + epoch))
-    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=max_epochs, target=target),
+    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=max_epochs, target=target,
+                                                                                  eval_every_steps=eval_every_steps),
                                                control, log=lambda _m: None))
     mlperf.close()
     return result, [v.numpy() for v in model.variables]
@@ -205,3 +206,16 @@ def test_the_epoch_that_reaches_the_target_saves_its_weights_when_checkpoints_ar
         assert (meta["progress"]["epoch"], meta["progress"]["step"]) == (2, 0)
         with np.load(found[0] / "model.npz") as arrays:
             _same([arrays[f"v{i:05d}"] for i in range(2)], final[:2])  # the first Dense layer's kernel and bias
+
+
+def test_a_target_reached_inside_an_epoch_saves_the_step_that_reached_it(tmp_path):
+    """Evaluations every 2 steps (train.eval_every_steps): the target is met after step 2 of epoch 1's 4; the
+    run saves that step's weights (a checkpoint inside the epoch, as a stop signal writes)."""
+    result, final = _fit(tmp_path, 5, every_epochs=3, target=10.0, eval_every_steps=2)
+    assert result.status == "success" and result.epochs == 1
+    found = list_checkpoints(tmp_path / "ckpt")
+    assert [p.name for p in found] == ["ckpt-000000002"]
+    meta = check_checkpoint(found[0])
+    assert (meta["progress"]["epoch"], meta["progress"]["step"]) == (1, 2)
+    with np.load(found[0] / "model.npz") as arrays:
+        _same([arrays[f"v{i:05d}"] for i in range(2)], final[:2])
