@@ -495,7 +495,10 @@ def _stage_cleanup(site: Site, job: Job, campaign: bool) -> list[str]:
             '    [ -n "$STAGE_DIR" ] || return 0',
             '    echo "removing $STAGE_DIR/$STAGE_NAME on every node"',
             f'    {launch}find "$STAGE_DIR" -mindepth 1 -maxdepth 1 -name "$STAGE_NAME" -exec rm -rf {{}} + ||',
-            '        echo "warning: removing $STAGE_DIR/$STAGE_NAME failed on some node (see above)" >&2',
+            '        echo "warning: removing $STAGE_DIR/$STAGE_NAME through the launcher failed (see above): removed on" \\',
+            '             "this node only, other nodes of the job may keep it" >&2',
+            "    # and here, on the node running this script, also when the launcher cannot start (a cancelled job)",
+            '    find "$STAGE_DIR" -mindepth 1 -maxdepth 1 -name "$STAGE_NAME" -exec rm -rf {} + 2>/dev/null || true',
             "}",
             "trap clean_stage EXIT",
             ""]

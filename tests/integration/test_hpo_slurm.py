@@ -94,4 +94,4 @@ def test_two_jobs_share_a_study_and_a_cancelled_jobs_trial_runs_again_in_the_oth
     trial = yaml.safe_load((study / "runs" / f"run_{first:03d}" / "config.yaml").read_text())
     assert trial["data"]["stage_dir"] == f"{stage}/cosmoflow-{jobs[0]}/run_{first:03d}", trial["data"]
     assert trial["mlperf"]["platform"] == "localhost-slurm" and trial["run"]["seed"] == 1000, trial
-    assert not [p for p in stage.rglob("*") if p.is_file()], "staged copies left"
+    assert not list(stage.glob("*")), f"left in the stage directory: {sorted(stage.rglob('*'))}"
