@@ -3,7 +3,8 @@
 # 4 (1 rank), 8 (2 ranks) and 16 (2 ranks, local batch 8): a search of TRIALS trials each (learning rate,
 # warm-up, decay epochs; the config's own settings first), then SEEDS runs of each batch size's best settings
 # as a campaign (score with its interval), then the analysis report of the three campaigns in REPORT_DIR.
-# Resumable: run it again and the searches and campaigns continue where they stopped.
+# Resumable: run it again and the searches and campaigns continue where they stopped. The study's record
+# (logs, configs, scores; not checkpoints) is copied to $REPORT_DIR/logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -42,6 +43,20 @@ enqueue:
 SPACE
 }
 
+# copy_logs: the study's record into $REPORT_DIR/logs (each run's MLPerf log, summary, config, command and
+# output; each search's journal and settings; each campaign's record and score), without checkpoints,
+# event files, submission packages or the runs an interrupted campaign set aside
+copy_logs() {
+    local dest="$PWD/$REPORT_DIR/logs"
+    rm -rf "$dest" && mkdir -p "$dest"
+    (cd "$STUDY_DIR" && find . \( -name submission -o -name aborted -o -name tensorboard -o -name 'ckpt*' \) -prune \
+        -o -type f \( -name mlperf.log -o -name summary.json -o -name config.yaml -o -name trial.json \
+        -o -name command.txt -o -name train.log -o -name journal.log -o -name hpo.json -o -name 'space-*.yaml' \
+        -o -name campaign.json -o -name campaign_run.json -o -name score.json \) -print0 |
+        xargs -0 cp --parents -t "$dest")
+    echo "copied $(find "$dest" -type f | wc -l) files of the study's record to $REPORT_DIR/logs"
+}
+
 cosmo_mini_data "$DATA_ROOT/cosmo_mini"
 mkdir -p "$STUDY_DIR"
 CONFIGS=("b4:1:4" "b8:2:4" "b16:2:8")  # name:ranks:local batch size
@@ -74,3 +89,4 @@ for config in "${CONFIGS[@]}"; do
     cp -r "$STUDY_DIR/search-$name/figures" "$STUDY_DIR/search-$name/best" "$REPORT_DIR/search-$name/"
     cp "$STUDY_DIR/best-$name/score.md" "$REPORT_DIR/search-$name/best_runs_score.md"
 done
+copy_logs
