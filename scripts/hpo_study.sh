@@ -2,7 +2,8 @@
 # make hpo-study: the hyperparameter study of docs/hpo.md on this machine. CosmoFlow mini at global batch
 # 4 (1 rank), 8 (2 ranks) and 16 (2 ranks, local batch 8): a search of TRIALS trials each (learning rate,
 # warm-up, decay epochs; the config's own settings first), then SEEDS runs of each batch size's best settings
-# as a campaign (score with its interval), then the analysis report of the three campaigns in REPORT_DIR.
+# as a campaign (score with its interval), then the analysis report of the three campaigns in REPORT_DIR and
+# that of the three searches (every trial's run, each search's best settings and figures) in REPORT_DIR/searches.
 # Resumable: run it again and the searches and campaigns continue where they stopped. The study's record
 # (logs, configs, scores; not checkpoints) is copied to $REPORT_DIR/logs.
 set -euo pipefail
@@ -79,9 +80,11 @@ for config in "${CONFIGS[@]}"; do
         --system "$SYSTEM" --stage-dir "$STAGE_DIR" || rc=$?
     [ "$rc" -le 1 ] || exit "$rc"
 done
-say "analysis report of the best settings' runs in $REPORT_DIR"
+say "analysis report of the best settings' runs in $REPORT_DIR, of the searches in $REPORT_DIR/searches"
 "$PY" -m common.campaign.analysis report "$STUDY_DIR"/best-b4 "$STUDY_DIR"/best-b8 "$STUDY_DIR"/best-b16 \
     --out "$REPORT_DIR"
+"$PY" -m common.campaign.analysis report "$STUDY_DIR"/search-b4 "$STUDY_DIR"/search-b8 "$STUDY_DIR"/search-b16 \
+    --out "$REPORT_DIR/searches"
 for config in "${CONFIGS[@]}"; do
     IFS=: read -r name _ _ <<< "$config"
     mkdir -p "$REPORT_DIR/search-$name"

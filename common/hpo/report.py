@@ -100,6 +100,29 @@ def write_report(study, space: Space, out: Path, ranks: int, overrides: tuple[st
     return write_text_atomic(text, out / "report.md")
 
 
+def analysis_section(out: Path) -> tuple[str, str, pd.DataFrame, dict[str, bytes]]:
+    """The search in `out` as a section of the analysis report (python -m common.campaign.analysis report):
+    (title, prose, its best settings per global batch size, its figures), read from the study as it stands
+    without writing to it."""
+    from common.hpo.study import read_study, saved_settings
+    space, settings = saved_settings(out)
+    study = read_study(out, settings)
+    table = trials_table(study, space, out)
+    best = best_per_batch(table)
+    importance = param_importances(study)
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(table["state"].value_counts().to_dict().items()))
+    ranked = ", ".join(f"{k} {v:.2f}" for k, v in importance.items()) or "too few complete trials"
+    prose = (f"`{out}`: {space.benchmark}, {len(table)} trials ({counts}); objective {space.objective} to the "
+             f"target, a miss scoring {space.failure_penalty:g} x "
+             f"{'max_epochs' if space.objective == 'epochs' else 'its time'}. Best settings per global batch size "
+             f"below (its report.md lists every trial); parameter importances (fANOVA): {ranked}.")
+    figs = {f"hpo_{out.name}_{name}": png for name, png in
+            (("history.png", history_figure(table)), ("importance.png", importance_figure(importance)),
+             ("epochs_vs_batch.png", batch_figure(table, best))) if png}
+    shown = best.drop(columns=["state"]) if not best.empty else None
+    return f"Hyperparameter search {out.name}", prose, shown, figs
+
+
 def param_importances(study) -> dict:
     """Optuna's fANOVA importances of the parameters for the objective ({} with too few complete trials)."""
     import optuna

@@ -52,6 +52,21 @@ def storage_for(out: Path, settings: StudySettings):
     return optuna.storages.JournalStorage(JournalFileBackend(str(out / "journal.log")))
 
 
+def read_study(out: Path, settings: StudySettings):
+    """The study in `out`, only read (optuna.load_study: opening it with create_study would append to the
+    journal), for a reader such as the analysis report."""
+    import optuna
+    journal = out / "journal.log"
+    if not settings.storage and not journal.is_file():  # the journal backend would create it
+        raise BenchError(f"{out}: no {journal.name}, the study's journal (a search that has not started yet?)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=STUDY_NAME, storage=storage_for(out, settings))
+    except KeyError as err:  # Optuna's "Record does not exist" for a storage without the study
+        raise BenchError(f"{out}: its storage {settings.storage or out / 'journal.log'} holds no study "
+                         f"{STUDY_NAME!r} (a search that has not started a trial yet?)") from err
+
+
 def open_study(space: Space, out: Path, settings: StudySettings):
     """Create the study in `out`, or load it when its hpo.json matches (a larger --trials may extend it)."""
     import optuna

@@ -8,8 +8,10 @@ import textwrap
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 
+from common.base.errors import BenchError
 from common.hpo.study import STUDY_NAME
 from tests.conftest import REPO, checkout_first_on_path
 
@@ -59,3 +61,38 @@ def test_two_workers_share_a_study_and_together_finish_its_trials(tmp_path):
         record = json.loads((out / "runs" / f"run_{t.number:03d}" / "trial.json").read_text())
         assert record["value"] == t.value == record["epochs"]
     assert Path(out / "report.md").is_file() and Path(out / "best" / "cosmoflow_b8.yaml").is_file()
+
+
+def test_a_search_is_a_section_of_the_analysis_report(tmp_path):
+    """`python -m common.campaign.analysis report` given a study directory adds its best settings per batch size,
+    its importances and its three figures; a directory that is not a study adds nothing."""
+    (tmp_path / "launcher.py").write_text(FAKE_LAUNCHER)
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({
+        "benchmark": "cosmoflow", "config": str(REPO / "cosmoflow/configs/cosmo_mini.yaml"),
+        "sampler": {"name": "random", "seed": 5}, "pruner": {"name": "none"},
+        "params": {"optimizer.base_lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+                   "schedule.warmup_epochs": {"type": "int", "low": 0, "high": 3}}}))
+    out = tmp_path / "study"
+    command = [sys.executable, "-m", "common.hpo", "run", str(space), "--out", str(out), "--trials", "5", "--np", "1",
+               "--launcher", f"{sys.executable} {tmp_path / 'launcher.py'}"]
+    done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": checkout_first_on_path()},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from common.campaign.analysis.__main__ import searches
+    assert searches([str(tmp_path)]) == []
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    [(title, prose, best, figs)] = searches([str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # read, not written
+    assert title == "Hyperparameter search study" and "5 trials (5 complete)" in prose and "objective epochs" in prose
+    assert "optimizer.base_lr" in prose.split("importances (fANOVA):")[1]
+    trials = [json.loads(p.read_text()) for p in sorted(out.glob("runs/run_*/trial.json"))]
+    fastest = min(trials, key=lambda t: t["epochs"])
+    assert list(best["global_batch_size"]) == [8] and best["epochs"].iloc[0] == fastest["epochs"]
+    assert best["optimizer.base_lr"].iloc[0] == fastest["params"]["optimizer.base_lr"]
+    assert sorted(figs) == ["hpo_study_epochs_vs_batch.png", "hpo_study_history.png", "hpo_study_importance.png"]
+    assert all(png.startswith(b"\x89PNG") for png in figs.values())
+    (out / "journal.log").unlink()
+    with pytest.raises(BenchError, match=r"study: no journal.log, the study's journal"):
+        searches([str(out)])
+    assert not (out / "journal.log").exists()

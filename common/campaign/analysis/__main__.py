@@ -18,6 +18,15 @@ def target(text: str) -> tuple[str, int, int]:
     return parts[0], int(parts[1]), int(parts[2])
 
 
+def searches(paths: list[str]) -> list:
+    """A report section for each hyperparameter search among `paths` (a directory with hpo.json, docs/hpo.md)."""
+    found = [Path(p) for p in paths if (Path(p) / "hpo.json").is_file()]
+    if not found:
+        return []
+    from common.hpo.report import analysis_section
+    return [analysis_section(p) for p in found]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m common.campaign.analysis", description=DOC,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,7 +64,9 @@ def main(argv=None) -> int:
                 raise BenchError("predict: give at least one --predict BENCH:UNITS:BATCH")
             print(report.prediction_table([predict(runs, *t) for t in args.predict]).to_string(index=False))
         else:
-            out = report.write(report.build(runs, args.predict), runs, epochs, Path(args.out), args.paths)
+            built = report.build(runs, args.predict)
+            built.sections += searches(args.paths)
+            out = report.write(built, runs, epochs, Path(args.out), args.paths)
             print(f"wrote {out / 'report.html'}, {out / 'summary.md'} and {len(list((out / 'figures').iterdir()))} "
                   f"figures")
         return 0
