@@ -57,10 +57,10 @@ def main(argv=None) -> int:
     def run() -> int:
         from common.hpo.report import write_report
         from common.hpo.space import load_space
-        from common.hpo.study import StudySettings, open_study, run_study, saved_settings
+        from common.hpo.study import StudySettings, open_study, read_study, run_study, saved_settings
         if args.command == "report":
             space, settings = saved_settings(Path(args.out))
-            study = open_study(space, Path(args.out), settings)
+            study = read_study(Path(args.out), settings)
             launch = settings.launch
             print(f"wrote {write_report(study, space, Path(args.out), launch.ranks, launch.overrides)}")
             return 0

@@ -92,6 +92,12 @@ def test_a_search_is_a_section_of_the_analysis_report(tmp_path):
     assert best["optimizer.base_lr"].iloc[0] == fastest["params"]["optimizer.base_lr"]
     assert sorted(figs) == ["hpo_study_epochs_vs_batch.png", "hpo_study_history.png", "hpo_study_importance.png"]
     assert all(png.startswith(b"\x89PNG") for png in figs.values())
+    journal = (out / "journal.log").read_bytes()
+    (out / "report.md").unlink()
+    again = subprocess.run([sys.executable, "-m", "common.hpo", "report", str(out)], cwd=REPO, capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": checkout_first_on_path()}, timeout=300)
+    assert again.returncode == 0 and (out / "report.md").is_file(), again.stdout + again.stderr
+    assert (out / "journal.log").read_bytes() == journal  # `report` reads the study too
     (out / "journal.log").unlink()
     with pytest.raises(BenchError, match=r"study: no journal.log, the study's journal"):
         searches([str(out)])
