@@ -18,7 +18,7 @@ help:
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
 	@echo "make study   CosmoFlow mini campaigns at global batch 4, 8 and 16 (SEEDS=3 runs each, about"
 	@echo "             11 min per run here), then the analysis report in docs/study (docs/campaigns.md)"
-	@echo "make hpo-study  CosmoFlow mini hyperparameter searches at global batch 4, 8 and 16 (TRIALS=8 each),"
+	@echo "make hpo-study  CosmoFlow mini hyperparameter searches at global batch 4-32 (BATCHES; TRIALS=8 each),"
 	@echo "             then SEEDS=3 runs of each best setting and their report in docs/hpo_study (docs/hpo.md)"
 	@echo "make scaling CosmoFlow mini on 1 and 2 ranks (one epoch each, about 20 min here): weak and strong"
 	@echo "             scaling efficiency and where a step goes, report in docs/scaling (docs/metrics.md)"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # make hpo-study: the hyperparameter study of docs/hpo.md on this machine. CosmoFlow mini at global batch
-# 4 (1 rank), 8 (2 ranks) and 16 (2 ranks, local batch 8): a search of TRIALS trials each (learning rate,
-# warm-up, decay epochs; the config's own settings first), then SEEDS runs of each batch size's best settings
-# as a campaign (score with its interval), then the analysis report of the three campaigns in REPORT_DIR and
-# that of the three searches (every trial's run, each search's best settings and figures) in REPORT_DIR/searches.
+# 4 (1 rank), 8 (2 ranks), 16 (2 ranks, local batch 8) and 32 (2 ranks, local batch 16); BATCHES overrides the
+# list ("name:ranks:local batch" words). A search of TRIALS trials each (learning rate, warm-up, decay epochs;
+# the config's own settings first), then SEEDS runs of each batch size's best settings as a campaign (score with
+# its interval), then the analysis report of the campaigns in REPORT_DIR and that of the searches (every
+# trial's run, each search's best settings and figures) in REPORT_DIR/searches.
 # Resumable: run it again and the searches and campaigns continue where they stopped. The study's record
 # (logs, configs, scores; not checkpoints) is copied to $REPORT_DIR/logs.
 set -euo pipefail
@@ -58,9 +59,16 @@ copy_logs() {
     echo "copied $(find "$dest" -type f | wc -l) files of the study's record to $REPORT_DIR/logs"
 }
 
+read -r -a CONFIGS <<< "${BATCHES-b4:1:4 b8:2:4 b16:2:8 b32:2:16}"  # name:ranks:local batch size
+[ "${#CONFIGS[@]}" -gt 0 ] || { echo "error: BATCHES is empty; expected words name:ranks:local batch (e.g. b8:2:4)" >&2; exit 2; }
+NAMES=()
+for config in "${CONFIGS[@]}"; do
+    [[ "$config" =~ ^b[0-9]+:[1-9][0-9]*:[1-9][0-9]*$ ]] || {
+        echo "error: BATCHES word '$config' is not name:ranks:local batch (e.g. b8:2:4)" >&2; exit 2; }
+    NAMES+=("${config%%:*}")
+done
 cosmo_mini_data "$DATA_ROOT/cosmo_mini"
 mkdir -p "$STUDY_DIR"
-CONFIGS=("b4:1:4" "b8:2:4" "b16:2:8")  # name:ranks:local batch size
 for config in "${CONFIGS[@]}"; do
     IFS=: read -r name ranks local <<< "$config"
     t0=$(date +%s)
@@ -81,12 +89,9 @@ for config in "${CONFIGS[@]}"; do
     [ "$rc" -le 1 ] || exit "$rc"
 done
 say "analysis report of the best settings' runs in $REPORT_DIR, of the searches in $REPORT_DIR/searches"
-"$PY" -m common.campaign.analysis report "$STUDY_DIR"/best-b4 "$STUDY_DIR"/best-b8 "$STUDY_DIR"/best-b16 \
-    --out "$REPORT_DIR"
-"$PY" -m common.campaign.analysis report "$STUDY_DIR"/search-b4 "$STUDY_DIR"/search-b8 "$STUDY_DIR"/search-b16 \
-    --out "$REPORT_DIR/searches"
-for config in "${CONFIGS[@]}"; do
-    IFS=: read -r name _ _ <<< "$config"
+"$PY" -m common.campaign.analysis report "${NAMES[@]/#/$STUDY_DIR/best-}" --out "$REPORT_DIR"
+"$PY" -m common.campaign.analysis report "${NAMES[@]/#/$STUDY_DIR/search-}" --out "$REPORT_DIR/searches"
+for name in "${NAMES[@]}"; do
     mkdir -p "$REPORT_DIR/search-$name"
     cp "$STUDY_DIR/search-$name/report.md" "$STUDY_DIR/search-$name/trials.csv" "$REPORT_DIR/search-$name/"
     cp -r "$STUDY_DIR/search-$name/figures" "$STUDY_DIR/search-$name/best" "$REPORT_DIR/search-$name/"
