@@ -10,8 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 EPOCHS=${EPOCHS:-1}
-SCALING_DIR=${SCALING_DIR:-studies/scaling}
-REPORT_DIR=${REPORT_DIR:-docs/scaling}
+SCALING_DIR=${SCALING_DIR:-studies/cosmo-scaling}
+REPORT_DIR=${REPORT_DIR:-studies/scaling}
 DATA_ROOT=${DATA_ROOT:-demo/data}
 SYSTEM=${SYSTEM:-local-2core}
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 SEEDS=${SEEDS:-3}
 STUDY_DIR=${STUDY_DIR:-studies/cosmo-batch}
-REPORT_DIR=${REPORT_DIR:-docs/study}
+REPORT_DIR=${REPORT_DIR:-studies/study}
 DATA_ROOT=${DATA_ROOT:-demo/data}
 STAGE_DIR=${STAGE_DIR:-/dev/shm/hpc-sciml-study}
 SYSTEM=${SYSTEM:-local-2core}
