@@ -18,11 +18,11 @@ submission's run count (20 CosmoFlow, 10 DeepCAM runs); fewer are written and sa
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
+from common.base.mlperf_log import metadata, read_events
 
 MIN_RUNS = 3  # an olympic mean drops the fastest and the slowest
 REFERENCE_RUNS = {"cosmoflow": 20, "deepcam": 10}  # twice the rules' submission runs
@@ -33,22 +33,16 @@ PREFIXES = ("opt_", "scheduler_", "batchnorm_")
 def read_run(log: Path) -> tuple[str, int, dict, float | None]:
     """A run's benchmark, global batch size, hyperparameters and epochs to converge (None: not converged)."""
     hyper, benchmark, epoch, converged = {}, None, None, False
-    for number, line in enumerate(log.read_text(errors="replace").splitlines(), 1):
-        if not line.startswith(":::MLLOG "):
-            continue
-        try:
-            event = json.loads(line[len(":::MLLOG "):])
-        except json.JSONDecodeError:
-            raise BenchError(f"{log}:{number}: not a JSON MLPerf log line") from None
+    for event in read_events(log, strict=True):
         key, value = event.get("key"), event.get("value")
         if key == "submission_benchmark":
             benchmark = value
         elif key in EXACT_KEYS or (isinstance(key, str) and key.startswith(PREFIXES)):
             hyper.setdefault(key, value)
         elif key in ("eval_accuracy", "eval_error"):
-            epoch = (event.get("metadata") or {}).get("epoch_num")
+            epoch = metadata(event).get("epoch_num")
         elif key == "run_stop":
-            converged = (event.get("metadata") or {}).get("status") == "success"
+            converged = metadata(event).get("status") == "success"
     if benchmark is None or "global_batch_size" not in hyper:
         raise BenchError(f"{log}: no submission_benchmark or global_batch_size; not a complete MLPerf log")
     return benchmark, int(hyper["global_batch_size"]), hyper, round(float(epoch), 3) if converged and epoch else None

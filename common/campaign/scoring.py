@@ -40,6 +40,7 @@ from common.base.files import atomic_path, write_json_atomic
 from common.campaign.compliance import check_log
 from common.base.errors import BenchError
 from common.base.host import cpu_model
+from common.base.mlperf_log import read_events
 
 USAGE, RULESET = "hpc", "3.0.0"
 IMPLEMENTATION = "hpc-sciml-bench"
@@ -196,13 +197,7 @@ def log_values(log: Path) -> dict:
     """run_start / run_stop times (ms) and the values of the other keys of an MLPerf log, first one wins;
     `last_eval_epoch`: the epoch_num of the last evaluation."""
     values: dict = {}
-    for line in log.read_text(errors="replace").splitlines():
-        if not line.startswith(":::MLLOG "):
-            continue
-        try:
-            event = json.loads(line[len(":::MLLOG "):])
-        except json.JSONDecodeError:
-            continue  # the checker reports it
+    for event in read_events(log):  # a line that is no JSON: the checker reports it
         key = event.get("key")
         if key in ("run_start", "run_stop"):
             values.setdefault(key, float(event["time_ms"]))

@@ -25,6 +25,7 @@ from typing import Callable
 
 import yaml
 
+from common.base import mlperf_log
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.version import REPO
@@ -119,15 +120,9 @@ class EvalReader:
         end = chunk.rfind(b"\n") + 1
         self.offset += end
         found = []
-        for line in chunk[:end].decode(errors="replace").splitlines():
-            if not line.startswith(":::MLLOG "):
-                continue
-            try:
-                event = json.loads(line[len(":::MLLOG "):])
-            except json.JSONDecodeError:
-                continue
+        for event in mlperf_log.parse_lines(chunk[:end].decode(errors="replace").splitlines()):
             if event.get("key") in DISTANCE and isinstance(event.get("value"), (int, float)):
-                epoch = (event.get("metadata") or {}).get("epoch_num")
+                epoch = mlperf_log.metadata(event).get("epoch_num")
                 if isinstance(epoch, (int, float)):
                     found.append((float(epoch), DISTANCE[event["key"]](float(event["value"]))))
         return found
@@ -226,20 +221,14 @@ def _log_facts(log: Path) -> dict:
     """The global batch size and the epoch of the last evaluation in a training's MLPerf log."""
     facts = {"global_batch_size": None, "epochs": None}
     try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
+        events = mlperf_log.read_events(log)
+    except BenchError:  # no log (yet): the facts stay unknown
         return facts
-    for line in lines:
-        if not line.startswith(":::MLLOG "):
-            continue
-        try:
-            event = json.loads(line[len(":::MLLOG "):])
-        except json.JSONDecodeError:
-            continue
+    for event in events:
         if event.get("key") == "global_batch_size":
             facts["global_batch_size"] = event.get("value")
         elif event.get("key") in DISTANCE:
-            facts["epochs"] = (event.get("metadata") or {}).get("epoch_num")
+            facts["epochs"] = mlperf_log.metadata(event).get("epoch_num")
     return facts
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.base import mlperf_log
 from common.campaign.analysis import analyses, logs, predict, report
 from common.campaign.analysis.__main__ import main as analysis_main
 from common.base.errors import BenchError
@@ -57,7 +58,7 @@ def test_bad_logs_are_named(tmp_path):
         logs.parse_run(tmp_path / "a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b/mlperf.log").write_text(':::MLLOG {"key": "run_start", "time_ms": 1}\n:::MLLOG {broken\n')
-    with pytest.raises(BenchError, match=r"b/mlperf.log, line 2: not a JSON MLPerf event"):
+    with pytest.raises(BenchError, match=r"b/mlperf.log:2: not a JSON MLPerf event"):
         logs.parse_run(tmp_path / "b")
 
 
@@ -193,7 +194,7 @@ def _split_at_epoch(log, run, epoch_cut: int) -> None:
     """`log` cut into two attempts the way a stop inside epoch `epoch_cut` and a resume leave them: attempt 1
     ends with that epoch's epoch_stop and run_stop aborted; attempt 2 repeats init, logs run_start and
     resumed_from_checkpoint, and goes on from epoch_start of `epoch_cut`."""
-    events = [json.loads(line[len(":::MLLOG "):]) for line in log.read_text().splitlines()]
+    events = mlperf_log.read_events(log, strict=True)
     starts = [i for i, e in enumerate(events) if e["key"] == "epoch_start"]
     cut = starts[epoch_cut - 1]
     run_start = next(i for i, e in enumerate(events) if e["key"] == "run_start")

@@ -1,6 +1,6 @@
 """MLPerf log: rank 0 writes parseable :::MLLOG lines with the caller's location; others write nothing."""
-import json
 
+from common.base.mlperf_log import read_events
 from common.runtime.config import MlperfConfig
 from common.runtime.mllog import MLPerfLog, dataset_keys, scale_keys
 from cosmoflow.config import OptimizerConfig, ScheduleConfig
@@ -10,7 +10,7 @@ SCHEDULE = ScheduleConfig(decay_epochs=(2,), decay_factors=(0.5,))
 
 
 def _events(path):
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines() if ":::MLLOG" in line]
+    return read_events(path, strict=True)
 
 
 def test_root_writes_events(tmp_path):

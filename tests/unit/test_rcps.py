@@ -86,5 +86,5 @@ def test_bad_input_names_the_file(tmp_path):
         rcps.write_rcps([campaign], tmp_path / "x.json", label="a b")
     log = run_dir(campaign, 0) / "mlperf.log"
     log.write_text(log.read_text() + ":::MLLOG {broken\n")
-    with pytest.raises(BenchError, match=r"mlperf\.log:\d+: not a JSON MLPerf log line"):
+    with pytest.raises(BenchError, match=r"mlperf\.log:\d+: not a JSON MLPerf event"):
         rcps.build_rcps([campaign])

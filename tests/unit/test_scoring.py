@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from common.base import mlperf_log
 from common.campaign import run as campaign, scoring
 from common.campaign.run import CampaignSpec, open_campaign, run_dir
 from common.base.errors import BenchError
@@ -22,8 +23,7 @@ T0 = 1_800_000_000_000  # ms
 
 def write_log(path: Path, start_ms: float, minutes: float, seed: int, success: bool = True) -> None:
     """The fixture with run_start at `start_ms`, run_stop `minutes` later, everything else in proportion."""
-    events = [json.loads(line[len(":::MLLOG "):]) for line in FIXTURE.read_text().splitlines()
-              if line.startswith(":::MLLOG ")]
+    events = mlperf_log.read_events(FIXTURE, strict=True)
     times = {e["key"]: e["time_ms"] for e in events if e["key"] in ("run_start", "run_stop")}
     first, scale = times["run_start"], minutes * 60_000 / (times["run_stop"] - times["run_start"])
     lines = []

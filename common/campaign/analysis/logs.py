@@ -32,6 +32,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from common.base import mlperf_log
 from common.base.errors import BenchError
 
 LOG_NAME = "mlperf.log"
@@ -56,17 +57,7 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
 
 def read_events(log: Path) -> list[dict]:
     """The `:::MLLOG` events of a log, in order; a log with none (or an unreadable one) is an error."""
-    events = []
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError as err:
-        raise BenchError(f"{log}: cannot read it ({err})") from None
-    for number, line in enumerate(lines, 1):
-        if line.startswith(":::MLLOG "):
-            try:
-                events.append(json.loads(line[len(":::MLLOG "):]))
-            except json.JSONDecodeError as err:
-                raise BenchError(f"{log}, line {number}: not a JSON MLPerf event ({err})") from None
+    events = mlperf_log.read_events(log, strict=True)
     if not events:
         raise BenchError(f"{log}: no :::MLLOG events; not an MLPerf log")
     return events
