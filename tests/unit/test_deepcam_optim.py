@@ -133,7 +133,7 @@ def _assert_same(got, want):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
 @pytest.mark.parametrize("wd", [0.01, 0.0])
-def test_lamb_matches_apex_fused_lamb_step_by_step(compiled, wd):
+def test_lamb_follows_apex_fused_lambs_update_rule_as_numpy_lamb_states_it_step_by_step(compiled, wd):
     from deepcam.lamb import ApexLamb
     params, grads, rates = _problem()
     opt = ApexLamb(learning_rate=rates[0], beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=wd,
@@ -153,7 +153,7 @@ def test_lamb_decay_inside_the_trust_ratio_differs_from_keras_lamb():
 
 
 @pytest.mark.parametrize("decoupled", [False, True], ids=["Adam", "AdamW"])
-def test_adam_and_adamw_match_torch_step_by_step(decoupled):
+def test_adam_and_adamw_follow_torchs_update_rules_as_numpy_torch_adam_states_them_step_by_step(decoupled):
     from deepcam.lamb import TorchAdam
     params, grads, rates = _problem(2)
     opt = TorchAdam(learning_rate=rates[0], beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.05,
