@@ -164,8 +164,7 @@ def table(result: dict) -> str:
              f"from the page cache; task 0's block). Rates in brackets: against the whole sample's with that loader.",
              f"Per-block records written by this run (`data_prep cosmo-blocks`, 2 workers): {written}." if written else
              "Per-block records were already there (written by an earlier run).",
-             measured_note(result).strip() + f" Code {result['code']['commit'][:7]}"
-             f"{' with changes' if result['code']['modified'] else ''}."]
+             measured_note(result).strip()]
     return "\n".join(rows) + "\n" + "\n".join(notes)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import threadcpu
 
 from common.base.files import write_text_atomic
-from common.base.host import cpu_model, vector_isa
+from common.base.host import caption_flags, cpu_model, vector_isa
 # The step timer the reference-side drivers use too (standard library only: they run in other venvs).
 from reference.steptime import time_calls as time_steps  # noqa: F401  (re-exported to the benchmarks)
 
@@ -194,20 +194,45 @@ def ratios_line(ratios: Sequence[dict], label: Callable[[dict], str]) -> str:
 
 
 def run_header(sgemm: float) -> dict:
-    """Date, machine, CPU and sgemm rate: the fields every results file starts with."""
+    """Date, machine, CPU, its ISA flags, the code's commit and the sgemm rate: the fields every results file starts
+    with, and what the caption under its table says of the run."""
     return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
-            "cpu": f"{cpu_model()}, {vector_isa()}", "sgemm_gflops": sgemm}
+            "cpu": f"{cpu_model()}, {vector_isa()}", "isa_flags": caption_flags(), "commit": code_commit(),
+            "sgemm_gflops": sgemm}
+
+
+def code_commit() -> str:
+    """HEAD's short commit, "with local changes" added when tracked files differ from it; "unknown" outside a git
+    work tree."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return head.stdout.strip() + (" with local changes" if changed.stdout.strip() else "")
 
 
 def measured_note(result: dict) -> str:
     """The line under a results table: the sgemm rate (the range over the run when it was measured before
-    each row), date, machine and (when recorded) CPU."""
-    cpu = f" ({result['cpu']})" if result.get("cpu") else ""
+    each row), then `measured_on`."""
     rates = [x["sgemm_gflops"] for r in result.get("runs", ()) for x in r.get("rounds", ())]
     sgemm = (f"{min(rates):.1f}-{max(rates):.1f} GFLOP/s, measured before each of the run's {len(rates)} measurements"
              if rates else f"{result['sgemm_gflops']:.1f} GFLOP/s")
-    return (f"\nsgemm (numpy, {SGEMM_SIZE}^2, float32, all cores): {sgemm}. "
-            f"Measured {result['date']} on {result['machine']}{cpu}.")
+    return f"\nsgemm (numpy, {SGEMM_SIZE}^2, float32, all cores): {sgemm}. {measured_on(result)}"
+
+
+def measured_on(result: dict) -> str:
+    """What a table's caption says of its run: "Measured DATE on MACHINE (CPU). ISA flags: ...; commit ...", naming
+    what an older results file did not record."""
+    cpu = f" ({result['cpu']})" if result.get("cpu") else ""
+    facts = {"ISA flags": result.get("isa_flags"),
+             "commit": result.get("commit") or (result.get("code") or {}).get("commit", "")[:7]}
+    known = "; ".join(f"{name} {value}" if name == "commit" else f"{name}: {value}"
+                      for name, value in facts.items() if value)
+    missing = (["CPU model"] if not cpu else []) + [name for name, value in facts.items() if not value]
+    known = f" {known[0].upper()}{known[1:]}." if known else ""
+    return f"Measured {result['date']} on {result['machine']}{cpu}.{known}" + (
+        f" Not recorded: {', '.join(missing)}." if missing else "")
 
 
 def write_json_atomic(path: Path, obj) -> None:

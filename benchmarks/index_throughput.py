@@ -23,7 +23,7 @@ per-file phase of index (without the start of its worker processes, which import
 record's probe; the wall time is recorded too) and staging's timed part. The fixtures are read into the page cache first, so the figures
 are CPU rates, not a disk's. GB/s is 1e9 bytes per second of the files as stored (compressed); uncompressed
 GB/s is given beside. Writes benchmarks/results/index_throughput.json and the table between the markers in
-docs/performance.md.
+docs/datasets.md.
 """
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ from pathlib import Path
 from common.base.version import code_version
 
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import DOC, REPO, RESULTS_DIR, check_marked_section, replace_marked_section, run_header, sgemm_gflops
+from harness import (REPO, RESULTS_DIR, check_marked_section, measured_on, replace_marked_section, run_header,
+                     sgemm_gflops)
 from harness import write_json_atomic
 
+DOC = REPO / "docs/datasets.md"  # its table lives beside the command it measures
 RESULTS = RESULTS_DIR / "index_throughput.json"
 BEGIN, END = "<!-- index-throughput:begin -->", "<!-- index-throughput:end -->"
 DEFAULT_WORK_DIR = Path("/tmp/hpc-sciml-bench-index")
@@ -154,14 +156,14 @@ def table_rows(result: dict) -> list[str]:
                     f"| {c['seconds']:.2f} |")
     load = ", ".join(f"{v:.2f}" for v in (result["loadavg_start"][0], result["loadavg_end"][0]))
     rows.append(f"\nMedian of {result['repeats']} interleaved runs; sources in the page cache; staging to "
-                f"{result['dest']}. Load average (1 min) at start and end: {load}. Measured {result['date']} on "
-                f"{result['machine']} (sgemm {result['sgemm_gflops']:.0f} GFLOP/s), {_code_note(result['code'])}.")
+                f"{result['dest']}. Load average (1 min) at start and end: {load}. sgemm "
+                f"{result['sgemm_gflops']:.0f} GFLOP/s. {measured_on({**result, 'commit': _code_note(result['code'])})}")
     return rows
 
 
 def _code_note(code: dict) -> str:
     changed = f" with {len(code['modified'])} files of {', '.join(CODE_DIRS)} changed" if code["modified"] else ""
-    return f"commit {code['commit'][:7]}{changed}"
+    return f"{code['commit'][:7]}{changed}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -174,7 +176,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="fixtures and outputs (%(default)s)")
     p.add_argument("--dest", type=Path, default=Path("/dev/shm"), help="where staging writes (%(default)s)")
     p.add_argument("--results", type=Path, default=RESULTS,
-                   help="the JSON to write (default: %(default)s, whose run the table in docs/performance.md shows)")
+                   help="the JSON to write (default: %(default)s, whose run the table in docs/datasets.md shows)")
     return p.parse_args()
 
 

@@ -23,8 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, replace_marked_section, run_header,
-                     sgemm_gflops, step_figures, take_worker_json, write_json_atomic)
+from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_on, replace_marked_section,
+                     run_header, sgemm_gflops, step_figures, take_worker_json, write_json_atomic)
 
 RESULTS = RESULTS_DIR / "reference_compare.json"
 BEGIN, END = "<!-- reference-compare:begin -->", "<!-- reference-compare:end -->"
@@ -147,7 +147,7 @@ def table(result: dict) -> str:
     commit = result["reference_commit"] or "not a git work tree"
     rows.append(f"\nsgemm (numpy, 2048^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s before, "
                 f"{result['sgemm_gflops_after']:.1f} after. Reference checkout's HEAD: {commit}. "
-                f"Measured {result['date']} on {result['machine']}.")
+                f"{measured_on(result)}")
     return "\n".join(rows)
 
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from common.campaign import uncertainty
-from harness import REPO, RESULTS_DIR, check_marked_section, replace_marked_section, write_json_atomic
+from harness import REPO, RESULTS_DIR, check_marked_section, code_commit, replace_marked_section, write_json_atomic
 
 RESULTS = RESULTS_DIR / "score_coverage.json"
 DOC = REPO / "docs/campaigns.md"
@@ -73,13 +73,14 @@ def main() -> None:
         cases.append(coverage(distribution, runs, failed, args.campaigns, seed=i))
         print(f"{distribution} {runs} runs ({failed} failed): {100 * cases[-1]['coverage']:.1f}%", flush=True)
     command = " ".join(["python benchmarks/score_coverage.py", *sys.argv[1:]])
-    result = {"date": time.strftime("%Y-%m-%d"), "command": command, "distributions": LABELS, "cases": cases,
-              "seconds": time.perf_counter() - started}
+    result = {"date": time.strftime("%Y-%m-%d"), "commit": code_commit(), "command": command, "distributions": LABELS,
+              "cases": cases, "seconds": time.perf_counter() - started}
     write_json_atomic(RESULTS, result)
     text = table(result)
     print(text)
-    replace_marked_section(DOC, BEGIN, END, f"{text}\n\n`{command}` ({result['date']}; a simulation, no machine figure "
-                                            "in it; with 1,000 campaigns a share is +-2 points at 95%)")
+    replace_marked_section(DOC, BEGIN, END, f"{text}\n\n`{command}` ({result['date']}, commit {result['commit']}; a "
+                                            "simulation, no machine figure in it; with 1,000 campaigns a share is +-2 "
+                                            "points at 95%)")
 
 
 if __name__ == "__main__":

@@ -31,3 +31,14 @@ def vector_isa() -> str:
     Convolution and GEMM rates follow it: the same VM type can land on hosts with and without AVX-512."""
     flags = set((_cpuinfo("flags") or "").split())
     return next((isa for isa in VECTOR_ISAS if isa in flags), "unknown")
+
+
+# The flags a benchmark's caption names: the vector widths and the bfloat16/AMX units that decide convolution and
+# GEMM speed on the hosts this VM kind lands on.
+CAPTION_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def caption_flags() -> str:
+    """The flags of CAPTION_FLAGS that /proc/cpuinfo names, space-separated; "none" where it names none of them."""
+    flags = set((_cpuinfo("flags") or "").split())
+    return " ".join(flag for flag in CAPTION_FLAGS if flag in flags) or "none"

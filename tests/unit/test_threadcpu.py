@@ -81,4 +81,6 @@ def test_results_name_the_cpu_and_its_vector_instruction_set():
     header = harness.run_header(100.0)
     assert header["cpu"] == f"{host.cpu_model()}, {host.vector_isa()}"
     assert f"({header['cpu']})." in harness.measured_note(header)
-    assert harness.measured_note({"sgemm_gflops": 1.0, "date": "d", "machine": "m"}).endswith("on m.")  # older results
+    assert f"ISA flags: {header['isa_flags']}; commit {header['commit']}." in harness.measured_note(header)
+    older = harness.measured_note({"sgemm_gflops": 1.0, "date": "d", "machine": "m"})
+    assert older.endswith("on m. Not recorded: CPU model, ISA flags, commit.")
