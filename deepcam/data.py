@@ -366,7 +366,7 @@ def find_bad_record(paths: Sequence[str], manifest: Manifest) -> str | None:
                 good += 1
         except tf.errors.DataLossError as loss:
             return (f"{path}: corrupt or truncated at record {good} ({loss.message.splitlines()[0]}); the file no "
-                    f"longer matches its sha256 in the manifest (data.verify_checksums=true finds such files "
+                    f"longer matches its xxh3-128 in the manifest (data.verify_checksums=true finds such files "
                     f"up front): reconvert it")
         except tf.errors.InvalidArgumentError as bad:
             return f"{path}: record {good} is not {record_format.describe()} ({bad.message.splitlines()[0]})"

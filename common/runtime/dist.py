@@ -1,4 +1,5 @@
-"""The distributed runtime: the only module that imports Horovod.
+"""The distributed runtime: the one module that imports Horovod, besides the elastic mode's own
+(common/runtime/elastic.py, which imports `horovod.tensorflow.elastic`).
 
 `init_distributed(cfg.dist)` returns a frozen `DistEnv`. Under horovodrun (or mpirun/srun
 with an MPI launcher) it sets Horovod's tensor-fusion, cycle-time and hierarchical-allreduce
