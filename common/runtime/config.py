@@ -11,13 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import types
-import typing
 from pathlib import Path
 from typing import Any, Literal, Sequence, TypeVar
 
 import yaml
 
+from common.base import documents
 from common.base.errors import BenchError
 
 T = TypeVar("T")
@@ -197,8 +196,7 @@ class StagedDataConfig:
 
 def check(ok: bool, key: str, value: Any, expected: str) -> None:
     """Raise BenchError naming the config key, its value and what was expected, unless `ok`."""
-    if not ok:
-        raise BenchError(f"config key {key} = {value!r}: expected {expected}")
+    documents.check(ok, key, value, expected, noun="config key")
 
 
 # ---------------------------------------------------------------------------- loading
@@ -273,77 +271,12 @@ def _parse_yaml(text: str, what: str) -> Any:
 
 
 def build(schema: type[T], raw: Any, prefix: str = "") -> T:
-    """Build dataclass `schema` from nested dicts, rejecting unknown keys and wrong types.
-
-    `prefix` is the dotted path of this section ("" for the root), used in messages.
-    """
-    where = f"section {prefix.rstrip('.')}" if prefix else "the top level"
-    if not isinstance(raw, dict):
-        raise BenchError(f"{where}: expected a mapping for {schema.__name__}, found {raw!r}")
-    hints = typing.get_type_hints(schema)
-    names = [f.name for f in dataclasses.fields(schema)]
-    unknown = sorted((str(k) for k in raw if k not in names))  # YAML keys may be numbers, booleans, null
-    if unknown:
-        raise BenchError(f"{where}: unknown key(s) {', '.join(prefix + k for k in unknown)}; "
-                         f"valid keys: {', '.join(names)}")
-    values = {name: _coerce(hints[name], raw[name], prefix + name) for name in names if name in raw}
-    return schema(**values)
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return build(tp, value if value is not None else {}, prefix=key + ".")
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        return _coerce(next(a for a in args if a is not type(None)), value, key)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        (item_tp, *_rest) = typing.get_args(tp)
-        return tuple(_coerce(item_tp, v, key) for v in value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise BenchError(f"config key {key} = {value!r}: expected a mapping")
-        key_tp, value_tp = typing.get_args(tp)
-        return {_coerce(key_tp, k, f"{key}.{k}"): _coerce(value_tp, v, f"{key}.{k}") for k, v in value.items()}
-    if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise BenchError(f"config key {key} = {value!r}: expected one of {list(typing.get_args(tp))}")
-        return value
-    return _coerce_scalar(tp, value, key)
-
-
-def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
-    if tp is float:
-        return _finite_float(value, key)
-    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    if tp in (int, float, str, bool) and not (isinstance(value, tp) and (tp is bool or not isinstance(value, bool))):
-        raise BenchError(f"config key {key} = {value!r}: expected a value of type {tp.__name__}")
-    return value
-
-
-def _finite_float(value: Any, key: str) -> float:
-    """A float field's value: a number, or a string YAML 1.1 left unparsed (1e12 without a dot); NaN and
-    infinities are refused (no setting means them, and they would pass the range checks unnoticed)."""
-    number = value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            pass
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        raise BenchError(f"config key {key} = {value!r}: expected a value of type float")
+    """Build config dataclass `schema` from nested dicts (common/base/documents.py, with YAML's loose scalars),
+    rejecting unknown keys and wrong types; `prefix` is the dotted path of this section ("" for the root)."""
     try:
-        number = float(number)
-    except OverflowError:  # an integer beyond float's range
-        number = math.inf
-    if not math.isfinite(number):
-        raise BenchError(f"config key {key} = {value!r}: expected a finite number")
-    return number
+        return documents.build(schema, raw, prefix, strict=False)
+    except documents.Refused as err:
+        raise BenchError(f"config key {err.key} = {documents.show(err.value)}: expected {err.expected}") from None
 
 
 def _expand_refs(cfg: T) -> T:
@@ -365,21 +298,9 @@ def _expand_refs(cfg: T) -> T:
 # ---------------------------------------------------------------------------- saving
 def to_dict(cfg: Any) -> dict:
     """Plain nested dict (tuples as lists) of a config dataclass, for YAML and JSON."""
-    def plain(obj):
-        if isinstance(obj, (list, tuple)):
-            return [plain(v) for v in obj]
-        if isinstance(obj, dict):
-            return {k: plain(v) for k, v in obj.items()}
-        return obj
-    return plain(dataclasses.asdict(cfg))
+    return documents.to_dict(cfg)
 
 
 def save_config(cfg: Any, output_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
     """Write the resolved config as YAML into `output_dir` (temporary name, then rename)."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / name
-    tmp = out / f".{name}.tmp-{os.getpid()}"
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    os.replace(tmp, target)
-    return target
+    return documents.write(Path(output_dir) / name, cfg, kind="yaml")
