@@ -39,6 +39,17 @@ NOT_STORED = {"document": "not stored"}
 Figure = typing.Annotated[float, NAN_OK]
 
 
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """Annotated[int, AtLeast(0)]: a value the reader refuses below `minimum` (where the dataclass itself may
+    hold a marker below it in memory, as an index size not known yet)."""
+
+    minimum: int
+
+
+Count = typing.Annotated[int, AtLeast(0)]  # a count or a size in a document
+
+
 class Refused(BenchError):
     """A value refused at `key` (dotted, relative to the dataclass that raised it until `build` places it)."""
 
@@ -121,7 +132,9 @@ def _converter(tp: Any, strict: bool) -> Convert:
     """The function that checks and converts a value of type `tp` at a dotted key."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
-        return _float(strict, nan_ok=True) if args[0] is float and NAN_OK in args[1:] else _converter(args[0], strict)
+        if args[0] is float and NAN_OK in args[1:]:
+            return _float(strict, nan_ok=True)
+        return _bounded(_converter(args[0], strict), [a for a in args[1:] if isinstance(a, AtLeast)])
     if dataclasses.is_dataclass(tp):
         return _dataclass(tp, strict)
     if typing.is_typeddict(tp):
@@ -137,10 +150,25 @@ def _converter(tp: Any, strict: bool) -> Convert:
     return _scalar(tp, strict)
 
 
+def _bounded(conv: Convert, bounds: list[AtLeast]) -> Convert:
+    if not bounds:
+        return conv
+
+    def convert(value: Any, key: str) -> Any:
+        value = conv(value, key)
+        for bound in bounds:
+            check(value >= bound.minimum, key, value, f"an integer >= {bound.minimum}")
+        return value
+    return convert
+
+
 def describe(tp: Any) -> str:
     """What a value of type `tp` must be, for messages."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
+        bounds = [a for a in args[1:] if isinstance(a, AtLeast)]
+        if bounds:
+            return f"an integer >= {bounds[0].minimum}"
         return "a number" if NAN_OK in args[1:] else describe(args[0])
     if origin in (typing.Union, types.UnionType):
         return " or ".join(describe(a) for a in args)
@@ -192,7 +220,8 @@ def _dataclass(schema: type, strict: bool, given: tuple = ()) -> Convert:
         missing = [name for name in required if raw.get(name) is None and (name not in raw or name in needed)]
         if missing:
             name = missing[0]
-            raise BenchError(f"{_where(key)}: missing key {_join(key, name)}: expected {describe(hints[name])}")
+            expected = describe(hints[name]).removesuffix(" or null") if name in needed else describe(hints[name])
+            raise BenchError(f"{_where(key)}: missing key {_join(key, name)}: expected {expected}")
         values = {name: conv(raw[name], _join(key, name)) for name, conv in plan if name in raw}
         values.update(given)
         try:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
+from typing import Literal
 
+from common.base import documents
+from common.base.documents import check
 from common.base.errors import BenchError
-from common.base.files import write_json_atomic
 from common.base.version import code_version
 
 BENCHMARKS = ("cosmoflow", "deepcam")
@@ -23,10 +24,10 @@ DEFAULT_LAUNCHER = "{python}/horovodrun -np {np} -H localhost:{np}"
 class CampaignSpec:
     """What a campaign runs; saved as OUT/campaign.json and compared when the campaign is resumed."""
 
-    benchmark: str
+    benchmark: Literal["cosmoflow", "deepcam"]  # BENCHMARKS
     config: str
     overrides: tuple[str, ...] = ()
-    mode: str = "time_to_train"
+    mode: Literal["time_to_train", "throughput"] = "time_to_train"  # MODES
     runs: int = 0  # 0: the rules' count for the benchmark
     ranks: int = 2
     seed: int = 1000  # run i trains with run.seed = seed + i
@@ -36,18 +37,16 @@ class CampaignSpec:
     python: str = ""  # the interpreter the launcher starts the trainings with ("": the one running the campaign)
 
     def __post_init__(self):
-        if self.benchmark not in BENCHMARKS:
-            raise BenchError(f"benchmark {self.benchmark!r}: expected one of {list(BENCHMARKS)}")
-        if self.mode not in MODES:
-            raise BenchError(f"campaign mode {self.mode!r}: expected one of {list(MODES)}")
-        if self.runs < 0 or self.ranks < 1:
-            raise BenchError(f"runs {self.runs} and ranks {self.ranks}: expected runs >= 0 (0: the rules' count) "
-                             f"and ranks >= 1")
-        if not self.system or "/" in self.system or self.system.startswith("."):
-            raise BenchError(f"system name {self.system!r}: expected a non-empty file name (no '/')")
+        # the choices again: the command line builds a spec without a document's reader
+        check(self.benchmark in BENCHMARKS, "benchmark", self.benchmark, f"one of {list(BENCHMARKS)}")
+        check(self.mode in MODES, "mode", self.mode, f"one of {list(MODES)}")
+        check(self.runs >= 0, "runs", self.runs, ">= 0 (0: the rules' count)")
+        check(self.ranks >= 1, "ranks", self.ranks, ">= 1")
+        check(bool(self.system) and "/" not in self.system and not self.system.startswith("."), "system",
+              self.system, "a non-empty file name (no '/')")
         for override in self.overrides:
-            if override.split("=", 1)[0] in ("run.seed", "run.output_dir"):
-                raise BenchError(f"override {override!r}: the campaign sets run.seed and run.output_dir itself")
+            check(override.split("=", 1)[0] not in ("run.seed", "run.output_dir"), "overrides", override,
+                  "no run.seed or run.output_dir: the campaign sets them itself")
         if self.mode == "throughput" and not self.stage_dir and any(o.startswith("data.stage_dir=")
                                                                      for o in self.overrides):
             raise BenchError("data.stage_dir with concurrent instances: they would stage into one directory; "
@@ -72,20 +71,33 @@ def run_dir(out: Path, index: int) -> Path:
 
 
 # ---------------------------------------------------------------------------- the spec on disk
+@dataclasses.dataclass(frozen=True)
+class CodeVersion:
+    """common.base.version.code_version(): the suite's commit and the files that differed from it."""
+
+    commit: str
+    modified: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CampaignFile:
+    """OUT/campaign.json: the spec, the code it started with, and when."""
+
+    spec: CampaignSpec
+    code: CodeVersion
+    started: str
+
+
 def open_campaign(out: Path, spec: CampaignSpec) -> None:
     """Create OUT with its campaign.json, or check that an existing one asked for the same."""
     path = out / SPEC_NAME
     if path.is_file():
-        stored = json.loads(path.read_text())
-        # Keys a campaign.json from an older version lacks have their defaults.
-        defaults = {f.name: _plain(f.default) for f in dataclasses.fields(CampaignSpec)
-                    if f.default is not dataclasses.MISSING}
-        saved, ours = {**defaults, **stored["spec"]}, dataclasses.asdict(spec)
-        diff = {k: (saved.get(k), _plain(v)) for k, v in ours.items() if _plain(saved.get(k)) != _plain(v)}
-        if set(diff) == {"runs"} and spec.mode == "time_to_train" and spec.count > CampaignSpec(**{
-                **saved, "overrides": tuple(saved["overrides"])}).count:
-            print(f"campaign {out}: extended from {saved['runs']} to {spec.runs} runs", flush=True)
-            write_json_atomic({**stored, "spec": ours}, path)
+        stored = documents.read(path, CampaignFile)
+        saved, ours = documents.to_dict(stored.spec), documents.to_dict(spec)
+        diff = {k: (saved[k], v) for k, v in ours.items() if saved[k] != v}
+        if set(diff) == {"runs"} and spec.mode == "time_to_train" and spec.count > stored.spec.count:
+            print(f"campaign {out}: extended from {stored.spec.runs} to {spec.runs} runs", flush=True)
+            documents.write(path, dataclasses.replace(stored, spec=spec))
             return
         if diff:
             listed = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
@@ -93,21 +105,14 @@ def open_campaign(out: Path, spec: CampaignSpec) -> None:
                              f"the same ones or choose another --out")
         return
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic({"spec": dataclasses.asdict(spec), "code": code_version(),
-                       "started": time.strftime("%Y-%m-%d %H:%M:%S")}, path)
+    documents.write(path, {"spec": spec, "code": code_version(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 def load_spec(out: Path) -> CampaignSpec:
     path = out / SPEC_NAME
     if not path.is_file():
         raise BenchError(f"{out}: no {SPEC_NAME}; not a campaign directory (start one with `run`)")
-    spec = json.loads(path.read_text())["spec"]
-    known = {f.name for f in dataclasses.fields(CampaignSpec)}
-    return CampaignSpec(**{**{k: v for k, v in spec.items() if k in known}, "overrides": tuple(spec["overrides"])})
-
-
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
+    return documents.read(path, CampaignFile).spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,5 +132,4 @@ def load_record(out: Path, index: int) -> RunRecord | None:
     path = run_dir(out, index) / RUN_RECORD
     if not path.is_file():
         return None
-    obj = json.loads(path.read_text())
-    return RunRecord(**{**obj, "command": tuple(obj["command"])})
+    return documents.read(path, RunRecord)

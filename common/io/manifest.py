@@ -4,7 +4,7 @@ A converter writes `manifest.json` last, atomically, so a directory without one 
 conversion. The manifest names the record format, the shape and dtype of one sample, the target
 size (and, for targets that are not a vector, their shape and dtype), the compression, where the
 data came from, for every split its sample count and files (path relative to the directory, record
-count, byte size, sha256, and the DALI index file if any), and any auxiliary files the loader needs
+count, byte size, sha256 and xxh3-128, and the DALI index file if any), and any auxiliary files the loader needs
 (DeepCAM's normalisation statistics). Loaders call `load_manifest`, `check_split_files` and
 `check_aux_file` before reading anything. See docs/formats.md.
 
@@ -18,19 +18,29 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from common.base.files import write_json_atomic
+from common.base import documents
+from common.base.documents import NOT_STORED, REQUIRED, check
 from common.base.errors import BenchError
 
 MANIFEST_NAME = "manifest.json"
 # Format id -> highest version this code reads.
 FORMATS = {"cosmoflow-tfrecord": 1, "deepcam-tfrecord": 1}
 COMPRESSIONS = ("none", "gzip")
+
+
+def check_relative(rel: str | None, key: str) -> None:
+    """A path the manifest lists must stay inside the dataset directory."""
+    check(rel is None or not (rel.startswith("/") or ".." in rel.split("/")), key, rel,  # as PurePosixPath, faster
+          "a path relative to the dataset directory")
+
+
+def check_xxh3(digest: str | None, key: str) -> None:
+    check(digest is None or bool(_XXH3_HEX.fullmatch(digest)), key, digest, "32 lower-case hex digits")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,27 +53,44 @@ class FileEntry:
     sha256: str
     index: str | None  # DALI index ("offset size" per record), None for compressed files
     index_sha256: str | None
-    # xxh3-128 of the file and its index, recorded by current converters (staging and verification use it
-    # instead of sha256: about 15x cheaper); None in manifests written before it was added.
-    xxh3_128: str | None = None
+    # xxh3-128 of the file (staging and verification use it: about 15x cheaper than sha256) and its index. A
+    # manifest holds it; None only in memory, before it is computed.
+    xxh3_128: str | None = dataclasses.field(default=None, metadata=REQUIRED)
     index_xxh3_128: str | None = None
     # The size of a compressed file's record stream once decompressed (`python -m data_prep index` records it;
     # staging that decompresses plans its free space with it); None for uncompressed files and converters'.
     uncompressed_bytes: int | None = None
 
+    def __post_init__(self):
+        for key in ("records", "bytes"):
+            check(getattr(self, key) >= 0, key, getattr(self, key), "an integer >= 0")
+        check(self.uncompressed_bytes is None or self.uncompressed_bytes >= 0, "uncompressed_bytes",
+              self.uncompressed_bytes, "an integer >= 0 or null")
+        check_relative(self.path, "path")
+        check_relative(self.index, "index")
+        check((self.index is None) == (self.index_sha256 is None), "index_sha256", self.index_sha256,
+              f"{'null' if self.index is None else 'a digest'}, as index is {self.index!r} (both or neither set)")
+        check_xxh3(self.xxh3_128, "xxh3_128")
+        check_xxh3(self.index_xxh3_128, "index_xxh3_128")
 
-# Keys written only when set: manifests written before they existed keep their form.
-OPTIONAL_KEYS = ("xxh3_128", "index_xxh3_128", "uncompressed_bytes")
+
+# Keys written only when set.
+OPTIONAL_KEYS = ("index_xxh3_128", "uncompressed_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
 class AuxFile:
-    """A file the loader needs besides the records (e.g. normalisation statistics), checked by sha256."""
+    """A file the loader needs besides the records (e.g. normalisation statistics), checked by xxh3-128."""
 
     path: str
     bytes: int
     sha256: str
-    xxh3_128: str | None = None
+    xxh3_128: str | None = dataclasses.field(default=None, metadata=REQUIRED)
+
+    def __post_init__(self):
+        check(self.bytes >= 0, "bytes", self.bytes, "an integer >= 0")
+        check_relative(self.path, "path")
+        check_xxh3(self.xxh3_128, "xxh3_128")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +98,25 @@ class SplitEntry:
     samples: int
     files: tuple[FileEntry, ...]
 
+    def __post_init__(self):
+        total = sum(f.records for f in self.files)
+        check(self.samples == total, "samples", self.samples, f"the {total} records its {len(self.files)} files hold")
+
+
+def _positive_shape(shape: tuple[int, ...] | None, key: str) -> None:
+    check(shape is None or (len(shape) > 0 and all(s > 0 for s in shape)), key, shape and list(shape),
+          "a list of positive integers")
+
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    root: Path  # the dataset directory; not stored in the JSON
-    format: str
+    root: Path = dataclasses.field(kw_only=True, metadata=NOT_STORED)  # the dataset directory
+    format: str  # an id of FORMATS
     version: int
     sample_shape: tuple[int, ...]
     sample_dtype: str
     target_size: int
-    compression: str  # "none" or "gzip"
+    compression: Literal["none", "gzip"]
     splits: dict[str, SplitEntry]
     source: dict  # converter-specific provenance: input directory, sizes, counts
     seed: int | None = None  # seed of the train/validation split, when the converter drew one
@@ -91,6 +127,25 @@ class Manifest:
     # Statistics of the training inputs computed by the converter, in its own form (CosmoFlow: per-channel
     # mean and std of log(1 + counts)); {} when the converter records none.
     input_stats: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        check(self.format in FORMATS, "format", self.format, f"one of {sorted(FORMATS)}")
+        check(1 <= self.version <= FORMATS[self.format], "version", self.version,
+              f"1 to {FORMATS[self.format]}, the versions of {self.format} this code reads (reconvert the dataset "
+              f"or update the suite)")
+        _positive_shape(self.sample_shape, "sample_shape")
+        _positive_shape(self.target_shape, "target_shape")
+        check(self.target_size >= 1, "target_size", self.target_size, "an integer >= 1")
+        check((self.target_shape is None) == (self.target_dtype is None), "target_dtype", self.target_dtype,
+              f"set together with target_shape (found {self.target_shape!r})")
+
+    def check_indexes(self, where: Path) -> None:
+        """A manifest on disk records the xxh3-128 of every DALI index it lists (`where`: its file)."""
+        for name, split in self.splits.items():
+            for i, entry in enumerate(split.files):
+                if entry.index is not None and entry.index_xxh3_128 is None:
+                    raise BenchError(f"{where}: key splits.{name}.files[{i}].index_xxh3_128 = None: expected the "
+                                     f"xxh3-128 of the index {entry.index}")
 
     def to_dict(self) -> dict:
         """The JSON form, in a fixed key order so equal manifests serialise to equal bytes.
@@ -131,8 +186,8 @@ def write_manifest(manifest: Manifest | dict, data_dir: str | os.PathLike, inden
     `indent` None writes compact JSON, several times faster and a third smaller for hundreds of thousands of files.
     """
     obj = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
-    _parse(obj, Path(data_dir), Path(data_dir) / MANIFEST_NAME)  # never write a manifest we could not load
-    return write_json_atomic(obj, Path(data_dir) / MANIFEST_NAME, indent=indent)
+    parse_manifest(obj, Path(data_dir), Path(data_dir) / MANIFEST_NAME)  # never write a manifest we could not load
+    return documents.write(Path(data_dir) / MANIFEST_NAME, obj, kind="json", indent=indent)
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
@@ -162,13 +217,13 @@ def xxh3_128_file(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
 
 # ---------------------------------------------------------------------------- reading
 def load_manifest(data_dir: str | os.PathLike, expected_format: str | None = None) -> Manifest:
-    """Read and validate `data_dir/manifest.json`.
+    """Read and validate `data_dir/manifest.json` (through `Manifest`).
 
     Args:
         data_dir: a converted dataset directory.
         expected_format: the format id the caller reads; None accepts any id in `FORMATS`.
     Raises:
-        BenchError: missing directory or manifest, bad JSON, missing or mistyped keys, an unknown
+        BenchError: missing directory or manifest, bad JSON, unknown, missing or mistyped keys, an unknown
             format id or version, or a split whose sample count differs from its files' records.
     """
     root = Path(data_dir)
@@ -180,143 +235,23 @@ def load_manifest(data_dir: str | os.PathLike, expected_format: str | None = Non
         raise BenchError(f"{root}: the directory exists but has no {MANIFEST_NAME}; the conversion is "
                          f"unfinished or was interrupted (rerun the converter with the same arguments to "
                          f"resume), or this is not a converted dataset")
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, UnicodeDecodeError, a 5,000-digit integer
-        raise BenchError(f"{path}: not a readable JSON manifest ({err})") from None
-    except RecursionError:
-        raise BenchError(f"{path}: not a JSON manifest (nested too deeply)") from None
-    manifest = _parse(obj, root, path)
+    manifest = documents.read(path, Manifest, kind="json", root=root)
+    manifest.check_indexes(path)
     if expected_format is not None and manifest.format != expected_format:
         raise BenchError(f"{path}: format {manifest.format!r}, expected {expected_format!r}; "
                          f"this directory holds another kind of dataset")
     return manifest
 
 
-def _parse(obj: Any, root: Path, where: Path) -> Manifest:
-    if not isinstance(obj, dict):
-        raise BenchError(f"{where}: the manifest is a JSON {type(obj).__name__}, expected an object")
-    fmt = _get(obj, "format", str, where)
-    version = _get(obj, "version", int, where)
-    if fmt not in FORMATS:
-        raise BenchError(f"{where}: unknown format {fmt!r}, expected one of {sorted(FORMATS)}")
-    if not 1 <= version <= FORMATS[fmt]:
-        raise BenchError(f"{where}: {fmt} version {version}, this code reads versions 1 to {FORMATS[fmt]}; "
-                         f"reconvert the dataset or update the suite")
-    shape = _shape(obj, "sample_shape", where)
-    compression = _get(obj, "compression", str, where)
-    if compression not in COMPRESSIONS:
-        raise BenchError(f"{where}: compression {compression!r}, expected one of {list(COMPRESSIONS)}")
-    seed = obj.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise BenchError(f"{where}: 'seed' is {seed!r}, expected an integer or null")
-    splits = {name: _parse_split(name, value, where) for name, value in _get(obj, "splits", dict, where).items()}
-    target_shape = _shape(obj, "target_shape", where) if "target_shape" in obj else None
-    target_dtype = _get(obj, "target_dtype", str, where) if "target_dtype" in obj else None
-    if (target_shape is None) != (target_dtype is None):
-        raise BenchError(f"{where}: target_shape {target_shape!r} and target_dtype {target_dtype!r}; both or "
-                         f"neither must be set")
-    aux = {name: _parse_aux(name, value, where)
-           for name, value in (_get(obj, "aux_files", dict, where) if "aux_files" in obj else {}).items()}
-    stats = _get(obj, "input_stats", dict, where) if "input_stats" in obj else {}
-    return Manifest(root=root, format=fmt, version=version, sample_shape=tuple(shape),
-                    sample_dtype=_get(obj, "sample_dtype", str, where),
-                    target_size=get_count(obj, "target_size", where, minimum=1), compression=compression,
-                    splits=splits, source=_get(obj, "source", dict, where), seed=seed,
-                    target_shape=target_shape, target_dtype=target_dtype, aux_files=aux,
-                    input_stats=stats)
-
-
-def _shape(obj: dict, key: str, where: Path) -> tuple[int, ...]:
-    shape = _get(obj, key, list, where)
-    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
-        raise BenchError(f"{where}: {key} {shape!r}, expected a list of positive integers")
-    return tuple(shape)
-
-
-def _parse_aux(name: str, obj: Any, where: Path) -> AuxFile:
-    label = f"aux file {name!r}"
-    if not isinstance(obj, dict):
-        raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
-    entry = AuxFile(path=_get(obj, "path", str, where, label), bytes=get_count(obj, "bytes", where, label),
-                    sha256=_get(obj, "sha256", str, where, label), xxh3_128=_xxh3(obj, "xxh3_128", where, label))
-    _check_relative(entry.path, where, label)
-    return entry
-
-
-def _parse_split(name: str, obj: Any, where: Path) -> SplitEntry:
-    label = f"split {name!r}"
-    if not isinstance(obj, dict):
-        raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
-    samples = get_count(obj, "samples", where, label)
-    files = tuple(_parse_file(f, where, f"{label} file {i}")
-                  for i, f in enumerate(_get(obj, "files", list, where, label)))
-    total = sum(f.records for f in files)
-    if samples != total:
-        raise BenchError(f"{where}: {label} says {samples} samples, but its {len(files)} files hold "
-                         f"{total} records")
-    return SplitEntry(samples=samples, files=files)
-
-
-def _parse_file(obj: Any, where: Path, label: str) -> FileEntry:
-    if not isinstance(obj, dict):
-        raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
-    index = _get(obj, "index", (str, type(None)), where, label)
-    entry = FileEntry(path=_get(obj, "path", str, where, label),
-                      records=get_count(obj, "records", where, label),
-                      bytes=get_count(obj, "bytes", where, label),
-                      sha256=_get(obj, "sha256", str, where, label), index=index,
-                      index_sha256=_get(obj, "index_sha256", (str, type(None)), where, label),
-                      xxh3_128=_xxh3(obj, "xxh3_128", where, label),
-                      index_xxh3_128=_xxh3(obj, "index_xxh3_128", where, label),
-                      uncompressed_bytes=(get_count(obj, "uncompressed_bytes", where, label)
-                                          if obj.get("uncompressed_bytes") is not None else None))
-    for rel in (entry.path, entry.index):
-        if rel is not None:
-            _check_relative(rel, where, label)
-    if (entry.index is None) != (entry.index_sha256 is None):
-        raise BenchError(f"{where}: {label} ({entry.path}) has index {entry.index!r} but index_sha256 "
-                         f"{entry.index_sha256!r}; both or neither must be set")
-    return entry
+def parse_manifest(obj: Any, root: Path, where: Path) -> Manifest:
+    """A manifest from its JSON form `obj` (read from `where`), with its dataset directory `root`."""
+    manifest = documents.build_from(where, obj, Manifest, root=root)
+    manifest.check_indexes(where)
+    return manifest
 
 
 _XXH3_HEX = re.compile(r"[0-9a-f]{32}")
 _DECIMAL = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also accepts '²', which int() refuses
-
-
-def _xxh3(obj: dict, key: str, where: Path, label: str) -> str | None:
-    """An optional xxh3-128 hex digest (32 hex digits)."""
-    value = obj.get(key)
-    if value is not None and not (isinstance(value, str) and _XXH3_HEX.fullmatch(value)):
-        raise BenchError(f"{where}: {label} {key} {value!r}, expected 32 lower-case hex digits or no such key")
-    return value
-
-
-def _check_relative(rel: str, where: Path, label: str) -> None:
-    if rel.startswith("/") or ".." in rel.split("/"):  # as PurePosixPath would say, faster
-        raise BenchError(f"{where}: {label} path {rel!r} must be relative to the dataset directory")
-
-
-def get_count(obj: dict, key: str, where: Path, label: str = "", minimum: int = 0) -> int:
-    """obj[key], which must be an integer >= `minimum` (a count or a size)."""
-    value = _get(obj, key, int, where, label)
-    if value < minimum:
-        context = f"{label}: " if label else ""
-        raise BenchError(f"{where}: {context}{key!r} is {value}, expected an integer >= {minimum}")
-    return value
-
-
-def _get(obj: dict, key: str, kind, where: Path, label: str = "") -> Any:
-    """obj[key], which must exist and have type `kind` (bool is not accepted as int)."""
-    context = f"{label}: " if label else ""
-    if key not in obj:
-        raise BenchError(f"{where}: {context}missing key {key!r} (found {sorted(obj)})")
-    value = obj[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-        raise BenchError(f"{where}: {context}{key!r} is {value!r}, expected {names}")
-    return value
 
 
 # ---------------------------------------------------------------------------- checking files
@@ -335,7 +270,7 @@ def check_split_counts(manifest: Manifest, expected: dict[str, int], where: str)
 def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = False,
                       only: set[str] | None = None) -> None:
     """Check that a split's files exist with the sizes, record counts and (optionally) checksums listed
-    (xxh3-128 when recorded, else sha256).
+    (xxh3-128).
 
     Index files must have one "offset size" line per record covering the record file exactly.
     `only`: check just these paths (the files this rank reads; a rank's staged copy holds no others).
@@ -355,9 +290,9 @@ def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = F
         if entry.index is not None:
             _check_index(manifest.root / entry.index, entry)
         if verify_checksums:
-            _check_digest(path, entry.sha256, entry.xxh3_128)
+            _check_digest(path, entry.xxh3_128)
             if entry.index is not None:
-                _check_digest(manifest.root / entry.index, entry.index_sha256, entry.index_xxh3_128)
+                _check_digest(manifest.root / entry.index, entry.index_xxh3_128)
 
 
 def check_shard_files(manifest: Manifest, shards: dict, verify_checksums: bool = False) -> None:
@@ -368,7 +303,7 @@ def check_shard_files(manifest: Manifest, shards: dict, verify_checksums: bool =
 
 
 def check_aux_file(manifest: Manifest, name: str) -> Path:
-    """The path of auxiliary file `name`, checked against its size and sha256 (always: such files are small).
+    """The path of auxiliary file `name`, checked against its size and xxh3-128 (always: such files are small).
 
     Raises BenchError when the manifest lists no such file or the file is missing or differs.
     """
@@ -379,7 +314,7 @@ def check_aux_file(manifest: Manifest, name: str) -> Path:
     entry = manifest.aux_files[name]
     path = _check_present(manifest.root / entry.path, entry.bytes,
                           f"as {name!r} but missing; copy it back or reconvert the dataset")
-    _check_digest(path, entry.sha256, entry.xxh3_128)
+    _check_digest(path, entry.xxh3_128)
     return path
 
 
@@ -439,10 +374,9 @@ def _check_index(path: Path, entry: FileEntry) -> None:
         raise BenchError(f"{path}: the index covers {end} bytes, but {entry.path} has {entry.bytes}")
 
 
-def _check_digest(path: Path, sha256: str, xxh3_128: str | None) -> None:
-    """The file's xxh3-128 when the manifest records it, else its sha256, must match."""
-    kind, expected = ("xxh3_128", xxh3_128) if xxh3_128 else ("sha256", sha256)
-    found = xxh3_128_file(path) if xxh3_128 else sha256_file(path)
-    if found != expected:
-        raise BenchError(f"{path}: {kind} {found}, the manifest says {expected}; the file is corrupt or "
+def _check_digest(path: Path, xxh3_128: str) -> None:
+    """The file's xxh3-128 must be the manifest's."""
+    found = xxh3_128_file(path)
+    if found != xxh3_128:
+        raise BenchError(f"{path}: xxh3_128 {found}, the manifest says {xxh3_128}; the file is corrupt or "
                          f"was changed, reconvert the dataset")

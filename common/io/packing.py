@@ -12,14 +12,15 @@ dataset's manifest while computing it). See docs/formats.md.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
+from common.base import documents
+from common.base.documents import NOT_STORED, REQUIRED, Count, check
 from common.base.errors import BenchError
-from common.io.manifest import MANIFEST_NAME, Manifest, _check_relative, _get, _parse, get_count
+from common.io.manifest import MANIFEST_NAME, Manifest, check_relative, check_xxh3, parse_manifest
 
 PACK_NAME = "pack.json"
 PACK_FORMAT = "packed-dataset"
@@ -32,13 +33,16 @@ class Member:
     """One file inside an archive; `path` is relative to the dataset directory."""
 
     path: str
-    bytes: int
+    bytes: Count  # -1 in memory: an index file not found (dataset_files)
     sha256: str
-    xxh3_128: str | None = None  # hex digest; packs made by this version always have it
+    xxh3_128: str | None = dataclasses.field(default=None, metadata=REQUIRED)  # None only in memory
+
+    def __post_init__(self):
+        check_relative(self.path, "path")
+        check_xxh3(self.xxh3_128, "xxh3_128")
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        return d if self.xxh3_128 else {k: v for k, v in d.items() if k != "xxh3_128"}
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,18 +52,24 @@ class Archive:
     sha256: str
     members: tuple[Member, ...]
 
+    def __post_init__(self):
+        check(self.bytes >= 0, "bytes", self.bytes, "an integer >= 0")
+        check_relative(self.path, "path")
+
 
 @dataclasses.dataclass(frozen=True)
 class Pack:
-    root: Path  # the pack directory; not stored in the JSON
-    compression: str  # "zstd", "gzip" or "none"
+    root: Path = dataclasses.field(kw_only=True, metadata=NOT_STORED)  # the pack directory
+    compression: Literal["zstd", "gzip", "none"]  # the keys of SUFFIXES
     dataset_manifest: dict  # the packed dataset's manifest.json, as JSON
     archives: tuple[Archive, ...]
     source: dict  # provenance: the packed directory, settings
+    format: Literal["packed-dataset"] = dataclasses.field(default=PACK_FORMAT, metadata=REQUIRED)
+    version: Literal[1] = dataclasses.field(default=PACK_VERSION, metadata=REQUIRED)
 
     def manifest(self) -> Manifest:
         """The packed dataset's manifest (its root is the pack directory, where no record file lives)."""
-        return _parse(self.dataset_manifest, self.root, self.root / PACK_NAME)
+        return parse_manifest(self.dataset_manifest, self.root, self.root / PACK_NAME)
 
     def members(self) -> dict[str, tuple[Archive, Member]]:
         """Every packed file by its dataset path, with the archive holding it."""
@@ -73,57 +83,16 @@ class Pack:
 
 
 def load_pack(pack_dir: str | os.PathLike) -> Pack:
-    """Read and validate `pack_dir/pack.json`; raises BenchError naming the file and the problem."""
+    """Read and validate `pack_dir/pack.json` (through `Pack`, then against its own dataset manifest); raises
+    BenchError naming the file and the problem."""
     root = Path(pack_dir)
     path = root / PACK_NAME
     if not path.is_file():
         raise BenchError(f"{root}: no {PACK_NAME}; not a packed dataset (made by `python -m data_prep pack`), "
                          f"or its packing did not finish")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: bad JSON, or an integer of > 4300 digits
-        raise BenchError(f"{path}: not a readable JSON pack description ({err})") from None
-    except RecursionError:
-        raise BenchError(f"{path}: not a JSON pack description (nested too deeply)") from None
-    return parse_pack(obj, root)
-
-
-def parse_pack(obj: Any, root: Path) -> Pack:
-    where = root / PACK_NAME
-    if not isinstance(obj, dict):
-        raise BenchError(f"{where}: a JSON {type(obj).__name__}, expected an object")
-    if _get(obj, "format", str, where) != PACK_FORMAT:
-        raise BenchError(f"{where}: format {obj['format']!r}, expected {PACK_FORMAT!r}")
-    if not 1 <= _get(obj, "version", int, where) <= PACK_VERSION:
-        raise BenchError(f"{where}: version {obj['version']}, this code reads 1 to {PACK_VERSION}")
-    compression = _get(obj, "compression", str, where)
-    if compression not in SUFFIXES:
-        raise BenchError(f"{where}: compression {compression!r}, expected one of {list(SUFFIXES)}")
-    archives = tuple(_parse_archive(a, where, i) for i, a in enumerate(_get(obj, "archives", list, where)))
-    pack = Pack(root=root, compression=compression, dataset_manifest=_get(obj, "dataset_manifest", dict, where),
-                archives=archives, source=_get(obj, "source", dict, where))
-    _check_complete(pack, where)
+    pack = documents.read(path, Pack, kind="json", root=root)
+    _check_complete(pack, path)
     return pack
-
-
-def _parse_archive(obj: Any, where: Path, i: int) -> Archive:
-    label = f"archive {i}"
-    if not isinstance(obj, dict):
-        raise BenchError(f"{where}: {label} is a JSON {type(obj).__name__}, expected an object")
-    members = []
-    for j, m in enumerate(_get(obj, "members", list, where, label)):
-        if not isinstance(m, dict):
-            raise BenchError(f"{where}: {label} member {j} is {m!r}, expected an object")
-        member = Member(path=_get(m, "path", str, where, f"{label} member {j}"),
-                        bytes=get_count(m, "bytes", where, f"{label} member {j}"),
-                        sha256=_get(m, "sha256", str, where, f"{label} member {j}"),
-                        xxh3_128=_get(m, "xxh3_128", str, where, f"{label} member {j}") if "xxh3_128" in m else None)
-        _check_relative(member.path, where, f"{label} member {j}")
-        members.append(member)
-    archive = Archive(path=_get(obj, "path", str, where, label), bytes=get_count(obj, "bytes", where, label),
-                      sha256=_get(obj, "sha256", str, where, label), members=tuple(members))
-    _check_relative(archive.path, where, label)
-    return archive
 
 
 def dataset_files(manifest: Manifest) -> dict[str, Member]:
@@ -177,9 +146,7 @@ def _check_complete(pack: Pack, where: Path) -> None:
 def _check_member(member: Member, listed: Member, is_index: bool, where: Path) -> None:
     """A member's size and digests are those the dataset manifest lists, which staging writes beside the files
     it verified with the member's (index sizes are not in the manifest)."""
-    pairs = [("sha256", member.sha256, listed.sha256)]
-    if member.xxh3_128 and listed.xxh3_128:
-        pairs.append(("xxh3_128", member.xxh3_128, listed.xxh3_128))
+    pairs = [("sha256", member.sha256, listed.sha256), ("xxh3_128", member.xxh3_128, listed.xxh3_128)]
     if not is_index:
         pairs.append(("bytes", member.bytes, listed.bytes))
     for key, found, expected in pairs:

@@ -35,10 +35,10 @@ def test_the_rules_count_is_the_default():
 
 
 @pytest.mark.parametrize("fields,message", [
-    ({"benchmark": "resnet"}, r"benchmark 'resnet': expected one of \['cosmoflow', 'deepcam'\]"),
-    ({"ranks": 0}, r"ranks 0: expected runs >= 0 .* and ranks >= 1"),
-    ({"system": "a/b"}, r"system name 'a/b': expected a non-empty file name"),
-    ({"overrides": ("run.seed=3",)}, r"override 'run.seed=3': the campaign sets run.seed and run.output_dir itself"),
+    ({"benchmark": "resnet"}, r"key benchmark = 'resnet': expected one of \['cosmoflow', 'deepcam'\]"),
+    ({"ranks": 0}, r"key ranks = 0: expected >= 1"),
+    ({"system": "a/b"}, r"key system = 'a/b': expected a non-empty file name"),
+    ({"overrides": ("run.seed=3",)}, r"key overrides = 'run.seed=3': expected no run.seed or run.output_dir: the campaign sets them itself"),
     ({"mode": "throughput", "overrides": ("data.stage_dir=/tmp/x",)},
      r"data.stage_dir with concurrent instances: they would stage into one directory; give --stage-dir"),
 ])

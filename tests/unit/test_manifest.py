@@ -9,7 +9,7 @@ import pytest
 from common.io import manifest as manifest_module
 from common.base.errors import BenchError
 from common.io.manifest import (FileEntry, Manifest, SplitEntry, check_split_files, load_manifest, sha256_file,
-                             write_manifest)
+                                write_manifest, xxh3_128_file)
 
 
 def _record_file(root, rel, lengths, with_index=True) -> FileEntry:
@@ -18,13 +18,14 @@ def _record_file(root, rel, lengths, with_index=True) -> FileEntry:
     path.parent.mkdir(parents=True, exist_ok=True)
     sizes = [n + 16 for n in lengths]
     path.write_bytes(bytes(range(256)) * (sum(sizes) // 256) + bytes(sum(sizes) % 256))
-    index = index_sha = None
+    index = index_sha = index_xxh3 = None
     if with_index:
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         (root / f"{rel}.idx").write_text("".join(f"{o} {s}\n" for o, s in zip(offsets, sizes)))
         index, index_sha = f"{rel}.idx", sha256_file(root / f"{rel}.idx")
+        index_xxh3 = xxh3_128_file(root / index)
     return FileEntry(path=rel, records=len(lengths), bytes=sum(sizes), sha256=sha256_file(path), index=index,
-                     index_sha256=index_sha)
+                     index_sha256=index_sha, xxh3_128=xxh3_128_file(path), index_xxh3_128=index_xxh3)
 
 
 def _manifest(root, compression="none") -> Manifest:
@@ -68,7 +69,7 @@ def test_write_accepts_a_dict_and_rejects_an_invalid_one(tmp_path):
     write_manifest(obj, tmp_path)
     assert load_manifest(tmp_path).compression == "gzip"
     obj["splits"]["train"]["samples"] = 99
-    with pytest.raises(BenchError, match="99 samples"):
+    with pytest.raises(BenchError, match="key splits.train.samples = 99: expected the 6 records"):
         write_manifest(obj, tmp_path)
     assert load_manifest(tmp_path).splits["train"].samples == 6  # the earlier manifest is untouched
 
@@ -93,35 +94,35 @@ def test_directory_without_manifest_says_unfinished(tmp_path):
 
 def test_bad_json(dataset):
     (dataset / "manifest.json").write_text("{not json")
-    with pytest.raises(BenchError, match="manifest.json: not a readable JSON manifest"):
+    with pytest.raises(BenchError, match="manifest.json: not readable JSON"):
         load_manifest(dataset)
 
 
 @pytest.mark.parametrize("key", ["format", "sample_shape", "compression", "splits", "source"])
 def test_missing_key(dataset, key):
     _edit_json(dataset, lambda obj: obj.pop(key))
-    with pytest.raises(BenchError, match=f"missing key '{key}'"):
+    with pytest.raises(BenchError, match=f"missing key {key}: expected"):
         load_manifest(dataset)
 
 
 def test_missing_file_key_names_the_split(dataset):
     _edit_json(dataset, lambda obj: obj["splits"]["validation"]["files"][0].pop("sha256"))
-    with pytest.raises(BenchError, match="split 'validation' file 0: missing key 'sha256'"):
+    with pytest.raises(BenchError, match=r"missing key splits.validation.files\[0\].sha256: expected a string"):
         load_manifest(dataset)
 
 
 def test_mistyped_value(dataset):
     _edit_json(dataset, lambda obj: obj.update(target_size="4"))
-    with pytest.raises(BenchError, match="'target_size' is '4', expected int"):
+    with pytest.raises(BenchError, match="key target_size = '4': expected an integer"):
         load_manifest(dataset)
 
 
 def test_unknown_format_and_version(dataset):
     _edit_json(dataset, lambda obj: obj.update(format="imagenet-jpeg"))
-    with pytest.raises(BenchError, match="unknown format 'imagenet-jpeg'"):
+    with pytest.raises(BenchError, match=r"key format = 'imagenet-jpeg': expected one of \['cosmoflow-tfrecord', 'deepcam-tfrecord'\]"):
         load_manifest(dataset)
     _edit_json(dataset, lambda obj: obj.update(format="cosmoflow-tfrecord", version=2))
-    with pytest.raises(BenchError, match="version 2"):
+    with pytest.raises(BenchError, match="key version = 2: expected 1 to 1"):
         load_manifest(dataset)
 
 
@@ -133,13 +134,13 @@ def test_expected_format(dataset, monkeypatch):
 
 def test_sample_count_must_equal_records(dataset):
     _edit_json(dataset, lambda obj: obj["splits"]["train"].update(samples=5))
-    with pytest.raises(BenchError, match="split 'train' says 5 samples, but its 2 files hold 6 records"):
+    with pytest.raises(BenchError, match="key splits.train.samples = 5: expected the 6 records its 2 files hold"):
         load_manifest(dataset)
 
 
 def test_paths_must_stay_inside_the_directory(dataset):
     _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][0].update(path="../elsewhere.tfrecord"))
-    with pytest.raises(BenchError, match="must be relative to the dataset directory"):
+    with pytest.raises(BenchError, match="expected a path relative to the dataset directory"):
         load_manifest(dataset)
 
 
@@ -168,7 +169,7 @@ def test_checksum_mismatch_only_with_verify(dataset):
     path.write_bytes(bytes(data))
     manifest = load_manifest(dataset)
     check_split_files(manifest, "validation")
-    with pytest.raises(BenchError, match="validation/c.tfrecord: sha256 [0-9a-f]{64}, the manifest says"):
+    with pytest.raises(BenchError, match="validation/c.tfrecord: xxh3_128 [0-9a-f]{32}, the manifest says"):
         check_split_files(manifest, "validation", verify_checksums=True)
 
 
@@ -176,7 +177,7 @@ def test_index_checksum_mismatch(dataset):
     index = dataset / "train/a.tfrecord.idx"
     index.write_text(index.read_text().replace("\n", " \n"))  # same numbers, different bytes
     check_split_files(load_manifest(dataset), "train")
-    with pytest.raises(BenchError, match="a.tfrecord.idx: sha256"):
+    with pytest.raises(BenchError, match="a.tfrecord.idx: xxh3_128"):
         check_split_files(load_manifest(dataset), "train", verify_checksums=True)
 
 
@@ -206,18 +207,9 @@ def test_compressed_files_have_no_index(tmp_path):
     check_split_files(manifest, "train", verify_checksums=True)
 
 
-def test_xxh3_digests_are_optional_kept_and_used_for_verification(dataset):
-    assert "xxh3_128" not in (dataset / "manifest.json").read_text()  # an older manifest keeps its form
-    manifest_module.file_digests(dataset / "train/a.tfrecord")  # one pass, both digests
-
-    def add_xxh3(obj):
-        for entry in obj["splits"]["train"]["files"]:
-            entry["xxh3_128"] = manifest_module.xxh3_128_file(dataset / entry["path"])
-            entry["index_xxh3_128"] = manifest_module.xxh3_128_file(dataset / entry["index"])
-    _edit_json(dataset, add_xxh3)
+def test_xxh3_digests_are_kept_and_used_for_verification(dataset):
     manifest = load_manifest(dataset)
     assert manifest.splits["train"].files[0].xxh3_128 == manifest_module.xxh3_128_file(dataset / "train/a.tfrecord")
-    assert manifest.splits["validation"].files[0].xxh3_128 is None
     assert manifest.to_dict()["splits"]["train"]["files"][0]["index_xxh3_128"] is not None
     check_split_files(manifest, "train", verify_checksums=True)
     path = dataset / "train/b.tfrecord"
@@ -226,6 +218,13 @@ def test_xxh3_digests_are_optional_kept_and_used_for_verification(dataset):
     path.write_bytes(bytes(data))
     with pytest.raises(BenchError, match="train/b.tfrecord: xxh3_128 [0-9a-f]{32}, the manifest says [0-9a-f]{32}"):
         check_split_files(manifest, "train", verify_checksums=True)
+
+
+@pytest.mark.parametrize("key", ["xxh3_128", "index_xxh3_128"])
+def test_a_manifest_without_xxh3_digests_is_refused(dataset, key):
+    _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][0].pop(key))
+    with pytest.raises(BenchError, match=rf"splits.train.files\[0\].{key}"):
+        load_manifest(dataset)
 
 
 def test_file_digests_match_hashlib_and_xxhash(tmp_path):
@@ -238,7 +237,7 @@ def test_file_digests_match_hashlib_and_xxhash(tmp_path):
 
 def test_malformed_xxh3_is_refused(dataset):
     _edit_json(dataset, lambda obj: obj["splits"]["train"]["files"][0].update(xxh3_128="abc"))
-    with pytest.raises(BenchError, match=r"split 'train' file 0 xxh3_128 'abc', expected 32 lower-case hex"):
+    with pytest.raises(BenchError, match=r"key splits.train.files\[0\].xxh3_128 = 'abc': expected 32 lower-case hex"):
         load_manifest(dataset)
 
 
@@ -246,7 +245,7 @@ def test_malformed_xxh3_is_refused(dataset):
 # (tests/fuzz/test_manifest_fuzz.py, docs/fuzzing.md)
 def test_json_nested_too_deeply(dataset):
     (dataset / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(BenchError, match="manifest.json: not a JSON manifest \\(nested too deeply\\)"):
+    with pytest.raises(BenchError, match="manifest.json: not readable JSON \\(nested too deeply\\)"):
         load_manifest(dataset)
 
 
@@ -255,18 +254,18 @@ def test_negative_counts_and_sizes_are_refused(dataset):
         obj["splits"]["train"]["files"][0]["records"] = -3
         obj["splits"]["train"]["samples"] = 0
     _edit_json(dataset, negative_records)
-    with pytest.raises(BenchError, match="split 'train' file 0: 'records' is -3, expected an integer >= 0"):
+    with pytest.raises(BenchError, match=r"key splits.train.files\[0\].records = -3: expected an integer >= 0"):
         load_manifest(dataset)
     _edit_json(dataset, lambda obj: obj["splits"].update(train={"samples": 0, "files": []}, validation={
         "samples": -1, "files": []}))
-    with pytest.raises(BenchError, match="split 'validation': 'samples' is -1, expected an integer >= 0"):
+    with pytest.raises(BenchError, match="key splits.validation.samples = -1: expected the 0 records"):
         load_manifest(dataset)
 
 
 @pytest.mark.parametrize("size", [0, -4])
 def test_target_size_must_be_positive(dataset, size):
     _edit_json(dataset, lambda obj: obj.update(target_size=size))
-    with pytest.raises(BenchError, match=f"manifest.json: 'target_size' is {size}, expected an integer >= 1"):
+    with pytest.raises(BenchError, match=f"manifest.json: key target_size = {size}: expected an integer >= 1"):
         load_manifest(dataset)
 
 
@@ -288,5 +287,5 @@ def test_a_file_name_too_long_for_the_file_system(dataset):
 def test_json_with_an_integer_python_will_not_convert(dataset):
     # Python refuses to convert integers of more than 4,300 digits with a ValueError that is no JSONDecodeError.
     (dataset / "manifest.json").write_text('{"version": ' + "9" * 5000 + "}")
-    with pytest.raises(BenchError, match="manifest.json: not a readable JSON manifest"):
+    with pytest.raises(BenchError, match="manifest.json: not readable JSON"):
         load_manifest(dataset)

@@ -26,7 +26,7 @@ def _edit(packed, tmp_path, edit):
 def test_an_integer_too_long_to_convert_is_unreadable_json(packed, tmp_path):
     # json.loads raises ValueError (not JSONDecodeError) for an integer of more than 4300 digits.
     root = _edit(packed, tmp_path, lambda text: text.replace('"version": 1', '"version": 1' + "0" * 5000, 1))
-    with pytest.raises(BenchError, match=rf"{root / PACK_NAME}: not a readable JSON pack description \(Exceeds "
+    with pytest.raises(BenchError, match=rf"{root / PACK_NAME}: not readable JSON \(Exceeds "
                                          rf"the limit \(4300 digits\)"):
         load_pack(root)
 
