@@ -183,7 +183,14 @@ def describe(tp: Any) -> str:
 
 
 def _join(key: str, name: Any) -> str:
-    return f"{key}.{name}" if key else str(name)
+    """The dotted key of `name` inside `key`; a name that is not printable text (a lone surrogate, a control
+    character) as its repr, a long one cut to 80 characters, so that every message prints."""
+    text = str(name)
+    if not text.isprintable():
+        text = repr(text)
+    if len(text) > 80:
+        text = f"{text[:77]}..."
+    return f"{key}.{text}" if key else text
 
 
 def _where(key: str) -> str:

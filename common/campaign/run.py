@@ -46,6 +46,7 @@ from common.base.cli import guarded
 from common.base.files import write_json_atomic
 from common.base.errors import BenchError
 from common.base.version import REPO
+from common.runtime.summary import SUMMARY_NAME, read_summary
 from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, CampaignSpec, RunRecord, load_record,
                                    load_spec, open_campaign, run_dir)
 
@@ -121,8 +122,8 @@ def was_stopped(out: Path, index: int, code: int) -> bool:
     """Did run `index`, which ended after a stop request, end because of it? Yes unless its summary says it
     ended on its own: exit 75, a summary saying it stopped (horovodrun exits 1 when its workers exit 75), or
     none (the signal came before the trainings handled it) all count as stopped, and the run runs again."""
-    summary = run_dir(out, index) / "summary.json"
-    return code == EXIT_STOPPED or not summary.is_file() or bool(json.loads(summary.read_text()).get("stopped"))
+    summary = run_dir(out, index) / SUMMARY_NAME
+    return code == EXIT_STOPPED or not summary.is_file() or read_summary(summary).stopped
 
 
 def stage_path(spec: CampaignSpec, out: Path, index: int) -> Path:
@@ -151,8 +152,8 @@ def start_run(spec: CampaignSpec, out: Path, index: int) -> tuple[subprocess.Pop
 def finish_run(spec: CampaignSpec, out: Path, index: int, code: int, command: list[str], started: float) -> RunRecord:
     """Record a run that ended (its summary's status), and remove its staged data."""
     directory = run_dir(out, index)
-    summary = directory / "summary.json"
-    status = json.loads(summary.read_text()).get("status", "unknown") if summary.is_file() else "crashed"
+    summary = directory / SUMMARY_NAME
+    status = read_summary(summary).status if summary.is_file() else "crashed"
     record = RunRecord(index=index, seed=spec.seed_of(index), exit_code=code, wall_seconds=time.time() - started,
                        started=started, command=tuple(command), status=status)
     _remove_staged(spec, out, [index])
@@ -314,15 +315,14 @@ def progress_line(log: Path) -> str:
 
 def describe_run(out: Path, record: RunRecord) -> str:
     """One line: status, time to train and final metric from the run's summary, wall time."""
-    summary = run_dir(out, record.index) / "summary.json"
+    summary = run_dir(out, record.index) / SUMMARY_NAME
     wall = f"{record.wall_seconds / 60:.1f} min wall"
     if not summary.is_file():
         return f"crashed (exit {record.exit_code}, no summary.json; see train.log), {wall}"
-    s = json.loads(summary.read_text())
-    metric = s.get("final_metric")
-    metric_text = f"{s.get('metric_name', 'metric')} {metric:.4f}" if isinstance(metric, (int, float)) else "no metric"
-    return (f"{s.get('status')}, time to train {s.get('time_to_train_seconds', float('nan')):.1f} s, "
-            f"{s.get('epochs')} epochs, {metric_text}, {wall}")
+    s = read_summary(summary)
+    metric_text = f"{s.metric_name} {s.final_metric:.4f}" if s.final_metric is not None else "no metric"
+    seconds = s.time_to_train_seconds if s.time_to_train_seconds is not None else float("nan")
+    return f"{s.status}, time to train {seconds:.1f} s, {s.epochs} epochs, {metric_text}, {wall}"
 
 
 def _eta(t0: float, ran: int, left: int) -> str:

@@ -25,28 +25,26 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
+from common.base import documents
+from common.base.documents import check
 from common.base.errors import BenchError
 from common.base.version import REPO
-from common.campaign.spec import BENCHMARKS
 
-OBJECTIVES = ("epochs", "time")
-SAMPLERS = ("tpe", "random")
-PRUNERS = ("median", "none")
 FIXED_BY_SEARCH = ("run.seed", "run.output_dir")
 
 
 @dataclasses.dataclass(frozen=True)
 class Param:
     name: str  # a dotted config key
-    kind: str  # float, int, categorical
-    low: float | None = None
-    high: float | None = None
+    kind: Literal["float", "int", "categorical"]
+    low: int | float | None = None
+    high: int | float | None = None
     log: bool = False
-    choices: tuple = ()
+    choices: tuple[Any, ...] = ()
 
     def probe_values(self) -> list:
         """The values whose configs must be valid: both ends, or the choices."""
@@ -55,20 +53,22 @@ class Param:
 
 @dataclasses.dataclass(frozen=True)
 class Space:
-    benchmark: str
+    """A search space as the search uses it (and hpo.json records it)."""
+
+    benchmark: Literal["cosmoflow", "deepcam"]
     config: str  # as given: relative to the checkout, or absolute
     params: tuple[Param, ...]
     overrides: tuple[str, ...] = ()
-    objective: str = "epochs"
+    objective: Literal["epochs", "time"] = "epochs"
     failure_penalty: float = 2.0
     seed: int = 1000
-    sampler: str = "tpe"
+    sampler: Literal["tpe", "random"] = "tpe"
     sampler_seed: int = 1
     sampler_startup: int = 4  # TPE: random trials before it models the results
-    pruner: str = "median"
+    pruner: Literal["median", "none"] = "median"
     startup_trials: int = 2
     warmup_epochs: float = 1.0  # the pruner compares no trial before this epoch
-    enqueue: tuple[dict, ...] = ()
+    enqueue: tuple[dict[str, Any], ...] = ()
 
     @property
     def config_path(self) -> Path:
@@ -77,6 +77,93 @@ class Space:
 
     def as_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+# ---------------------------------------------------------------------------- the space file
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One parameter of the space file: {type: float|int, low, high, log} or {type: categorical, choices}."""
+
+    type: Literal["float", "int", "categorical"]
+    low: int | float | None = None
+    high: int | float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] | None = None
+
+    def __post_init__(self):
+        if self.type == "categorical":
+            check(bool(self.choices), "choices", self.choices, "a non-empty list (a categorical's choices)")
+            return
+        check(self.low is not None and self.high is not None and self.low < self.high, "high", self.high,
+              f"a number above low ({self.low})")
+        check(not self.log or self.low > 0, "low", self.low, "> 0 with log")
+        check(self.type == "float" or (self.low == int(self.low) and self.high == int(self.high)), "low",
+              self.low, f"whole numbers low and high for an int range (high {self.high})")
+
+    def param(self, name: str) -> Param:
+        if self.type == "categorical":
+            return Param(name, "categorical", choices=tuple(self.choices))
+        cast = int if self.type == "int" else float
+        return Param(name, self.type, cast(self.low), cast(self.high), self.log)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+    name: Literal["tpe", "random"] = "tpe"
+    seed: int = 1
+    startup_trials: int = 4
+
+    def __post_init__(self):
+        check(self.startup_trials >= 0, "startup_trials", self.startup_trials, ">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrunerSpec:
+    name: Literal["median", "none"] = "median"
+    startup_trials: int = 2
+    warmup_epochs: float = 1.0
+
+    def __post_init__(self):
+        check(self.startup_trials >= 0, "startup_trials", self.startup_trials, ">= 0")
+        check(self.warmup_epochs >= 0, "warmup_epochs", self.warmup_epochs, ">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceFile:
+    """The search space file (the module's docstring shows one)."""
+
+    benchmark: Literal["cosmoflow", "deepcam"]
+    config: str
+    params: dict[str, ParamSpec]
+    overrides: tuple[str, ...] = ()
+    objective: Literal["epochs", "time"] = "epochs"
+    failure_penalty: float = 2.0
+    seed: int = 1000
+    sampler: SamplerSpec = SamplerSpec()
+    pruner: PrunerSpec = PrunerSpec()
+    enqueue: tuple[dict[str, Any], ...] = ()
+
+    def __post_init__(self):
+        check(self.failure_penalty >= 1, "failure_penalty", self.failure_penalty, ">= 1 (a miss must not beat a hit)")
+        check(bool(self.params), "params", self.params, "a non-empty mapping of config keys to ranges")
+        for name in self.params:
+            check(name not in FIXED_BY_SEARCH and "." in name, f"params.{name}", name,
+                  f"a dotted config key such as optimizer.base_lr (not {' or '.join(FIXED_BY_SEARCH)})")
+        for item in self.overrides:
+            _check_override(item, FIXED_BY_SEARCH)
+        for i, trial in enumerate(self.enqueue):
+            check(set(trial) == set(self.params), f"enqueue[{i}]", sorted(trial),
+                  f"every parameter: {sorted(self.params)}")
+            for name, spec in self.params.items():
+                _check_in_range(spec.param(name), trial[name], f"enqueue[{i}].{name}")
+
+    def space(self) -> Space:
+        return Space(benchmark=self.benchmark, config=self.config, overrides=self.overrides,
+                     params=tuple(spec.param(name) for name, spec in self.params.items()), objective=self.objective,
+                     failure_penalty=self.failure_penalty, seed=self.seed, sampler=self.sampler.name,
+                     sampler_seed=self.sampler.seed, sampler_startup=self.sampler.startup_trials,
+                     pruner=self.pruner.name, startup_trials=self.pruner.startup_trials,
+                     warmup_epochs=self.pruner.warmup_epochs, enqueue=self.enqueue)
 
 
 def override(name: str, value: Any) -> str:
@@ -89,66 +176,15 @@ def load_space(path: str | Path, ranks: int = 1, overrides: tuple[str, ...] = ()
     `overrides` after the space's own); every error names the file and the key."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise BenchError(f"search space {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise BenchError(f"search space {path}: not readable YAML ({err})") from None
-    if not isinstance(raw, dict):
-        raise BenchError(f"search space {path}: expected a mapping, found {type(raw).__name__}")
+        space = documents.read(path, SpaceFile, kind="yaml", what="a search space").space()
+    except BenchError as err:
+        raise BenchError(f"search space {err}") from None
     try:
-        space = _build(raw)
         check_overrides(space, overrides)
         check_configs(space, ranks, overrides)
     except BenchError as err:
         raise BenchError(f"search space {path}: {err}") from None
     return space
-
-
-def _build(raw: dict) -> Space:
-    known = {f.name for f in dataclasses.fields(Space)} - {"sampler_seed", "sampler_startup", "startup_trials",
-                                                           "warmup_epochs"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise BenchError(f"unknown keys {unknown}; expected some of {sorted(known)}")
-    for key in ("benchmark", "config", "params"):
-        if key not in raw:
-            raise BenchError(f"no {key!r}")
-    sampler, pruner = _mapping(raw, "sampler", {"name": "tpe"}), _mapping(raw, "pruner", {"name": "median"})
-    space = Space(benchmark=raw["benchmark"], config=str(raw["config"]), params=_params(raw["params"]),
-                  overrides=tuple(str(o) for o in raw.get("overrides") or ()),
-                  objective=raw.get("objective", "epochs"), failure_penalty=float(raw.get("failure_penalty", 2.0)),
-                  seed=int(raw.get("seed", 1000)), sampler=sampler.get("name", "tpe"),
-                  sampler_seed=int(sampler.get("seed", 1)), sampler_startup=int(sampler.get("startup_trials", 4)),
-                  pruner=pruner.get("name", "median"),
-                  startup_trials=int(pruner.get("startup_trials", 2)), warmup_epochs=float(pruner.get("warmup_epochs", 1)),
-                  enqueue=tuple(_enqueued(raw.get("enqueue") or [])))
-    _check_choices(space)
-    return space
-
-
-def _mapping(raw: dict, key: str, default: dict) -> dict:
-    value = raw.get(key, default)
-    if not isinstance(value, dict):
-        raise BenchError(f"{key}: expected a mapping such as {default}, found {value!r}")
-    return value
-
-
-def _check_choices(space: Space) -> None:
-    for key, value, allowed in (("benchmark", space.benchmark, BENCHMARKS), ("objective", space.objective, OBJECTIVES),
-                                ("sampler.name", space.sampler, SAMPLERS), ("pruner.name", space.pruner, PRUNERS)):
-        if value not in allowed:
-            raise BenchError(f"{key} {value!r}: expected one of {list(allowed)}")
-    if space.failure_penalty < 1:
-        raise BenchError(f"failure_penalty {space.failure_penalty}: expected >= 1 (a miss must not beat a hit)")
-    for item in space.overrides:
-        _check_override(item, FIXED_BY_SEARCH)
-    names = {p.name for p in space.params}
-    for i, trial in enumerate(space.enqueue):
-        if set(trial) != names:
-            raise BenchError(f"enqueue[{i}]: keys {sorted(trial)}, expected every parameter: {sorted(names)}")
-        for p in space.params:
-            _check_in_range(p, trial[p.name], f"enqueue[{i}].{p.name}")
 
 
 def check_overrides(space: Space, overrides: tuple[str, ...]) -> None:
@@ -160,58 +196,18 @@ def check_overrides(space: Space, overrides: tuple[str, ...]) -> None:
 
 
 def _check_override(item: str, owned: tuple[str, ...]) -> None:
-    if "=" not in item or item.split("=", 1)[0] in owned:
-        raise BenchError(f"override {item!r}: expected key=value of a key the search does not set "
-                         f"({', '.join(owned)})")
+    check("=" in item and item.split("=", 1)[0] not in owned, "overrides", item,
+          f"key=value of a key the search does not set ({', '.join(owned)})")
 
 
 def _check_in_range(p: Param, value: Any, where: str) -> None:
     """An enqueued value must be one the parameter's distribution can draw."""
     if p.kind == "categorical":
-        if value not in p.choices:
-            raise BenchError(f"{where} {value!r}: not one of the choices {list(p.choices)}")
+        check(value in p.choices, where, value, f"one of the choices {list(p.choices)}")
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not p.low <= value <= p.high or \
-            (p.kind == "int" and value != int(value)):
-        raise BenchError(f"{where} {value!r}: expected {'an integer' if p.kind == 'int' else 'a number'} in "
-                         f"[{p.low}, {p.high}]")
-
-
-def _params(raw: Any) -> tuple[Param, ...]:
-    if not isinstance(raw, dict) or not raw:
-        raise BenchError(f"params: expected a non-empty mapping of config keys to ranges, found {raw!r}")
-    return tuple(_param(str(name), spec) for name, spec in raw.items())
-
-
-def _param(name: str, spec: Any) -> Param:
-    if name in FIXED_BY_SEARCH or "." not in name:
-        raise BenchError(f"params.{name}: expected a dotted config key such as optimizer.base_lr (not "
-                         f"{' or '.join(FIXED_BY_SEARCH)})")
-    if not isinstance(spec, dict) or spec.get("type") not in ("float", "int", "categorical"):
-        raise BenchError(f"params.{name}: expected {{type: float|int|categorical, ...}}, found {spec!r}")
-    if spec["type"] == "categorical":
-        choices = spec.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise BenchError(f"params.{name}: a categorical needs a non-empty list of choices, found {choices!r}")
-        return Param(name, "categorical", choices=tuple(choices))
-    try:
-        low, high = float(spec["low"]), float(spec["high"])
-    except (KeyError, TypeError, ValueError):
-        raise BenchError(f"params.{name}: a {spec['type']} needs numbers low and high, found {spec!r}") from None
-    log = bool(spec.get("log", False))
-    if not low < high or (log and low <= 0):
-        raise BenchError(f"params.{name}: low {low} and high {high}: expected low < high (and low > 0 with log)")
-    if spec["type"] == "int":
-        if low != int(low) or high != int(high):
-            raise BenchError(f"params.{name}: an int range needs whole numbers, found {low} .. {high}")
-        low, high = int(low), int(high)
-    return Param(name, spec["type"], low, high, log)
-
-
-def _enqueued(raw: Any) -> list[dict]:
-    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
-        raise BenchError(f"enqueue: expected a list of mappings (parameter: value), found {raw!r}")
-    return [{str(k): v for k, v in t.items()} for t in raw]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    check(number and p.low <= value <= p.high and (p.kind != "int" or value == int(value)), where, value,
+          f"{'an integer' if p.kind == 'int' else 'a number'} in [{p.low}, {p.high}]")
 
 
 def plan(benchmark: str, config: Path, overrides: list[str], ranks: int) -> dict:

@@ -14,13 +14,13 @@ queued again, so a search survives a killed job and goes on where it stood.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 import threading
 import time
 from pathlib import Path
 
+from common.base import documents
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.hpo.space import Space
@@ -33,7 +33,23 @@ STUDY_NAME = "hpo"
 # key in an hpo.json written before it was recorded. A worker's launcher, interpreter and stage directory are
 # its own: they say how it reaches its nodes (a job's host file), not what its trials train.
 SHARED = ("space", "ranks", "overrides", "storage")
-BEFORE_RECORDED = {"overrides": []}
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyFile:
+    """OUT/hpo.json: the space and the settings a study was started with."""
+
+    space: Space
+    ranks: int
+    overrides: tuple[str, ...]
+    storage: str
+    launcher: str
+    python: str
+    trials: int
+
+    def settings(self) -> StudySettings:
+        return StudySettings(trials=self.trials, launch=Launch(self.ranks, self.launcher, self.python, self.overrides),
+                             storage=self.storage)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +118,8 @@ def _check_spec(out: Path, space: Space, settings: StudySettings) -> None:
             "storage": settings.storage, "launcher": launch.launcher, "python": launch.python}
     path = out / SPEC_NAME
     if path.is_file():
-        saved = json.loads(path.read_text())
-        differ = sorted(k for k in SHARED if spec[k] != saved.get(k, BEFORE_RECORDED.get(k)))
+        saved = documents.to_dict(documents.read(path, StudyFile))
+        differ = sorted(k for k in SHARED if spec[k] != saved[k])
         if differ:
             raise BenchError(f"{out}: a study started with other settings ({', '.join(differ)} differ from {path}); "
                              f"start it again with the same ones, or give another --out")
@@ -222,17 +238,8 @@ def describe(result: TrialResult, study, index: int, total: int, elapsed: float,
 
 def saved_settings(out: Path) -> tuple[Space, StudySettings]:
     """The space and settings a study was started with (its hpo.json)."""
-    from common.hpo.space import Param
     path = out / SPEC_NAME
-    try:
-        spec = json.loads(path.read_text())
-        raw = spec["space"]
-        space = Space(**{**raw, "params": tuple(Param(**{**p, "choices": tuple(p["choices"])}) for p in raw["params"]),
-                         "overrides": tuple(raw["overrides"]), "enqueue": tuple(raw["enqueue"])})
-        launch = Launch(spec["ranks"], spec["launcher"], spec["python"], tuple(spec.get("overrides", ())))
-        return space, StudySettings(trials=spec["trials"], launch=launch, storage=spec["storage"])
-    except FileNotFoundError:
-        raise BenchError(f"{out}: no {SPEC_NAME}; not a study directory (python -m common.hpo run ... --out {out})") \
-            from None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise BenchError(f"{path}: not a study's settings ({type(err).__name__}: {err})") from None
+    if not path.is_file():
+        raise BenchError(f"{out}: no {SPEC_NAME}; not a study directory (python -m common.hpo run ... --out {out})")
+    saved = documents.read(path, StudyFile)
+    return saved.space, saved.settings()

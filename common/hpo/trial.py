@@ -21,16 +21,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Literal
 
 import yaml
 
 from common.base import mlperf_log
+from common.base import documents
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.version import REPO
 from common.campaign.run import progress_line, stop_processes, training_pids
 from common.hpo.space import Param, Space, override
+from common.runtime.summary import SUMMARY_NAME, read_summary
 
 TRIAL_RECORD = "trial.json"
 EXIT_BAD_INPUT = 2
@@ -40,12 +42,14 @@ DISTANCE = {"eval_error": lambda v: v, "eval_accuracy": lambda v: 1.0 - v}  # Co
 
 @dataclasses.dataclass
 class TrialResult:
+    """A trial's record (OUT/runs/run_<number>/trial.json)."""
+
     number: int
-    params: dict
-    state: str  # complete, pruned, failed (crashed: no objective)
+    params: dict[str, Any]
+    state: Literal["complete", "pruned", "failed"]  # failed: crashed, no objective
     value: float | None  # the objective (lower is better); None unless complete
     status: str  # the training's summary status, or crashed / pruned
-    epochs: float | None  # epochs to the target (None: not reached)
+    epochs: int | float | None  # epochs to the target (None: not reached)
     seconds: float | None  # time to train (None: the target was not reached)
     global_batch_size: int | None
     exit_code: int
@@ -183,15 +187,16 @@ def _signal(pid: int, signum: int) -> None:
 
 def _result(space: Space, directory: Path, number: int, values: dict, code: int, wall: float,
             pruned_at: float | None) -> TrialResult:
-    summary = _json(directory / "summary.json")
+    summary_path = directory / SUMMARY_NAME
+    summary = read_summary(summary_path) if summary_path.is_file() else None
     if code == EXIT_BAD_INPUT and pruned_at is None:
         raise BenchError(f"trial {number} was refused its input or config (exit 2): see {directory / 'train.log'}; "
                          f"every trial would fail the same way")
-    status = "pruned" if pruned_at is not None else summary.get("status", "crashed")
+    status = "pruned" if pruned_at is not None else summary.status if summary else "crashed"
     log = _log_facts(directory / "mlperf.log")
     result = TrialResult(number=number, params=values, state="failed", value=None, status=status,
                          epochs=log["epochs"] if status == "success" else None,
-                         seconds=summary.get("time_to_train_seconds") if status == "success" else None,
+                         seconds=summary.time_to_train_seconds if status == "success" else None,
                          global_batch_size=log["global_batch_size"],
                          exit_code=code, wall_seconds=wall, pruned_at_epoch=pruned_at)
     if pruned_at is not None:
@@ -208,13 +213,6 @@ def objective(space: Space, result: TrialResult, max_epochs: int) -> float:
     if space.objective == "epochs":
         return space.failure_penalty * max_epochs
     return space.failure_penalty * result.wall_seconds
-
-
-def _json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _log_facts(log: Path) -> dict:
@@ -244,4 +242,4 @@ def load_result(out: Path, number: int) -> TrialResult | None:
     record = trial_dir(out, number) / TRIAL_RECORD
     if not record.is_file():
         return None
-    return TrialResult(**json.loads(record.read_text()))
+    return documents.read(record, TrialResult)

@@ -22,19 +22,19 @@ with a warning naming the problem (the file, and in meta.json the key and the va
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, TypedDict
 
 import numpy as np
 
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
+from common.base import documents
+from common.base.documents import Figure, check
 from common.base.errors import BenchError
 from common.io.manifest import xxh3_128_file
 
@@ -45,19 +45,52 @@ MODEL_FILE = "model.npz"
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 
 
+class Partial(TypedDict, total=False):
+    """The running sums of the epoch in progress."""
+
+    loss_sum: float
+    seconds: float
+
+
 @dataclasses.dataclass
 class Progress:
     """Where a run stands: `epoch` is the epoch to run next (or the one in progress when `step` > 0)."""
 
     epoch: int = 1
     step: int = 0  # optimizer steps of `epoch` already done
-    history: list[dict] = dataclasses.field(default_factory=list)
-    partial: dict = dataclasses.field(default_factory=dict)  # the epoch's running sums: loss_sum, seconds
+    # the epochs' figures, each with its "epoch" (NaN is a figure too: an evaluation can give one)
+    history: list[dict[str, int | Figure]] = dataclasses.field(default_factory=list)
+    partial: Partial = dataclasses.field(default_factory=dict)  # the epoch's running sums: loss_sum, seconds
     earlier_seconds: float = 0.0  # training time (run_start .. run_stop) of the attempts before this one
     attempt: int = 1  # 1 for a run that starts from scratch; +1 for each resume
 
+    def __post_init__(self):
+        for key in ("epoch", "attempt"):
+            check(getattr(self, key) >= 1, key, getattr(self, key), "an integer >= 1")
+        check(self.step >= 0, "step", self.step, "an integer >= 0")
+        check(self.earlier_seconds >= 0, "earlier_seconds", self.earlier_seconds, "a number >= 0")
+        check(self.partial.get("seconds", 0) >= 0, "partial.seconds", self.partial.get("seconds"), "a number >= 0")
+        for i, record in enumerate(self.history):
+            epoch = record.get("epoch")
+            check(type(epoch) is int and epoch >= 1, f"history[{i}].epoch", epoch, "an integer >= 1")
+
     def global_step(self, steps_per_epoch: int) -> int:
         return (self.epoch - 1) * steps_per_epoch + self.step
+
+
+class Layout(TypedDict):
+    """What a DALI stream's order depends on beside its loader and seed (LAYOUT_KEYS). ranks_per_node: the ranks
+    of a node that share its files under data.stage_mode=node_share (0 otherwise, where a rank's files follow from
+    ranks alone)."""
+
+    run_seed: int
+    ranks: int
+    ranks_per_node: int
+    node_share: bool
+    local_batch_size: int
+    shuffle: bool
+    shuffle_buffer: int
+    strategy: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +98,16 @@ class InputPosition:
     """What a rank's training stream depends on, saved in meta.json as "input": rebuilt with the same loader,
     seed and layout it gives the same batches, and the run has taken `global_step - start_step` of them."""
 
-    loader: str  # the input pipeline: "tfdata" or "dali" ("" for a rank layout whose position cannot be replayed)
+    loader: Literal["tfdata", "dali", ""]  # the input pipeline ("" for a rank layout whose position cannot be replayed)
     seed: int  # the input seed the datasets were built with (the run's, or a reseeded one)
     start_step: int  # the global step at which this stream began (0, or where a reseeded attempt began)
-    layout: dict  # LAYOUT_KEYS: the rank layout and the settings the stream's order depends on
+    layout: Layout  # LAYOUT_KEYS: the rank layout and the settings the stream's order depends on
+
+    def __post_init__(self):
+        check(self.start_step >= 0, "start_step", self.start_step, "an integer >= 0")
+        for key, minimum in (("ranks", 1), ("ranks_per_node", 0), ("local_batch_size", 1), ("shuffle_buffer", 1)):
+            value = self.layout.get(key)
+            check(value is None or value >= minimum, f"layout.{key}", value, f"an integer >= {minimum}")
 
     def to_meta(self) -> dict:
         return dataclasses.asdict(self)
@@ -113,8 +152,8 @@ class Resume:
 
     @property
     def input_position(self) -> InputPosition | None:
-        """What the saved input position depends on; None for a checkpoint written before meta.json held it."""
-        saved = self.meta.get("input")
+        """What the saved input position depends on; None when its writer recorded none."""
+        saved = self.meta["input"]
         return InputPosition(**saved) if saved is not None else None
 
 
@@ -141,8 +180,7 @@ def _why_not_replayed(resume: Resume, saved: InputPosition | None, loader: str, 
         return (f"the checkpoint holds the tf.data iterators of {resume.ranks} ranks; this run has "
                 f"{layout['ranks']} and reads with {loader}")
     if saved is None:
-        return ("the checkpoint records no input position (DALI, or checkpoint.input_state=false, before "
-                "meta.json held one)")
+        return "the checkpoint records no input position (its writer gave none)"
     if saved.loader == "tfdata":
         return "the tf.data iterator state was not saved (checkpoint.input_state=false)"
     if saved.loader == "":
@@ -216,200 +254,90 @@ def find_resume(cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark
     return Resume(Path(choice[0]), choice[1]) if choice else None
 
 
-# ---------------------------------------------------------------------------- reading meta.json
+# ---------------------------------------------------------------------------- meta.json
 PROGRESS_KEYS = tuple(f.name for f in dataclasses.fields(Progress))
-PARTIAL_KEYS = ("loss_sum", "seconds")
+PARTIAL_KEYS = tuple(Partial.__annotations__)
 INPUT_KEYS = tuple(f.name for f in dataclasses.fields(InputPosition))
-# What a DALI stream's order depends on beside its loader and seed. ranks_per_node: the ranks of a node that
-# share its files under data.stage_mode=node_share (0 otherwise, where a rank's files follow from ranks alone).
-LAYOUT_KEYS = ("run_seed", "ranks", "ranks_per_node", "node_share", "local_batch_size", "shuffle", "shuffle_buffer",
-               "strategy")
+LAYOUT_KEYS = tuple(Layout.__annotations__)
 INPUT_LOADERS = ("tfdata", "dali", "")
-_COUNT_LIMIT = 2 ** 63  # counts (steps, epochs, sizes) are int64 wherever they go
 _FILE_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.-]{1,255}")  # as the writers name them: model.npz, rank_00000.npz
 _XXH3 = re.compile(r"[0-9a-f]{32}")
+Variable = tuple[str, tuple[int, ...], str]  # [path, shape, dtype], as `variable_names` writes them
+
+
+@dataclasses.dataclass(frozen=True)
+class FileDigest:
+    """A file of the checkpoint directory: its size and xxh3-128."""
+
+    bytes: int
+    xxh3_128: str
+
+    def __post_init__(self):
+        check(self.bytes >= 0, "bytes", self.bytes, "an integer >= 0")
+        check(bool(_XXH3.fullmatch(self.xxh3_128)), "xxh3_128", self.xxh3_128, "32 lower-case hex digits")
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """A checkpoint's meta.json: what resuming reads of it."""
+
+    format: Literal["hpc-sciml-checkpoint"]
+    version: Literal[1]
+    benchmark: str
+    ranks: int
+    global_step: int
+    created: str  # when it was written (informational)
+    input_state: bool  # each rank's tf.data iterator is saved (input_rank_<r>.*)
+    progress: Progress
+    model_variables: tuple[Variable, ...]
+    rank_variables: tuple[Variable, ...]
+    files: dict[str, FileDigest]
+    input: InputPosition | None  # None: the writer gave no input position (the input then starts afresh)
+
+    def __post_init__(self):
+        check(self.ranks >= 1, "ranks", self.ranks, "an integer >= 1")
+        check(self.global_step >= 0, "global_step", self.global_step, "an integer >= 0")
+        for key in ("model_variables", "rank_variables"):
+            for i, (_name, shape, _dtype) in enumerate(getattr(self, key)):
+                check(all(d >= 0 for d in shape), f"{key}[{i}]", list(shape), "[name, shape (sizes >= 0), dtype]")
+        if self.input is not None:
+            self._check_input(self.input)
+        self._check_files()
+
+    def _check_input(self, position: InputPosition) -> None:
+        check(position.start_step <= self.global_step, "input.start_step", position.start_step,
+              f"a step no later than global_step {self.global_step}")
+        check(position.layout["ranks"] == self.ranks, "input.layout.ranks", position.layout["ranks"],
+              f"ranks ({self.ranks})")
+
+    def _check_files(self) -> None:
+        """Each entry names a file of the checkpoint directory, and the files a checkpoint of `ranks` ranks holds
+        are listed."""
+        for name in self.files:
+            check(bool(_FILE_NAME.fullmatch(name)) and name != META, "files", name,
+                  "the names of files in the checkpoint directory (letters, digits, '_', '.', '-')")
+        check(self.ranks <= len(self.files), "ranks", self.ranks, f"at most the {len(self.files)} files listed "
+              f"(a checkpoint holds a rank_<r>.npz of every rank)")
+        for needed in [MODEL_FILE] + [f"rank_{r:05d}.npz" for r in range(self.ranks)]:
+            check(needed in self.files, "files", sorted(self.files)[:4], f"{needed}, which a checkpoint of "
+                  f"{self.ranks} rank(s) holds")
+        for r in range(self.ranks if self.input_state else 0):
+            check(any(name.startswith(f"input_rank_{r:05d}.") for name in self.files), "input_state", True,
+                  f"false, as 'files' lists no input_rank_{r:05d}.* (rank {r}'s input position)")
 
 
 def read_meta(path: Path) -> dict:
-    """meta.json of checkpoint directory `path`, checked against everything resuming reads of it: the keys, their
-    types and ranges, and the files a checkpoint of its rank count holds. Raises BenchError naming the file, the
-    key (dotted, as `progress.history[2].epoch`) and the value."""
+    """meta.json of checkpoint directory `path` (as a dict), read through `Meta`: its keys, types and ranges, and
+    the files a checkpoint of its rank count holds. Raises BenchError naming the file, the key (dotted, as
+    `progress.history[2].epoch`), the value and what was expected."""
     meta_path = path / META
     if not meta_path.is_file():
         raise BenchError(f"{meta_path}: missing; the checkpoint was not finished")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: bad JSON, an integer of > 4300 digits
-        raise BenchError(f"{meta_path}: not readable JSON ({err})") from None
-    except RecursionError:
-        raise BenchError(f"{meta_path}: not readable JSON (nested too deeply)") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise BenchError(f"{meta_path}: not a checkpoint description (expected an object with format {FORMAT!r})")
-    if type(meta.get("version")) is not int or meta["version"] != VERSION:  # not true or 1.0 either
-        raise BenchError(f"{meta_path}: version {_show(meta.get('version'))}, this code reads version {VERSION}")
-    _check_meta(meta, meta_path, path.name)
-    return meta
-
-
-def _check_meta(meta: dict, where: Path, name: str) -> None:
-    """The keys resuming reads (other keys, such as `created`, are informational)."""
-    _value(meta, "benchmark", str, where)
-    step = _count(meta, "global_step", where)
-    if _NAME.match(name) and int(name[len("ckpt-"):]) != step:
-        raise BenchError(f"{where}: 'global_step' is {step}, but the checkpoint directory is {name}")
-    _check_progress(_value(meta, "progress", dict, where), where)
-    for key in ("model_variables", "rank_variables"):
-        _check_variables(_value(meta, key, list, where), key, where)
-    ranks = _count(meta, "ranks", where, minimum=1)
-    _check_files(_value(meta, "files", dict, where), ranks, _value(meta, "input_state", bool, where), where)
-    if "input" in meta:  # checkpoints written before meta.json held it resume with a fresh input order
-        _check_input(_value(meta, "input", dict, where), step, ranks, where)
-
-
-def _check_input(position: dict, step: int, ranks: int, where: Path) -> None:
-    """What `InputPosition(**position)` needs, and a stream that began no later than the checkpoint's step."""
-    _only(position, INPUT_KEYS, "input", where)
-    loader = _value(position, "loader", str, where, "input")
-    if loader not in INPUT_LOADERS:
-        raise BenchError(f"{where}: 'input.loader' is {_show(loader)}, expected one of {list(INPUT_LOADERS)}")
-    _integer(position, "seed", where, "input")
-    start = _count(position, "start_step", where, "input")
-    if start > step:
-        raise BenchError(f"{where}: 'input.start_step' is {start}, after the checkpoint's 'global_step' {step}")
-    layout = _value(position, "layout", dict, where, "input")
-    _only(layout, LAYOUT_KEYS, "input.layout", where)
-    _integer(layout, "run_seed", where, "input.layout")
-    for key, minimum in (("ranks", 1), ("ranks_per_node", 0), ("local_batch_size", 1), ("shuffle_buffer", 1)):
-        _count(layout, key, where, "input.layout", minimum=minimum)
-    for key, kind in (("node_share", bool), ("shuffle", bool), ("strategy", str)):
-        _value(layout, key, kind, where, "input.layout")
-    if layout["ranks"] != ranks:
-        raise BenchError(f"{where}: 'input.layout.ranks' is {layout['ranks']}, but 'ranks' is {ranks}")
-
-
-def _check_progress(progress: dict, where: Path) -> None:
-    """What `Progress(**progress)` needs, and what the training loop then counts and sums with."""
-    _only(progress, PROGRESS_KEYS, "progress", where)
-    _count(progress, "epoch", where, "progress", minimum=1)
-    _count(progress, "step", where, "progress")
-    _count(progress, "attempt", where, "progress", minimum=1)
-    _number(progress, "earlier_seconds", where, "progress", minimum=0.0)
-    partial = _value(progress, "partial", dict, where, "progress")
-    _only(partial, PARTIAL_KEYS, "progress.partial", where)
-    for key in partial:
-        _number(partial, key, where, "progress.partial", minimum=0.0 if key == "seconds" else None)
-    for i, record in enumerate(_value(progress, "history", list, where, "progress")):
-        label = f"progress.history[{i}]"
-        if not isinstance(record, dict):
-            raise BenchError(f"{where}: {label!r} is {_show(record)}, expected an object (an epoch's figures)")
-        _count(record, "epoch", where, label, minimum=1)
-        for key, value in record.items():  # NaN is a figure too (an evaluation can give one)
-            if not (_is_number(value) and _as_float(value) is not None):
-                raise BenchError(f"{where}: {label + '.' + key!r} is {_show(value)}, expected a number")
-
-
-def _check_variables(variables: list, key: str, where: Path) -> None:
-    """[name, shape, dtype] of each variable, as `variable_names` writes them."""
-    for i, entry in enumerate(variables):
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
-                and isinstance(entry[1], list) and all(_is_count(d) for d in entry[1]) and isinstance(entry[2], str)):
-            raise BenchError(f"{where}: '{key}[{i}]' is {_show(entry)}, expected [name, shape (sizes >= 0), dtype]")
-
-
-def _check_files(files: dict, ranks: int, input_state: bool, where: Path) -> None:
-    """Each entry names a file of the checkpoint directory with its size and xxh3-128, and the files a checkpoint
-    of `ranks` ranks holds are listed."""
-    for name, entry in files.items():
-        if not _FILE_NAME.fullmatch(name) or name == META:
-            raise BenchError(f"{where}: 'files' lists {name!r}, expected the name of a file in the checkpoint "
-                             f"directory (letters, digits, '_', '.', '-')")
-        label = f"files[{name!r}]"
-        if not isinstance(entry, dict):
-            raise BenchError(f"{where}: {label!r} is {_show(entry)}, expected an object with 'bytes' and 'xxh3_128'")
-        _count(entry, "bytes", where, label)
-        if not _XXH3.fullmatch(_value(entry, "xxh3_128", str, where, label)):
-            raise BenchError(f"{where}: {label + '.xxh3_128'!r} is {_show(entry['xxh3_128'])}, expected 32 hex "
-                             f"digits")
-    if ranks > len(files):
-        raise BenchError(f"{where}: 'ranks' is {ranks}, but 'files' lists {len(files)} files (a checkpoint holds a "
-                         f"rank_<r>.npz of every rank)")
-    for needed in [MODEL_FILE] + [f"rank_{r:05d}.npz" for r in range(ranks)]:
-        if needed not in files:
-            raise BenchError(f"{where}: 'files' lists no {needed!r}, which a checkpoint of {ranks} rank(s) "
-                             f"('ranks') holds")
-    for r in range(ranks if input_state else 0):
-        if not any(name.startswith(f"input_rank_{r:05d}.") for name in files):
-            raise BenchError(f"{where}: 'input_state' is true, but 'files' lists no input_rank_{r:05d}.* (rank "
-                             f"{r}'s input position)")
-
-
-def _value(obj: dict, key: str, kind: type | None, where: Path, label: str = "") -> Any:
-    """obj[key], which must be there and of type `kind` (a bool is no int; None: any); `label` is obj's place in
-    meta.json."""
-    name = f"{label}.{key}" if label else key
-    if key not in obj:
-        raise BenchError(f"{where}: no {name!r} (found {', '.join(repr(k) for k in sorted(obj)[:12]) or 'none'})")
-    value = obj[key]
-    if kind is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
-        expected = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}[kind]
-        raise BenchError(f"{where}: {name!r} is {_show(value)}, expected {expected}")
-    return value
-
-
-def _count(obj: dict, key: str, where: Path, label: str = "", minimum: int = 0) -> int:
-    """obj[key], which must be an integer in [minimum, 2^63)."""
-    value = obj.get(key)
-    if key in obj and _is_count(value) and value >= minimum:
-        return value
-    _value(obj, key, None, where, label)  # a missing key
-    name = f"{label}.{key}" if label else key
-    raise BenchError(f"{where}: {name!r} is {_show(value)}, expected an integer in [{minimum}, 2^63)")
-
-
-def _integer(obj: dict, key: str, where: Path, label: str) -> int:
-    """obj[key], which must be an integer in [-2^63, 2^63) (a seed)."""
-    value = _value(obj, key, None, where, label)
-    if isinstance(value, int) and not isinstance(value, bool) and -_COUNT_LIMIT <= value < _COUNT_LIMIT:
-        return value
-    raise BenchError(f"{where}: {label + '.' + key!r} is {_show(value)}, expected an integer in [-2^63, 2^63)")
-
-
-def _number(obj: dict, key: str, where: Path, label: str, minimum: float | None) -> float:
-    """obj[key], which must be a finite number (>= `minimum` unless None)."""
-    value = _value(obj, key, None, where, label)
-    number = _as_float(value) if _is_number(value) else None
-    if number is not None and math.isfinite(number) and (minimum is None or number >= minimum):
-        return value
-    bound = "" if minimum is None else f" >= {minimum:g}"
-    raise BenchError(f"{where}: {label + '.' + key!r} is {_show(value)}, expected a finite number{bound}")
-
-
-def _only(obj: dict, keys: tuple[str, ...], label: str, where: Path) -> None:
-    unknown = sorted(set(obj) - set(keys))
-    if unknown:
-        raise BenchError(f"{where}: unknown key {label + '.' + unknown[0]!r}; {label!r} holds {', '.join(keys)}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _as_float(value: int | float) -> float | None:
-    """The number as a float, or None for an integer beyond float's range (10^400 is valid JSON)."""
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT_LIMIT
-
-
-def _show(value: Any) -> str:
-    """A value for a message: its repr (surrogates and control characters escaped), at most 80 characters."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
+    meta = documents.read(meta_path, Meta, kind="json")
+    if _NAME.match(path.name) and int(path.name[len("ckpt-"):]) != meta.global_step:
+        raise BenchError(f"{meta_path}: key global_step = {meta.global_step}: expected the step of the checkpoint "
+                         f"directory {path.name}")
+    return documents.to_dict(meta)
 
 
 # ---------------------------------------------------------------------------- variables
@@ -481,10 +409,9 @@ class Checkpointer:
                     "input_state": input_state, "progress": dataclasses.asdict(progress),
                     "model_variables": variable_names(list(model.variables) + list(optimizer.variables)),
                     "rank_variables": variable_names(list(model.non_trainable_variables)),
-                    "files": {name: entry for part in every for name, entry in part.items()}}
-            if self.input_position is not None:
-                meta["input"] = self.input_position.to_meta()
-            _write_synced(tmp / META, json.dumps(meta, indent=1, default=float) + "\n")
+                    "files": {name: entry for part in every for name, entry in part.items()},
+                    "input": self.input_position.to_meta() if self.input_position is not None else None}
+            _write_synced(tmp / META, documents.dumps(meta, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             _fsync_dir(self.directory)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -12,7 +13,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from common.base import documents
 from common.base.cli import guarded
+from common.base.documents import Figure
 from common.base.files import write_json_atomic
 from common.runtime.config import to_dict
 from common.base.errors import BenchError
@@ -112,13 +115,59 @@ def write_summary(summary: dict, output_dir: str | Path) -> Path:
     return write_json_atomic(summary, Path(output_dir) / "summary.json")
 
 
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """A run's summary.json as the suite reads it back (run_summary and failure_summary write it, with the
+    strategy's blocks, the I/O report and the system figures, and a resumed or stopped attempt's fields)."""
+
+    benchmark: str
+    status: str  # mllog's run_stop status: success or aborted
+    reason: str
+    time_to_train_seconds: float | None
+    epochs: int | None  # null: an exception ended the run
+    metric_name: str | None
+    final_metric: Figure | None
+    target: float
+    ranks: int
+    nodes: int
+    threads_per_rank: int
+    gpu: bool
+    horovod: dict | None
+    train_samples: int | None
+    eval_samples: int | None
+    loader: str
+    history: list[dict[str, Any]]
+    config: dict
+    error: str | None = None  # the exception's type, for a run it ended
+    samples_per_second_first_epoch: float | None = None
+    samples_per_second_steady: float | None = None
+    global_batch_size: int | None = None
+    io: dict | None = None  # io_report.json's figures
+    system: dict | None = None  # common/runtime/system.py
+    parallel: dict | None = None  # the hybrid strategy's partitioning
+    elastic: dict | None = None  # the elastic strategy's resets
+    attempt: int | None = None  # a resumed run's attempt
+    resumed_from: dict | None = None
+    time_to_train_all_attempts_seconds: float | None = None
+    stopped: bool = False  # a stop signal ended it (a checkpoint to resume from)
+    checkpoint: str = ""
+
+
+SUMMARY_NAME = "summary.json"
+
+
+def read_summary(path: str | Path) -> Summary:
+    """A summary.json, read strictly (BenchError naming the file, the key, the value and what was expected)."""
+    return documents.read(path, Summary, kind="json")
+
+
 def read_run(run_dir: str | Path) -> dict:
     """summary.json of a run plus its compliance.json when present."""
     run_dir = Path(run_dir)
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY_NAME
     if not path.is_file():
         raise BenchError(f"{path} does not exist: the run in {run_dir} did not finish")
-    summary = json.loads(path.read_text())
+    summary = documents.to_dict(read_summary(path))
     compliance = run_dir / "compliance.json"
     summary["compliance"] = json.loads(compliance.read_text()) if compliance.is_file() else None
     return summary

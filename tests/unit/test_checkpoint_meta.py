@@ -58,7 +58,7 @@ def model_and_optimizer(fill: float | None = None) -> tuple[Model, Model]:
 
 
 def write_checkpoint(out, progress: Progress = SAVED, position: InputPosition | None = None):
-    """A checkpoint as a one-rank run writes it (no input state; meta.json's "input" from `position`, none when
+    """A checkpoint as a one-rank run writes it (no input state; meta.json's "input" from `position`, null when
     None), under out/ckpt; its path."""
     model, optimizer = model_and_optimizer()
     checkpointer = Checkpointer(CheckpointConfig(dir=str(out / "ckpt")), str(out), DistEnv(), "cosmoflow",
@@ -80,6 +80,13 @@ def _rewrite(path, edit) -> None:
 def test_the_written_meta_is_read_back(checkpoint):
     meta = check_checkpoint(checkpoint)
     assert Progress(**meta["progress"]) == SAVED and meta["ranks"] == 1 and meta["global_step"] == 10
+    assert meta["input"] is None  # the writer gave no input position
+
+
+def test_the_written_input_position_is_read_back(tmp_path):
+    position = InputPosition(loader="dali", seed=5, start_step=4, layout=LAYOUT)
+    meta = check_checkpoint(write_checkpoint(tmp_path, position=position))
+    assert InputPosition(**meta["input"]) == position
 
 
 def test_a_nan_figure_in_the_history_is_a_figure(tmp_path):
@@ -91,53 +98,60 @@ def test_a_nan_figure_in_the_history_is_a_figure(tmp_path):
 
 EDITS = {  # what was done to meta.json -> (the edit, what the message must say after "<path>/meta.json: ")
     "a files entry that is a list": (lambda m: m["files"].__setitem__("model.npz", [1]),
-                                     r"\"files\['model.npz'\]\" is \[1\], expected an object with 'bytes' and "
-                                     r"'xxh3_128'"),
+                                     r"section files.model.npz: expected a mapping for FileDigest, found \[1\]"),
     "an unknown progress key": (lambda m: m["progress"].__setitem__("x", 1),
-                                r"unknown key 'progress.x'; 'progress' holds epoch, step, history"),
-    "progress that is a list": (lambda m: m.__setitem__("progress", [1]), r"'progress' is \[1\], expected an object"),
-    "no ranks": (lambda m: m.pop("ranks"), r"no 'ranks' \(found 'benchmark', "),
+                                r"section progress: unknown key\(s\) progress.x; valid keys: epoch, step, history"),
+    "progress that is a list": (lambda m: m.__setitem__("progress", [1]),
+                                r"section progress: expected a mapping for Progress, found \[1\]"),
+    "no ranks": (lambda m: m.pop("ranks"), r"the top level: missing key ranks: expected an integer"),
     "ranks that is text": (lambda m: m.__setitem__("ranks", "x"),
-                           r"'ranks' is 'x', expected an integer in \[1, 2\^63\)"),
+                           r"key ranks = 'x': expected an integer in \[-2\^63, 2\^63\)"),
     "a NaN epoch": (lambda m: m["progress"].__setitem__("epoch", math.nan),
-                    r"'progress.epoch' is nan, expected an integer in \[1, 2\^63\)"),
+                    r"key progress.epoch = nan: expected an integer"),
     "a negative step": (lambda m: m["progress"].__setitem__("step", -1),
-                        r"'progress.step' is -1, expected an integer in \[0, 2\^63\)"),
+                        r"key progress.step = -1: expected an integer >= 0"),
     "an epoch of 2^63": (lambda m: m["progress"].__setitem__("epoch", 2 ** 63),
-                         r"'progress.epoch' is 9223372036854775808"),
+                         r"key progress.epoch = 9223372036854775808: expected an integer in \[-2\^63, 2\^63\)"),
     "earlier seconds beyond float's range": (
         lambda m: m["progress"].__setitem__("earlier_seconds", 10 ** 400),
-        r"'progress.earlier_seconds' is 1000.*\.\.\., expected a finite number >= 0"),
+        r"key progress.earlier_seconds = 1000.*\.\.\.: expected a finite number"),
     "an infinite partial loss sum": (lambda m: m["progress"]["partial"].__setitem__("loss_sum", math.inf),
-                                     r"'progress.partial.loss_sum' is inf, expected a finite number$"),
+                                     r"key progress.partial.loss_sum = inf: expected a finite number$"),
     "a history record without its epoch": (lambda m: m["progress"]["history"][1].pop("epoch"),
-                                           r"no 'progress.history\[1\].epoch'"),
+                                           r"key progress.history\[1\].epoch = None: expected an integer >= 1"),
     "a history figure that is text": (lambda m: m["progress"]["history"][0].__setitem__("loss", "0.5"),
-                                      r"'progress.history\[0\].loss' is '0.5', expected a number"),
+                                      r"key progress.history\[0\].loss = '0.5': expected an integer .* or a number"),
     "a file outside the directory": (lambda m: m["files"].__setitem__("../../x", {"bytes": 1, "xxh3_128": "0" * 32}),
-                                     r"'files' lists '../../x', expected the name of a file in the checkpoint "
+                                     r"key files = '../../x': expected the names of files in the checkpoint "
                                      r"directory"),
     "a file name too long for the file system": (lambda m: m["files"].__setitem__("x" * 300, {}),
-                                                 r"'files' lists 'x{300}'"),
+                                                 r"section files.x{77}\.\.\.: missing key"),
     "a file name with a lone surrogate": (lambda m: m["files"].__setitem__("\ud800", {}),
-                                          r"'files' lists '\\ud800'"),
+                                          r"section files.'\\ud800': missing key files.'\\ud800'.bytes"),
     "an xxh3 that is no digest": (lambda m: m["files"]["model.npz"].__setitem__("xxh3_128", None),
-                                  r"\"files\['model.npz'\].xxh3_128\" is None, expected a string"),
+                                  r"key files.model.npz.xxh3_128 = None: expected a string"),
     "model.npz not listed": (lambda m: m["files"].pop("model.npz"),
-                             r"'files' lists no 'model.npz', which a checkpoint of 1 rank\(s\) \('ranks'\) holds"),
+                             r"key files = \['rank_00000.npz'\]: expected model.npz, which a checkpoint of 1 "
+                             r"rank\(s\) holds"),
     "more ranks than files": (lambda m: m.__setitem__("ranks", 2 ** 62),
-                              r"'ranks' is 4611686018427387904, but 'files' lists 2 files"),
+                              r"key ranks = 4611686018427387904: expected at most the 2 files listed"),
     "a rank without its variables": (lambda m: m.__setitem__("ranks", 2),
-                                     r"'files' lists no 'rank_00001.npz', which a checkpoint of 2 rank\(s\)"),
+                                     r"key files = .*: expected rank_00001.npz, which a checkpoint of 2 rank\(s\)"),
     "an input state without its files": (lambda m: m.__setitem__("input_state", True),
-                                         r"'input_state' is true, but 'files' lists no input_rank_00000\.\*"),
+                                         r"key input_state = True: expected false, as 'files' lists no "
+                                         r"input_rank_00000\.\*"),
     "a global step of another directory": (lambda m: m.__setitem__("global_step", 11),
-                                           r"'global_step' is 11, but the checkpoint directory is ckpt-000000010"),
-    "a variable entry that is a number": (
-        lambda m: m["rank_variables"].__setitem__(0, 5),
-        r"'rank_variables\[0\]' is 5, expected \[name, shape \(sizes >= 0\), dtype\]"),
+                                           r"key global_step = 11: expected the step of the checkpoint directory "
+                                           r"ckpt-000000010"),
+    "a variable entry that is a number": (lambda m: m["rank_variables"].__setitem__(0, 5),
+                                          r"key rank_variables\[0\] = 5: expected a list of 3"),
     "a negative variable size": (lambda m: m["model_variables"][0][1].__setitem__(0, -3),
-                                 r"'model_variables\[0\]' is \['dense/kernel', \[-3, 2\], 'float32'\]"),
+                                 r"key model_variables\[0\] = \[-3, 2\]: expected \[name, shape \(sizes >= 0\), "
+                                 r"dtype\]"),
+    "no input key": (lambda m: m.pop("input"), r"the top level: missing key input"),
+    "an unknown loader": (lambda m: m.__setitem__("input", {"loader": "torch", "seed": 1, "start_step": 0,
+                                                            "layout": LAYOUT}),
+                          r"key input.loader = 'torch': expected one of \['tfdata', 'dali', ''\]"),
 }
 
 
@@ -152,8 +166,8 @@ def test_a_damaged_value_is_named_with_its_key(checkpoint, damage):
 @pytest.mark.parametrize("text, message", [
     ("[" * 100_000, r"not readable JSON \(nested too deeply\)"),
     ('{"format": "hpc-sciml-checkpoint", "version": 1' + "0" * 5000 + "}", r"not readable JSON \(Exceeds the limit"),
-    (b'{"format": "hpc-sciml-checkpoint", "\xff": 1}', r"not readable JSON \('utf-8' codec can't decode byte 0xff"),
-    ("[]", r"not a checkpoint description \(expected an object with format 'hpc-sciml-checkpoint'\)"),
+    (b'{"format": "hpc-sciml-checkpoint", "\xff": 1}', r"not readable UTF-8 text \('utf-8' codec can't decode byte 0xff"),
+    ("[]", r"the top level: expected a mapping for Meta, found \[\]"),
 ])
 def test_unreadable_json_is_named(checkpoint, text, message):
     (checkpoint / META).write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -167,12 +181,12 @@ def test_resuming_skips_a_damaged_newest_checkpoint_naming_the_key(tmp_path):
     _rewrite(newest, lambda m: m["progress"].__setitem__("attempt", 0))
     warnings = []
     assert newest_valid(tmp_path / "ckpt", warn=warnings.append).path == older
-    assert warnings == [f"warning: skipping checkpoint {newest.name}: {newest / META}: 'progress.attempt' is 0, "
-                        f"expected an integer in [1, 2^63)"]
+    assert warnings == [f"warning: skipping checkpoint {newest.name}: {newest / META}: key progress.attempt = 0: "
+                        f"expected an integer >= 1"]
 
 
 @pytest.mark.parametrize("version", [True, 1.0, "1", None])
 def test_a_version_that_only_compares_equal_is_refused(checkpoint, version):
     _rewrite(checkpoint, lambda m: m.__setitem__("version", version))
-    with pytest.raises(BenchError, match=rf"^{checkpoint / META}: version {version!r}, this code reads version 1"):
+    with pytest.raises(BenchError, match=rf"^{checkpoint / META}: key version = {version!r}: expected one of \[1\]"):
         check_checkpoint(checkpoint)

@@ -9,11 +9,13 @@ import optuna
 import pytest
 import yaml
 
+from common.base import documents
 from common.base.errors import BenchError
 from common.hpo import report
 from common.hpo.space import load_space, override
 from common.hpo.study import StudySettings, open_study, requeue_stale, saved_settings
 from common.hpo.trial import EvalReader, Launch, TrialResult, _result, objective, trial_dir
+from common.runtime.summary import Summary
 from tests.conftest import REPO
 
 CONFIG = str(REPO / "cosmoflow/configs/cosmo_mini.yaml")
@@ -45,18 +47,18 @@ def test_a_space_file_is_read_with_its_defaults(space):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"objective": "loss"}, r"objective 'loss': expected one of \['epochs', 'time'\]"),
-    ({"colour": 1}, r"unknown keys \['colour'\]"),
-    ({"params": {"optimizer.base_lr": {"type": "float", "low": 0.1, "high": 0.01}}, "enqueue": []}, r"low 0.1 and high 0.01"),
+    ({"objective": "loss"}, r"key objective = 'loss': expected one of \['epochs', 'time'\]"),
+    ({"colour": 1}, r"unknown key\(s\) colour; valid keys: benchmark, config, params"),
+    ({"params": {"optimizer.base_lr": {"type": "float", "low": 0.1, "high": 0.01}}, "enqueue": []}, r"key params.optimizer.base_lr.high = 0.01: expected a number above low \(0.1\)"),
     ({"params": {"optimizer.no_such_key": {"type": "float", "low": 0.1, "high": 0.2}}, "enqueue": []}, r"optimizer.no_such_key=0.1 makes no valid config: .*unknown key\(s\) optimizer.no_such_key"),
     ({"params": {"train.local_batch_size": {"type": "int", "low": 0, "high": 4}}, "enqueue": []},
      r"the trial setting train.local_batch_size=0 makes no valid config"),
-    ({"params": {"run.seed": {"type": "int", "low": 0, "high": 4}}, "enqueue": []}, r"params.run.seed: expected a dotted config key"),
+    ({"params": {"run.seed": {"type": "int", "low": 0, "high": 4}}, "enqueue": []}, r"key params.run.seed = 'run.seed': expected a dotted config key"),
     ({"enqueue": [{"optimizer.base_lr": 0.5, "schedule.warmup_epochs": 1, "schedule.decay_epochs": [4, 5]}]},
-     r"enqueue\[0\].optimizer.base_lr 0.5: expected a number in \[0.001, 0.05\]"),
-    ({"enqueue": [{"optimizer.base_lr": 0.01}]}, r"enqueue\[0\]: keys \['optimizer.base_lr'\], expected every"),
-    ({"overrides": ["run.seed=3"]}, r"override 'run.seed=3'"),
-    ({"failure_penalty": 0.5}, r"failure_penalty 0.5: expected >= 1"),
+     r"key enqueue\[0\].optimizer.base_lr = 0.5: expected a number in \[0.001, 0.05\]"),
+    ({"enqueue": [{"optimizer.base_lr": 0.01}]}, r"key enqueue\[0\] = \['optimizer.base_lr'\]: expected every parameter"),
+    ({"overrides": ["run.seed=3"]}, r"key overrides = 'run.seed=3': expected key=value of a key the search does not set"),
+    ({"failure_penalty": 0.5}, r"key failure_penalty = 0.5: expected >= 1"),
 ])
 def test_a_bad_space_is_refused_naming_the_file_and_the_key(tmp_path, changes, message):
     with pytest.raises(BenchError, match=message) as err:
@@ -108,7 +110,10 @@ def fake_run(out: Path, number: int, status: str, epochs: float, batch: int = 8,
     directory = trial_dir(out, number)
     directory.mkdir(parents=True)
     (directory / "config.yaml").write_text(yaml.safe_dump({"train": {"max_epochs": 6}}))
-    (directory / "summary.json").write_text(json.dumps({"status": status, "time_to_train_seconds": 10.0 * epochs}))
+    summary = Summary(benchmark="cosmoflow", status=status, reason="", time_to_train_seconds=10.0 * epochs, epochs=None,
+                      metric_name="eval_error", final_metric=0.3, target=0.3, ranks=1, nodes=1, threads_per_rank=1,
+                      gpu=False, horovod=None, train_samples=8, eval_samples=8, loader="tfdata", history=[], config={})
+    documents.write(directory / "summary.json", summary)
     (directory / "mlperf.log").write_text(mllog("global_batch_size", batch) +
                                           mllog("eval_error", 0.3, epoch_num=epochs))
     return directory
