@@ -42,9 +42,11 @@ import tarfile
 import threading
 import time
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, Literal
 
 from common.io import pycopy
+from common.base import documents
+from common.base.documents import NOT_STORED
 from common.base.files import write_json_atomic, write_text_atomic
 from common.base.errors import BenchError
 from common.io.decompress import decompress_file, needs_decompression, staged_manifest, staged_size
@@ -380,27 +382,38 @@ class _Decompressed:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Stamp:
-    """What a staging verified in its directory (STAMP_NAME): by path, each file's `_record`; the decompressed
-    files' staged entries; and when the stamp was written (its modification time)."""
+class _Verified:
+    """A verified file as the stamp records it. Any write changes the change time (ctime), which, unlike the
+    modification time, no system call sets back; a replaced file has another inode."""
 
-    files: dict
-    decompressed: dict
-    written_ns: int = 0
+    bytes: int
+    kind: str
+    digest: str
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stamp:
+    """What a staging verified in its directory (STAMP_NAME): by path, each file's `_Verified` record; the
+    decompressed files' staged entries; and when the stamp was written (its modification time, not stored)."""
+
+    version: Literal[1]
+    files: dict[str, _Verified]
+    decompressed: dict[str, _Decompressed]
+    written_ns: int = dataclasses.field(default=0, metadata=NOT_STORED)
 
     def vouches(self, claim: _Claim, st: os.stat_result) -> bool:
         """Whether the file of `claim`, now `st`, is as it was when a staging verified it. Not when its change
         time is not before the stamp's: the clock behind these times ticks coarsely (milliseconds), so the
         file may have changed within the tick in which it was recorded (git's "racily clean" files)."""
         recorded = self.files.get(claim.path)
-        return recorded == _record(claim, st) and recorded["ctime_ns"] < self.written_ns
+        return recorded == _record(claim, st) and recorded.ctime_ns < self.written_ns
 
 
-def _record(claim: _Claim, st: os.stat_result) -> dict:
-    """A verified file as the stamp records it. Any write changes the change time (ctime), which, unlike the
-    modification time, no system call sets back; a replaced file has another inode."""
-    return {"bytes": claim.bytes, "kind": claim.kind, "digest": claim.digest, "mtime_ns": st.st_mtime_ns,
-            "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+def _record(claim: _Claim, st: os.stat_result) -> _Verified:
+    return _Verified(claim.bytes, claim.kind, claim.digest, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 @dataclasses.dataclass
@@ -439,32 +452,25 @@ def _claim(member: Member) -> _Claim:
 
 
 def _load_stamp(dest: Path) -> _Stamp:
-    """The stamp in `dest`; an empty one when there is none or it is unreadable (every file is then hashed)."""
+    """The stamp in `dest`; an empty one when there is none or it is unreadable (every file is then hashed: the
+    stamp only saves work, so a damaged one costs time, never correctness)."""
     path = dest / STAMP_NAME
     try:
         written_ns = path.stat().st_mtime_ns
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return _Stamp({}, {})
-    if not (isinstance(obj, dict) and obj.get("version") == STAMP_VERSION and isinstance(obj.get("files"), dict)
-            and isinstance(obj.get("decompressed"), dict)):
-        return _Stamp({}, {})
-    return _Stamp(obj["files"], obj["decompressed"], written_ns)
+        return documents.read(path, _Stamp, kind="json", written_ns=written_ns)
+    except (OSError, BenchError):
+        return _Stamp(STAMP_VERSION, {}, {})
 
 
 def _stamped_decompressed(stamp: _Stamp, entry: FileEntry) -> _Decompressed | None:
     """The stamp's record of the dataset file `entry` as a staging decompressed it; None when there is none
     that fits it."""
     record = stamp.decompressed.get(entry.path)
-    try:
-        staged, index_bytes = FileEntry(**record["entry"]), record["index_bytes"]
-    except (TypeError, KeyError):
+    if record is None:
         return None
-    index = index_path(entry.path).as_posix()
+    staged, index = record.entry, index_path(entry.path).as_posix()
     fits = (staged.path, staged.records, staged.index) == (entry.path, entry.records, index)
-    if not (fits and staged.xxh3_128 and staged.index_xxh3_128 and isinstance(index_bytes, int)):
-        return None
-    return _Decompressed(staged, index_bytes)
+    return record if fits and staged.index_xxh3_128 else None
 
 
 def _prove(dest: Path, claims: list[_Claim], stamp: _Stamp, threads: int) -> tuple[set[str], set[str]]:
@@ -507,15 +513,13 @@ def _write_stamp(dest: Path, source: Source, the_plan: Plan, rewrite: dict, stag
     files, decompressed = {}, {}
     for p in the_plan.files:
         if p in rewrite:
-            done = _Decompressed(staged[p], os.stat(dest / staged[p].index).st_size)
-            decompressed[p] = {"entry": dataclasses.asdict(done.entry), "index_bytes": done.index_bytes}
-            claims = done.claims()
+            decompressed[p] = _Decompressed(staged[p], os.stat(dest / staged[p].index).st_size)
+            claims = decompressed[p].claims()
         else:
             claims = [_claim(source.files[p])]
         files.update((c.path, _record(c, os.stat(dest / c.path))) for c in claims)
-    stamp = {"version": STAMP_VERSION, "files": files, "decompressed": decompressed}
     with pycopy.writing(dest / STAMP_NAME):
-        write_json_atomic(stamp, dest / STAMP_NAME, indent=None)
+        documents.write(dest / STAMP_NAME, _Stamp(STAMP_VERSION, files, decompressed), kind="json", indent=None)
 
 
 def _check_space(dest: Path, the_plan: Plan, sizes: dict[str, int], todo: list[str]) -> None:

@@ -32,11 +32,9 @@ def _write(path: Path, data: bytes) -> str:
     return sha256_file(path)
 
 
-def make_dataset(root: Path, file_bytes: int = 40_000, xxh3: bool = False) -> Path:
-    """A dataset directory the staging code accepts: record files with indexes, an aux file, a manifest.
-
-    `xxh3`: the manifest also records xxh3-128 digests (as current converters do); else sha256 only (as
-    manifests written before them)."""
+def make_dataset(root: Path, file_bytes: int = 40_000, xxh3: bool = True) -> Path:
+    """A dataset directory the staging code accepts: record files with indexes, an aux file, a manifest (with
+    sha256 and xxh3-128 digests, as the converters write them)."""
     rng = np.random.default_rng(0)
     splits = {}
     for split, count in FILES.items():
@@ -97,7 +95,7 @@ def test_packed_and_plain_staging_give_the_dataset_byte_for_byte(dataset, tmp_pa
         assert load_manifest(out).to_dict() == load_manifest(dataset).to_dict()
         record = json.loads((out / staging.STAGED_NAME).read_text())
         assert record["result"]["files"] == 2 * sum(FILES.values()) + 1 and result.files_reused == 0
-        assert result.checksum == ("xxh3_128" if src == packed else "sha256")
+        assert result.checksum == "xxh3_128"
         assert result.copier == "python"
         assert result.reads == ("stream" if src == packed and compression != "none" else "read")
         assert not list(out.rglob(f"*{staging.TEMP_MARK}*"))
@@ -198,7 +196,7 @@ def test_a_flipped_byte_in_the_source_is_caught_and_nothing_is_renamed(dataset, 
     data[1234] ^= 0x01
     victim.write_bytes(bytes(data))
     source = open_source(src)
-    with pytest.raises(BenchError, match=r"part_005.tfrecord has sha256 .* the source lists .*checksum mismatch"):
+    with pytest.raises(BenchError, match=r"part_005.tfrecord has xxh3_128 .* the source lists .*checksum mismatch"):
         stage(source, node_plan(source), tmp_path / "local", threads=1)
     out = staged_dir(tmp_path / "local", source, "node")
     assert not (out / "train/part_005.tfrecord").exists() and not (out / MANIFEST_NAME).exists()
@@ -334,9 +332,8 @@ def test_packed_data_dir_needs_a_stage_dir(dataset, tmp_path):
 def test_stage_command_prints_the_rate(dataset, tmp_path, capsys):
     assert data_prep_main(["stage", "--input", str(dataset), "--stage-dir", str(tmp_path / "l"), "--threads", "2"]) == 0
     line = capsys.readouterr().out
-    # This fixture's manifest has no xxh3-128, so staging checked sha256 and says so; it once printed "sha256"
-    # whatever it had checked.
-    assert "staged 25 files" in line and "on 2 threads; every file written checked by its sha256" in line
+    # staging names the checksum it checked (it once printed "sha256" whatever it had checked)
+    assert "staged 25 files" in line and "on 2 threads; every file written checked by its xxh3-128" in line
     from data_prep.stage import checksum_names
     assert checksum_names("sha256+xxh3_128") == "sha256 or xxh3-128" and checksum_names("xxh3_128") == "xxh3-128"
 
@@ -627,11 +624,11 @@ def test_pack_json_that_is_nested_too_deeply_or_holds_negative_sizes(dataset, tm
     packed = pack(dataset, tmp_path / "packed", "none", 1)
     good = json.loads((packed / PACK_NAME).read_text())
     (packed / PACK_NAME).write_text("[" * 100_000)
-    with pytest.raises(BenchError, match="pack.json: not a JSON pack description \\(nested too deeply\\)"):
+    with pytest.raises(BenchError, match="pack.json: not readable JSON \\(nested too deeply\\)"):
         load_pack(packed)
     good["archives"][0]["bytes"] = -1
     (packed / PACK_NAME).write_text(json.dumps(good))
-    with pytest.raises(BenchError, match="pack.json: archive 0: 'bytes' is -1, expected an integer >= 0"):
+    with pytest.raises(BenchError, match=r"pack.json: key archives\[0\].bytes = -1: expected an integer >= 0"):
         load_pack(packed)
 
 
