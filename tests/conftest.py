@@ -1,12 +1,18 @@
-"""Shared test helpers: running real horovodrun jobs and the project's command lines."""
+"""Shared test helpers: real horovodrun jobs and the project's command lines, MLPerf logs read by the suite's reader,
+DALI required (or skipped only where allowed), and private copies of the datasets session fixtures build once."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from common.base import mlperf_log
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -34,6 +40,40 @@ def horovodrun(np_: int, args, timeout=900, env=None) -> subprocess.CompletedPro
 
 def show(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+
+
+def log_events(log: Path) -> list[dict]:
+    """The events of a log the suite wrote, read by the suite's reader; every line must be an event."""
+    lines = log.read_text().splitlines()
+    events = mlperf_log.parse_lines(lines, str(log), strict=True)
+    assert len(events) == len(lines), f"{log}: {len(lines) - len(events)} of its {len(lines)} lines are no events"
+    return events
+
+
+ALLOW_NO_DALI = "ALLOW_NO_DALI"  # =1: a host without nvidia.dali skips the DALI tests instead of failing them
+
+
+def require_dali(module: str = "nvidia.dali.plugin.tf"):
+    """Import `module` of DALI for a test module. Without the nvidia.dali package at all: skip where
+    ALLOW_NO_DALI=1, else fail saying so; with it, a failing import (a broken TensorFlow plugin build) fails."""
+    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+        if os.environ.get(ALLOW_NO_DALI) == "1":
+            pytest.skip(f"nvidia.dali is not installed ({ALLOW_NO_DALI}=1)", allow_module_level=True)
+        pytest.fail(f"nvidia.dali is not installed (make setup installs it); {ALLOW_NO_DALI}=1 skips the DALI "
+                    f"tests on a host without it", pytrace=False)
+    return importlib.import_module(module)  # an ImportError here is a broken install: the test fails
+
+
+def copy_of(source: Path, tmp_path_factory, name: str = "data") -> Path:
+    """A private copy of the directory `source` (a dataset a session fixture built once) that a test may
+    damage: a new temporary directory each call, so each example of a fuzz test gets its own."""
+    return Path(shutil.copytree(source, tmp_path_factory.mktemp("copy") / name))
+
+
+@pytest.fixture
+def writable_copy(tmp_path_factory):
+    """`writable_copy(source)`: the test's own copy of a shared dataset, to write into (see `copy_of`)."""
+    return lambda source, name="data": copy_of(source, tmp_path_factory, name)
 
 
 @pytest.fixture

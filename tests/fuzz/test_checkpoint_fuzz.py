@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from common.runtime.checkpoint import (META, InputPosition, Progress, Resume, ch
                                        plan_input, restore_rank, restore_shared)
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
+from tests.conftest import copy_of
 from tests.fuzz.harness import corruptions, fuzz, outcome_of, time_limit, timed
 from tests.fuzz.test_manifest_fuzz import deep_json, drawn_location, json_paths, json_values
 from tests.unit.test_checkpoint_meta import LAYOUT, model_and_optimizer, write_checkpoint
@@ -42,12 +42,6 @@ def checkpoint(tmp_path_factory) -> Path:
     """A checkpoint directory `ckpt/ckpt-000000010` as a one-rank DALI run writes it (no input state)."""
     position = InputPosition(loader="dali", seed=5, start_step=4, layout=LAYOUT)
     return write_checkpoint(tmp_path_factory.mktemp("run"), position=position)
-
-
-def copy_of(source: Path, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("copy") / "ckpt"
-    shutil.copytree(source.parent, root)
-    return root / source.name
 
 
 # ---------------------------------------------------------------------------- mutations
@@ -165,7 +159,7 @@ def check_find_resume(path: Path, error: str | None) -> None:
 @fuzz(examples=150, deadline_s=20)
 @given(data=st.data())
 def test_corrupted_meta_json_bytes(checkpoint, tmp_path_factory, data):
-    path = copy_of(checkpoint, tmp_path_factory)
+    path = copy_of(checkpoint.parent, tmp_path_factory, "ckpt") / checkpoint.name
     where = path / META
     special = data.draw(st.integers(0, 9), label="0: deep nesting, 1: a huge integer")
     if special == 0:
@@ -181,7 +175,7 @@ def test_corrupted_meta_json_bytes(checkpoint, tmp_path_factory, data):
 @fuzz(examples=200, deadline_s=20)
 @given(data=st.data())
 def test_mutated_meta_json_values(checkpoint, tmp_path_factory, data):
-    path = copy_of(checkpoint, tmp_path_factory)
+    path = copy_of(checkpoint.parent, tmp_path_factory, "ckpt") / checkpoint.name
     obj, mutated = json.loads((path / META).read_text()), set()
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
         obj, where = data.draw(meta_mutation(obj), label="mutated meta.json")

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from hypothesis import strategies as st
 from common.io.manifest import (MANIFEST_NAME, AuxFile, Manifest, SplitEntry, check_aux_file, check_split_files,
                              load_manifest, write_manifest, xxh3_128_file)
 from common.io.packing import PACK_NAME, load_pack
+from tests.conftest import copy_of
 from tests.fuzz.harness import corrupt_file, corruptions, fuzz, outcome_of, time_limit, timed
 from tests.unit.test_manifest import _record_file
 
@@ -81,12 +81,6 @@ def packed(datasets, tmp_path_factory) -> Path:
                               archives=2, align_ranks=1, layout="interleaved", workers=1)
     assert pack.run(args) == 0
     return out
-
-
-def copy_of(source: Path, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("copy") / "data"
-    shutil.copytree(source, root)
-    return root
 
 
 # ---------------------------------------------------------------------------- JSON mutations

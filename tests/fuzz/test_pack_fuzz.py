@@ -27,7 +27,6 @@ import hashlib
 import io
 import json
 import re
-import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from common.io import staging
 from common.io.manifest import MANIFEST_NAME, check_split_counts, load_manifest, sha256_file, xxh3_128_file
 from common.io.packing import PACK_NAME, dataset_files
 from common.io.staging import Layout, open_source, plan, stage
+from tests.conftest import copy_of
 from tests.fuzz.harness import Hang, corruptions, fuzz, outcome_of, time_limit, timed
 from tests.fuzz.test_manifest_fuzz import json_mutation, write_json
 from tests.unit.test_staging import make_dataset, pack
@@ -61,12 +61,6 @@ def dataset(tmp_path_factory) -> Path:
 def packs(dataset, tmp_path_factory) -> dict[str, Path]:
     """compression -> the dataset packed into 2 archives per split and one of the auxiliary file."""
     return {c: pack(dataset, tmp_path_factory.mktemp(f"pack-{c}") / "packed", c, 2) for c in COMPRESSIONS}
-
-
-def copy_of(source: Path, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("copy") / "packed"
-    shutil.copytree(source, root)
-    return root
 
 
 # ---------------------------------------------------------------------------- archives as tar streams
@@ -255,7 +249,7 @@ def check_staging(root: Path, dataset: Path, mode: str, stage_root: Path, limit_
 @given(data=st.data(), compression=st.sampled_from(COMPRESSIONS), mode=st.sampled_from(sorted(MODES)),
        resized=st.booleans())
 def test_corrupted_archive_bytes(dataset, packs, tmp_path_factory, data, compression, mode, resized):
-    root = copy_of(packs[compression], tmp_path_factory)
+    root = copy_of(packs[compression], tmp_path_factory, "packed")
     index = data.draw(st.integers(0, 4), label="archive")
     stored = archive_path(root, index).read_bytes()
     changed = data.draw(corruptions(len(stored)), label="corruption").apply(stored)
@@ -270,7 +264,7 @@ def test_corrupted_archive_bytes(dataset, packs, tmp_path_factory, data, compres
 @fuzz(examples=120, deadline_s=30)
 @given(data=st.data(), compression=st.sampled_from(COMPRESSIONS), mode=st.sampled_from(sorted(MODES)))
 def test_changed_tar_stream(dataset, packs, tmp_path_factory, data, compression, mode):
-    root = copy_of(packs[compression], tmp_path_factory)
+    root = copy_of(packs[compression], tmp_path_factory, "packed")
     index = data.draw(st.integers(0, 4), label="archive")
     tar = decompress(archive_path(root, index).read_bytes(), compression)
     # Negative sizes only where every member is wanted: skipping one is tarfile's endless loop (tested below).
@@ -283,7 +277,7 @@ def test_changed_tar_stream(dataset, packs, tmp_path_factory, data, compression,
 @fuzz(examples=60, deadline_s=30)
 @given(data=st.data(), compression=st.sampled_from(COMPRESSIONS), mode=st.sampled_from(sorted(MODES)))
 def test_mutated_pack_json_staged(dataset, packs, tmp_path_factory, data, compression, mode):
-    root = copy_of(packs[compression], tmp_path_factory)
+    root = copy_of(packs[compression], tmp_path_factory, "packed")
     obj = json.loads((root / PACK_NAME).read_text())
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
         obj = data.draw(json_mutation(obj), label="mutated pack.json")
@@ -312,7 +306,7 @@ def _insert_before(root: Path, member: str, header: bytes) -> None:
 # Python 3.11.7\'s tarfile takes a negative pax size and looks for the next header before this one (CVE-2025-8194);
 # _StrictTarInfo refuses it.
 def test_a_negative_pax_size_pointing_back_ends_with_an_error(dataset, packs, tmp_path_factory):
-    root = copy_of(packs["none"], tmp_path_factory)
+    root = copy_of(packs["none"], tmp_path_factory, "packed")
     # The pax header takes 2 blocks and its member's header one: size -3 blocks points at the pax header again.
     # train/part_002.tfrecord is in the first archive, and rank 0 of 4 does not read it.
     _insert_before(root, "train/part_002.tfrecord", extension_header(b"x", b"14 size=-1536\n", 14))
@@ -322,7 +316,7 @@ def test_a_negative_pax_size_pointing_back_ends_with_an_error(dataset, packs, tm
 # Python 3.11.7\'s tarfile searches a pax header with a backtracking regular expression (CVE-2024-6232);
 # _StrictTarInfo refuses pax headers over 64 KiB.
 def test_a_large_pax_header_of_hdrcharset_records_ends_quickly(dataset, packs, tmp_path_factory):
-    root = copy_of(packs["none"], tmp_path_factory)
+    root = copy_of(packs["none"], tmp_path_factory, "packed")
     records = b"1 hdrcharset=" * 80_000  # 1 MB, no newline: each of the 80,000 matches scans to the end
     _insert_before(root, "train/part_002.tfrecord", extension_header(b"x", records, len(records)))
     assert check_staging(root, dataset, "node", tmp_path_factory.mktemp("staged"), SHORT_S) == "BenchError"

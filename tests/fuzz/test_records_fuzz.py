@@ -15,7 +15,6 @@ well-framed wrong records are open findings, counted and not failed (docs/fuzzin
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 
 from common.io.manifest import load_manifest
 from tests.fuzz import readers
+from tests.conftest import copy_of
 from tests.fuzz.harness import Isolated, corrupt_file, corruptions, fuzz, timed
 from tests.unit.test_cosmo_convert import convert as cosmo_convert, make_universes
 from tests.unit.test_deepcam_convert import convert as deepcam_convert, make_dataset
@@ -67,12 +67,6 @@ def intact(worker: Isolated, app: str, root: Path, compression: str, loader: str
         assert outcome == "ok", value
         _INTACT[key] = value
     return _INTACT[key]
-
-
-def copy_of(source: Path, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("copy") / "data"
-    shutil.copytree(source, root)
-    return root
 
 
 def record_files(root: Path) -> list[str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from common.io.crc import masked_crc32c
 from common.io.manifest import MANIFEST_NAME, file_digests, load_manifest
 from common.io.tfrecord import FRAMING_BYTES, HEADER_BYTES, index_path, read_records
 from tests.fuzz import readers
+from tests.conftest import copy_of
 from tests.fuzz.harness import Isolated, corruptions, fuzz, timed
 
 LIMIT_S = 60.0  # per validation in the worker (it reads a whole tiny dataset in well under a second)
@@ -81,12 +81,6 @@ def datasets(worker, tmp_path_factory) -> dict[tuple[str, str], Path]:
     outcome, made = worker.call(build_datasets, str(tmp_path_factory.mktemp("validate")))
     assert outcome == "ok", made
     return {tuple(name.split("-")): Path(path) for name, path in made.items()}
-
-
-def copy_of(source: Path, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("copy") / "data"
-    shutil.copytree(source, root)
-    return root
 
 
 def record_files(root: Path) -> list[str]:

@@ -17,8 +17,9 @@ import pytest
 from common.io.manifest import AuxFile, Manifest, SplitEntry, sha256_file, write_manifest, xxh3_128_file
 from common.runtime.dist import DistEnv
 from data_prep import tfrecords
+from tests.conftest import require_dali
 
-pytest.importorskip("nvidia.dali.plugin.tf", reason="the DALI TensorFlow plugin is not installed")
+require_dali()  # DALI's TensorFlow plugin: a broken build fails these tests (tests/conftest.py)
 
 TRAIN_FILES, VAL_FILES = 8, 4  # train: 8 files of 4 records (samples 0-31); validation: 4 files of 2
 PER_TRAIN_FILE, PER_VAL_FILE = 4, 2

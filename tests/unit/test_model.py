@@ -36,10 +36,17 @@ def test_sizes_from_config(size, filters, dense):
     assert tuple(out.shape) == (3, 4)
 
 
-def test_output_bounded_by_scaled_tanh():
-    model = build_model(input_shape=(16, 16, 16, 4), conv_filters=(4, 4), dense_units=(8,), output_scale=1.2)
-    out = np.asarray(model(1e4 * np.ones((2, 16, 16, 16, 4), np.float32)))
-    assert np.all(np.abs(out) <= 1.2 + 1e-6)
+def test_output_is_the_tanh_scaled_by_output_scale():
+    """Two models with the same weights and output_scale 1.2 and 0.3: outputs in the ratio 1.2 : 0.3, each
+    inside its own bound (an ignored output_scale gives equal outputs, or ones above 0.3)."""
+    x = 1e4 * np.ones((2, 16, 16, 16, 4), np.float32)
+    models = {s: build_model(input_shape=(16, 16, 16, 4), conv_filters=(4, 4), dense_units=(8,), output_scale=s)
+              for s in (1.2, 0.3)}
+    models[0.3].set_weights(models[1.2].get_weights())
+    out = {s: np.asarray(m(x)) for s, m in models.items()}
+    assert np.abs(out[1.2]).max() > 1e-3  # not all zero: the ratio below says something
+    np.testing.assert_allclose(out[0.3] / 0.3, out[1.2] / 1.2, rtol=1e-5, atol=1e-7)
+    assert all(np.all(np.abs(o) <= s + 1e-6) for s, o in out.items())
 
 
 def test_too_many_poolings_rejected():
