@@ -196,8 +196,9 @@ def check_overrides(space: Space, overrides: tuple[str, ...]) -> None:
 
 
 def _check_override(item: str, owned: tuple[str, ...]) -> None:
-    check("=" in item and item.split("=", 1)[0] not in owned, "overrides", item,
-          f"key=value of a key the search does not set ({', '.join(owned)})")
+    if "=" not in item or item.split("=", 1)[0] in owned:  # the space's own overrides, or the worker's
+        raise BenchError(f"override {item!r}: expected key=value of a key the search does not set "
+                         f"({', '.join(owned)})")
 
 
 def _check_in_range(p: Param, value: Any, where: str) -> None:

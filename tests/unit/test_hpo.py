@@ -57,7 +57,7 @@ def test_a_space_file_is_read_with_its_defaults(space):
     ({"enqueue": [{"optimizer.base_lr": 0.5, "schedule.warmup_epochs": 1, "schedule.decay_epochs": [4, 5]}]},
      r"key enqueue\[0\].optimizer.base_lr = 0.5: expected a number in \[0.001, 0.05\]"),
     ({"enqueue": [{"optimizer.base_lr": 0.01}]}, r"key enqueue\[0\] = \['optimizer.base_lr'\]: expected every parameter"),
-    ({"overrides": ["run.seed=3"]}, r"key overrides = 'run.seed=3': expected key=value of a key the search does not set"),
+    ({"overrides": ["run.seed=3"]}, r"override 'run.seed=3': expected key=value of a key the search does not set"),
     ({"failure_penalty": 0.5}, r"key failure_penalty = 0.5: expected >= 1"),
 ])
 def test_a_bad_space_is_refused_naming_the_file_and_the_key(tmp_path, changes, message):

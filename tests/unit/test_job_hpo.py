@@ -210,18 +210,6 @@ def test_a_worker_with_other_overrides_is_refused_but_not_one_with_another_launc
     assert saved_settings(out)[1].launch.overrides == ("data.dir=/d",)
 
 
-def test_a_study_started_before_overrides_were_recorded_resumes_without_them(tmp_path):
-    space, out = Space("cosmoflow", CONFIG, (LR,)), tmp_path / "study"
-    settings = StudySettings(trials=3, launch=Launch(2, "srun"))
-    open_study(space, out, settings)
-    spec = json.loads((out / "hpo.json").read_text())
-    del spec["overrides"]
-    (out / "hpo.json").write_text(json.dumps(spec))
-    open_study(space, out, settings)
-    with pytest.raises(BenchError, match=r"overrides differ"):
-        open_study(space, out, StudySettings(trials=3, launch=Launch(2, "srun", overrides=("data.dir=/d",))))
-
-
 # ---------------------------------------------------------------------------- workers started together
 def test_workers_started_together_draw_a_trials_settings_by_its_number(tmp_path, monkeypatch):
     """Jobs of an array start their workers at once, each with a sampler of the space's seed: a trial's draw
