@@ -47,7 +47,7 @@ def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
     import keras
     import tensorflow as tf
 
-    from common.runtime.loop import make_train_step
+    from common.runtime.strategy import make_train_step
     from cosmoflow.metrics import mse_loss
     from cosmoflow.model import build_model
     model = build_model(input_shape=(size, size, size, 4))

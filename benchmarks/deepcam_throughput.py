@@ -77,7 +77,7 @@ def build_train_step(cfg, dist):
     """The model and the training loop's step function, with the config's LAMB and loss."""
     import keras
 
-    from common.runtime.loop import make_train_step
+    from common.runtime.strategy import make_train_step
     from deepcam.metrics import WeightedCrossEntropy, class_weights
     from deepcam.model import build_model
     from deepcam.optim import StepSchedule, build_optimizer

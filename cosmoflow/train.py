@@ -11,76 +11,36 @@ with dist.elastic.enabled=true ranks may die or join (docs/faults.md).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 
-from common.base.cli import guarded
 from common.base.errors import BenchError
-from common.runtime.config import load_config
-from common.runtime.dist import DistEnv, init_distributed
+from common.runtime import run
+from common.runtime.dist import DistEnv
 from common.runtime.loop import Trainee
-from common.runtime.plan import Plan, planned_dist, print_plan, resolve
 from common.runtime.precision import for_precision, precision_keys, set_precision
-from common.runtime.run import Run, choose_strategy, guarded_run, parse_args, root_log
 from common.runtime.stopping import StopRequests
-from common.runtime.strategy import DataParallel, Rebuild
+from common.runtime.strategy import DataParallel
 from cosmoflow.config import CosmoConfig
 from cosmoflow.data import build_datasets, files_read, read_error
 from cosmoflow.rcp import with_rcp
 from cosmoflow.reference import closed_differences
 from cosmoflow.schedule import LRSchedule, sgd_keys
 
-BENCHMARK = "cosmoflow"
-
 
 def main(argv=None) -> int:
-    args = parse_args(__doc__, argv)
-    if args.dry_run:
-        return guarded(lambda: dry_run(args.config, args.overrides, args.ranks, args.json))
-    return guarded_run(lambda stop: train(args.config, args.overrides, stop))  # stop signals handled first
+    return run.main(APP, __doc__, train, argv)
 
 
 def train(config: str, overrides: list[str], stop: StopRequests) -> int:
-    """One MLPerf run of CosmoFlow; returns the exit code. `stop`: the stop signals, handled since main() began."""
-    cfg = load_config(config, overrides, CosmoConfig)
-    dist = init_distributed(cfg.dist)
-    strategy = strategy_for(cfg, dist)  # data parallel, hybrid Mesh-TF or elastic
-    # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
-    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences, announce=root_log(dist))
-    stage_files = functools.partial(rank_files, cfg)
-    with Run.open(BENCHMARK, cfg, dist, stop) as run:  # resume point, config.yaml, MLPerf log
-        run.stage(stage_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
-        run.init_start()
-        trainee = build(cfg, strategy)  # model, SGD, schedule, loss, metric: no data read in init
-        strategy.prepare(cfg)  # hybrid: each group's Mesh-TF cluster and graphs
-        run.init_stop(strategy, hyperparameters(cfg, strategy))
-        run.start()  # run_start: the timed part
-        data_cfg = run.stage(stage_files, "in_run")
-        data = input_pipeline(cfg, data_cfg, strategy, run.input_seed())
-        run.input_ready(data)
-        rebuild = Rebuild(trainee=functools.partial(build, cfg), input=functools.partial(input_pipeline, cfg, data_cfg))
-        result = run.fit(strategy, trainee, data, rebuild,  # (elastic runs rebuild both for each new rank layout)
-                         read_error=lambda err: read_error(data_cfg, cfg.train.local_batch_size, strategy.input_dist,
-                                                           err))
-        return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json
-
-
-def dry_run(config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
-    """Print what a run of `config` would use (common/runtime/plan.py); no data read, nothing trained."""
-    cfg = load_config(config, overrides, CosmoConfig)
-    dist = planned_dist(cfg.dist, ranks)
-    strategy = strategy_for(cfg, dist)
-    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences)
-    schedule = LRSchedule.from_config(cfg.optimizer, cfg.schedule, cfg.train.local_batch_size * strategy.replicas)
-    plan = Plan(BENCHMARK, cfg, dist.size, strategy.replicas, closed_differences(cfg),
-                hyperparameters(cfg, strategy), schedule.by_epoch(cfg.train.max_epochs))
-    return print_plan(plan, as_json, dist)
+    """One MLPerf run of CosmoFlow (common/runtime/run.py runs the phases); returns the exit code. `stop`: the
+    stop signals, handled since main() began."""
+    return run.run_benchmark(APP, config, overrides, stop)
 
 
 def strategy_for(cfg: CosmoConfig, dist: DistEnv) -> DataParallel:
     """The hybrid Mesh-TF strategy when parallel.spatial splits the cube, else data parallel (or elastic)."""
     if not cfg.parallel.hybrid:
-        return choose_strategy(cfg, dist)
+        return run.choose_strategy(cfg, dist)
     if cfg.dist.elastic.enabled:
         raise BenchError(f"dist.elastic.enabled=true with parallel.spatial={list(cfg.parallel.spatial)}: the hybrid "
                          f"Mesh-TF path cannot change its rank count; elastic runs need parallel.spatial=[1, 1]")
@@ -113,6 +73,12 @@ def hyperparameters(cfg: CosmoConfig, strategy: DataParallel) -> dict:
             | {"dropout": cfg.model.dropout} | precision_keys(cfg.train.precision, cfg.train.jit_compile))
 
 
+def learning_rates(cfg: CosmoConfig, strategy: DataParallel) -> list:
+    """The learning rate at the start of each epoch, for the dry run."""
+    schedule = LRSchedule.from_config(cfg.optimizer, cfg.schedule, cfg.train.local_batch_size * strategy.replicas)
+    return schedule.by_epoch(cfg.train.max_epochs)
+
+
 def input_pipeline(cfg: CosmoConfig, data_cfg, strategy: DataParallel, seed: int):
     """This rank's input; on the hybrid path a group's ranks read the group's shard, each decoding its block."""
     block = strategy.input_block if cfg.parallel.hybrid else None
@@ -129,6 +95,10 @@ def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
     layout = group_layout(rank, ranks, cfg.parallel.spatial)  # a group's ranks read the group's files
     return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size, drop)
 
+
+APP = run.App(name="cosmoflow", config=CosmoConfig, build=build, input=input_pipeline,
+              hyperparameters=hyperparameters, rank_files=rank_files, read_error=read_error, with_rcp=with_rcp,
+              closed_differences=closed_differences, learning_rates=learning_rates, strategy=strategy_for)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,70 +9,36 @@ With dist.elastic.enabled=true ranks may die or join (docs/faults.md).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 
-from common.base.cli import guarded
-from common.runtime.config import load_config
-from common.runtime.dist import init_distributed
+from common.base.errors import BenchError
+from common.runtime import run
 from common.runtime.loop import Trainee
 from common.runtime.precision import for_precision, precision_keys, set_precision
-from common.runtime.plan import Plan, planned_dist, print_plan, resolve
-from common.runtime.run import Run, choose_strategy, guarded_run, parse_args, root_log
 from common.runtime.stopping import StopRequests
-from common.runtime.strategy import DataParallel, Rebuild
-from common.base.errors import BenchError
+from common.runtime.strategy import DataParallel
 from deepcam.config import DeepCamConfig
+from deepcam.data import build_datasets, files_read, read_error
 from deepcam.rcp import with_rcp
 from deepcam.reference import closed_differences
-from deepcam.data import build_datasets, files_read, read_error
-
-BENCHMARK = "deepcam"
 
 
 def main(argv=None) -> int:
-    args = parse_args(__doc__, argv)
-    if args.dry_run:
-        return guarded(lambda: dry_run(args.config, args.overrides, args.ranks, args.json))
-    return guarded_run(lambda stop: train(args.config, args.overrides, stop))  # stop signals handled first
+    return run.main(APP, __doc__, train, argv)
 
 
 def train(config: str, overrides: list[str], stop: StopRequests) -> int:
-    """One MLPerf run of DeepCAM; returns the exit code. `stop`: the stop signals, handled since main() began."""
-    cfg = load_config(config, overrides, DeepCamConfig)
-    dist = init_distributed(cfg.dist)
-    strategy = choose_strategy(cfg, dist)  # data parallel or elastic
-    # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
-    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences, announce=root_log(dist))
-    stage_files = functools.partial(rank_files, cfg)
-    with Run.open(BENCHMARK, cfg, dist, stop) as run:  # resume point, config.yaml, MLPerf log
-        run.stage(stage_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
-        run.init_start()
-        trainee = build(cfg, strategy)  # model, optimizer, schedule, loss, metric: no data read in init
-        run.init_stop(strategy, hyperparameters(cfg))
-        run.start()  # run_start: the timed part
-        data_cfg = run.stage(stage_files, "in_run")
-        data = input_pipeline(cfg, data_cfg, strategy, run.input_seed())
-        run.input_ready(data)
-        rebuild = Rebuild(trainee=functools.partial(build, cfg), input=functools.partial(input_pipeline, cfg, data_cfg))
-        result = run.fit(strategy, trainee, data, rebuild,  # (elastic runs rebuild both for each new rank layout)
-                         read_error=lambda err: read_error(data_cfg, cfg.train.local_batch_size, strategy.input_dist,
-                                                           err))
-        return run.finish(strategy, result)  # run_stop was logged by fit; io_report.json, summary.json
+    """One MLPerf run of DeepCAM (common/runtime/run.py runs the phases); returns the exit code. `stop`: the
+    stop signals, handled since main() began."""
+    return run.run_benchmark(APP, config, overrides, stop)
 
 
-def dry_run(config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
-    """Print what a run of `config` would use (common/runtime/plan.py); nothing read but the manifest when
-    data.train_samples is 0 (the steps per epoch need the training split's size), nothing trained."""
+def learning_rates(cfg: DeepCamConfig, strategy: DataParallel) -> list:
+    """The learning rate at the start of each epoch, for the dry run; nothing read but the manifest when
+    data.train_samples is 0 (the steps per epoch need the training split's size)."""
     from deepcam.optim import StepSchedule
-    cfg = load_config(config, overrides, DeepCamConfig)
-    dist = planned_dist(cfg.dist, ranks)
-    strategy = choose_strategy(cfg, dist)
-    cfg = resolve(cfg, strategy.replicas, with_rcp, closed_differences)
     per_epoch = StepSchedule.from_config(cfg.optimizer, cfg.schedule).per_epoch(train_steps(cfg, strategy.replicas))
-    plan = Plan(BENCHMARK, cfg, dist.size, strategy.replicas, closed_differences(cfg), hyperparameters(cfg),
-                [per_epoch(float(e)) for e in range(cfg.train.max_epochs)])
-    return print_plan(plan, as_json, dist)
+    return [per_epoch(float(e)) for e in range(cfg.train.max_epochs)]
 
 
 def train_steps(cfg: DeepCamConfig, ranks: int) -> int:
@@ -109,7 +75,7 @@ def build(cfg: DeepCamConfig, strategy: DataParallel) -> Trainee:
                    schedule_for=lambda data: steps.per_epoch(data.train_steps), jit_compile=cfg.train.jit_compile)
 
 
-def hyperparameters(cfg: DeepCamConfig) -> dict:
+def hyperparameters(cfg: DeepCamConfig, _strategy: DataParallel) -> dict:
     """Every key the hpc 3.0.0 DeepCAM rules ask for in init (closed division checks their values); the
     scale keys and, after run_start, the dataset sizes are logged by the run."""
     from deepcam.optim import mlperf_optimizer_keys
@@ -128,6 +94,10 @@ def rank_files(cfg: DeepCamConfig, manifest, rank: int, ranks: int) -> list[str]
     """The dataset paths rank `rank` of `ranks` reads (what data.stage_mode=rank stages)."""
     return files_read(manifest, rank, ranks, cfg.train.local_batch_size)
 
+
+APP = run.App(name="deepcam", config=DeepCamConfig, build=build, input=input_pipeline,
+              hyperparameters=hyperparameters, rank_files=rank_files, read_error=read_error, with_rcp=with_rcp,
+              closed_differences=closed_differences, learning_rates=learning_rates)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,9 +40,11 @@ import numpy as np
 from common.base.errors import BenchError
 from common.runtime.checkpoint import Progress
 from common.runtime.dist import DistEnv, current_layout
-from common.runtime.loop import FitResult, Trainee, fit
-from common.runtime.strategy import DataParallel, Rebuild, reseeded
+from common.runtime.loop import Callback, FitResult, Loop, Trainee
+from common.runtime.strategy import DataParallel
 
+# (the rank layout of this (re)start, its input seed offset, the commits' callback) -> the attempt's FitResult
+FitAttempt = Callable[[DistEnv, int, Callback], FitResult]
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -169,121 +171,84 @@ class Reset:
         return dataclasses.asdict(self)
 
 
-class Hooks:
-    """fit()'s hooks (common/runtime/loop.LoopHooks) for one elastic (re)start."""
+class ElasticCommits(Callback):
+    """The loop's callback of one elastic (re)start: it starts from the state's last commit (in steps of this
+    layout), and commits every `every` steps and at every epoch's end; `on_first_step(start)` runs after the
+    first step of a restart."""
 
-    def __init__(self, state, steps_per_epoch: int, every: int, on_first_step: Callable[[], None]):
-        self.state, self.steps_per_epoch, self.every = state, steps_per_epoch, every
-        self.on_first_step = on_first_step
+    def __init__(self, state, every: int, on_first_step: Callable[[Progress], None] | None):
+        self.state, self.every, self.on_first_step = state, every, on_first_step
         self.model = self.optimizer = None
+        self.begin = Progress()
 
-    def start(self) -> Progress:
-        return self.state.start(self.steps_per_epoch)
+    def start(self, loop: Loop) -> None:
+        self.model, self.optimizer = loop.trainee.model, loop.trainee.optimizer
+        if self.state.weights is not None:  # every rank holds rank 0's after the state's sync
+            assign(state_variables(self.model, self.optimizer), self.state.weights)
+        self.begin = self.state.start(loop.data.train_steps)
+        loop.start_at(self.begin)
 
-    def restore(self, model, optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-        if self.state.weights is not None:
-            assign(state_variables(model, optimizer), self.state.weights)
-
-    def after_step(self, epoch: int, step: int, running: dict, history: list[dict]) -> None:
+    def after_step(self, loop: Loop) -> None:
         if self.on_first_step is not None:
-            self.on_first_step()
+            self.on_first_step(self.begin)
             self.on_first_step = None
-        if step % self.every == 0 and step < self.steps_per_epoch:
-            # The epoch's training seconds so far go with the commit, so that its throughput after a reset
-            # counts the time of the steps before it too (the reset itself is reported as seconds_lost).
-            partial = {"loss_sum": running["loss"] * step}
-            if "train_seconds" in running:
-                partial["seconds"] = running["train_seconds"]
-            self._commit(Progress(epoch, step, [dict(h) for h in history], partial))
+        if loop.end_epoch or loop.step % self.every or loop.step >= loop.data.train_steps:
+            return
+        # The epoch's training seconds so far go with the commit, so that its throughput after a reset
+        # counts the time of the steps before it too (the reset itself is reported as seconds_lost).
+        partial = {"loss_sum": loop.running["loss"] * loop.step, "seconds": loop.running["train_seconds"]}
+        self._commit(Progress(loop.epoch, loop.step, [dict(h) for h in loop.history], partial), loop)
 
-    def epoch_done(self, progress: Progress) -> None:
-        self._commit(progress)
+    def after_epoch(self, loop: Loop) -> None:
+        self._commit(Progress(loop.epoch + 1, 0, [dict(h) for h in loop.history]), loop)
 
-    def _commit(self, progress: Progress) -> None:
-        self.state.record(snapshot(state_variables(self.model, self.optimizer)), progress, self.steps_per_epoch)
+    def _commit(self, progress: Progress, loop: Loop) -> None:
+        self.state.record(snapshot(state_variables(self.model, self.optimizer)), progress, loop.data.train_steps)
         self.state.commit()  # also raises HostsUpdatedInterrupt on every rank when hosts were added or removed
 
 
-@dataclasses.dataclass
-class Attempt:
-    """What one (re)start trains: its rank layout, its input and the fit() that runs it with the hooks."""
-
-    dist: DistEnv
-    data: Any  # Datasets
-    fit: Callable[[Any], Any]  # (Hooks) -> FitResult
-
-
 class ElasticStrategy(DataParallel):
-    """Data parallel under hvd.elastic.run: every (re)start rebuilds the trainee and the input for its layout."""
+    """Data parallel under hvd.elastic.run: the runner's `fit_attempt` trains each (re)start, rebuilding what
+    depends on the rank layout."""
 
     name = "elastic"
+    elastic = True
 
     def __init__(self, cfg: Any, dist: DistEnv):
         check_elastic(cfg, dist)
         super().__init__(dist)
         self.every = cfg.dist.elastic.commit_every_steps
         self.hang_timeout_s = cfg.dist.elastic.hang_timeout_s
-        self.seed = cfg.run.seed
         self.driver: Driver | None = None
 
-    def fit(self, trainee: Trainee, data: Any, run: Any, rebuild: Rebuild) -> FitResult:
-        """fit() under hvd.elastic.run; `run` (common/runtime/run.py) follows the layout of each (re)start."""
-        first = [(self.dist, trainee, data, self.seed)]
-
-        def attempt(now: DistEnv, seed_offset: int) -> Attempt:
-            # A new input order after each reset (the offset is the committed step, the same on every rank).
-            ours, data_now = _reuse_or_rebuild(first, now, reseeded(self.seed, seed_offset), rebuild)
-            self.dist = now
-            run.follow(now, ours, data_now)
-            ctx = run.loop_context(self, data_now)
-            return Attempt(now, data_now, lambda hooks: fit(ours, data_now, dataclasses.replace(ctx, hooks=hooks),
-                                                            self.make_steps))
-
-        self.driver = Driver(self.dist, self.every, attempt, run.mlperf, functools.partial(print, flush=True),
+    def run(self, fit_attempt: FitAttempt, mlperf) -> FitResult:
+        """Train under hvd.elastic.run; `mlperf`: the run's MLPerf log (its writer follows rank 0)."""
+        self.driver = Driver(self.dist, self.every, fit_attempt, mlperf, functools.partial(print, flush=True),
                              hang_timeout_s=self.hang_timeout_s)
-        return self.driver.run()
+        result = self.driver.run()
+        self.dist = self.driver.dist
+        return result
 
     def summary(self, trainee: Trainee) -> dict:
         return {"elastic": self.driver.summary()} if self.driver else {}
 
 
-def _reuse_or_rebuild(first: list, now: DistEnv, seed: int, rebuild: Rebuild) -> tuple:
-    """The trainee and input of a (re)start on layout `now`, with input seed `seed`. The first start keeps the
-    trainee built in init when the replica count is the same, and the input too when the layout and the seed
-    are. A worker that joins a running job must keep its model: built a second time there, its variables'
-    broadcast did not match the other ranks' and the join hung (tests/integration/test_elastic.py)."""
-    layout = DataParallel(now)
-    if not first:
-        return rebuild.trainee(layout), rebuild.input(layout, seed)
-    init, trainee, data, init_seed = first.pop()
-    if init.size != now.size:
-        trainee = rebuild.trainee(layout)
-    if _placement(init) != _placement(now) or seed != init_seed:
-        data = rebuild.input(layout, seed)
-    return trainee, data
-
-
-def _placement(dist: DistEnv) -> tuple:
-    return dist.rank, dist.size, dist.local_rank, dist.local_size, dist.node
-
-
 class Driver:
-    """Runs fit() under hvd.elastic.run; `attempt(dist, seed_offset)` builds one (re)start's pieces; with
-    `hang_timeout_s` > 0 a watchdog process kills this worker when it stops sending heartbeats that long."""
+    """Runs the attempts under hvd.elastic.run; with `hang_timeout_s` > 0 a watchdog process kills this worker
+    when it stops sending heartbeats that long."""
 
-    def __init__(self, dist: DistEnv, every: int, attempt: Callable[[DistEnv, int], Attempt], mlperf,
+    def __init__(self, dist: DistEnv, every: int, fit_attempt: FitAttempt, mlperf,
                  log: Callable[[str], None] = print, hang_timeout_s: float = 0.0):
-        self.dist, self.every, self.make_attempt, self.mlperf, self.log = dist, every, attempt, mlperf, log
+        self.dist, self.every, self.fit_attempt, self.mlperf, self.log = dist, every, fit_attempt, mlperf, log
         self.hang_timeout_s = hang_timeout_s
         self.heartbeat: Heartbeat | None = None
         self.detected: float | None = None
-        self.last: Attempt | None = None
+        self.started = False
         self.resets: list[dict] = []  # this process's record (the state's may lose one in a rollback)
         self.state = None
 
     def run(self):
-        """The FitResult of the elastic run (every rank); `self.last` holds the last (re)start's pieces."""
+        """The FitResult of the elastic run (every rank); `self.dist` is the last (re)start's layout."""
         self.state = new_state()
         if self.hang_timeout_s:
             # The host name as the launcher knows it (its blacklist, the discovery script's lines).
@@ -296,28 +261,25 @@ class Driver:
                 self.heartbeat.close()
 
     def _train(self, state):
-        dist = current_layout(self.dist)
+        dist = self.dist = current_layout(self.dist)
         if self.heartbeat is not None:
             self.heartbeat.rank = dist.rank  # the rank its watchdog names
         self.mlperf.follow_root(dist.is_root)
-        restart = self.last is not None or state.progress is not None
-        # The input order is reseeded by the committed position, which every rank agrees on after the sync.
-        attempt = self.make_attempt(dist, 0 if state.progress is None else 1 + _global_step(state))
-        self.last = attempt
-        start = state.start(attempt.data.train_steps)
-        on_first_step = self._noted_reset(state, dist, start) if restart else None
-        hooks = Hooks(state, attempt.data.train_steps, self.every, on_first_step)
+        restart = self.started or state.progress is not None
+        self.started = True
+        commits = ElasticCommits(state, self.every, self._noted_reset(state, dist) if restart else None)
         try:
-            return attempt.fit(hooks)
+            # The input order is reseeded by the committed position, which every rank agrees on after the sync.
+            return self.fit_attempt(dist, 0 if state.progress is None else 1 + _global_step(state), commits)
         except Exception:
             self.detected = time.time()  # a failed collective or a host change: the reset begins
             raise
 
-    def _noted_reset(self, state, dist: DistEnv, start: Progress) -> Callable[[], None]:
+    def _noted_reset(self, state, dist: DistEnv) -> Callable[[Progress], None]:
         """What the first step after a reset does: log it (rank 0) and add it to the state's list."""
         detected = self.detected or time.time()
 
-        def note():
+        def note(start: Progress):
             reset = Reset(dist.size, start.epoch, start.step, round(time.time() - detected, 3))
             state.resets = list(state.resets) + [reset.as_dict()]
             self.resets.append(reset.as_dict())

@@ -3,7 +3,8 @@
     monitor = RunMonitor(cfg, dist)
     monitor.prepare()        # before run_start: the node's peak (probed once per host, cached)
     monitor.started()        # at run_start: energy counters
-    ... fit() calls monitor.tick after every training step and monitor.evaluated after every evaluation
+    ... a callback of the loop: the phase clock at its start, the window and TensorBoard after every step
+    and every evaluation
     monitor.stopped()        # at run_stop: energy counters
     figures = monitor.system_figures(result, model, samples_per_second)   # collective
     monitor.close(figures)
@@ -16,10 +17,11 @@ from typing import Any
 from common.runtime import energy, probe, system
 from common.runtime.dist import DistEnv
 from common.runtime.flops import training_gflop_per_sample
+from common.runtime.loop import Callback, Loop
 from common.runtime.tensorboard import EventWriter
 
 
-class RunMonitor:
+class RunMonitor(Callback):
     """This rank's measurements of one run."""
 
     def __init__(self, cfg: Any, dist: DistEnv):
@@ -56,19 +58,22 @@ class RunMonitor:
         if self.cfg.enabled:
             self.readings = self.energy.stop()
 
-    def attach(self, clock) -> None:
-        """The phase clock of the steps fit() is about to train (None: steps that keep none)."""
-        self.window.attach(clock)
+    def start(self, loop: Loop) -> None:
+        """The phase clock of the steps the loop is about to train (None: steps that keep none)."""
+        self.window.attach(loop.steps.clock)
 
-    def tick(self, done: int, step: int, boundary: bool, totals: dict, running: dict) -> None:
-        self.window.tick(done, boundary, totals)
-        self.last_step, self.last_done, self.last_totals = step, done, totals  # the loop's, kept current
+    def after_step(self, loop: Loop) -> None:
+        """`boundary`: an epoch's end or an evaluation follows, which the window does not time."""
+        every, step = loop.options.eval_every_steps, loop.global_step
+        boundary = loop.step == loop.data.train_steps or bool(every and step % every == 0)
+        self.window.tick(loop.done, boundary, loop.totals)
+        self.last_step, self.last_done, self.last_totals = step, loop.done, loop.totals  # the loop's, kept current
         if self.board:
-            self.board.train(step, running)
+            self.board.train(step, loop.running)
 
-    def evaluated(self, step: int, record: dict) -> None:
+    def evaluated(self, loop: Loop, record: dict) -> None:
         if self.board:
-            self.board.evaluation(step, record)
+            self.board.evaluation(record["step"], record)
 
     def system_figures(self, dist: DistEnv, history: list[dict], model: Any,
                        samples_per_second: float | None) -> dict | None:

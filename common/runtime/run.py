@@ -1,20 +1,24 @@
-"""The steps of an MLPerf run, which each application's train.py calls in order.
+"""One MLPerf run, written once for both applications: `run_benchmark(app, config, overrides, stop)`.
 
-    guarded_run(lambda stop: train(...))   # main(): the stop signals handled first, the errors to exit codes
-    with Run.open(benchmark, cfg, dist, stop) as run:   # resume point, resolved config.yaml, MLPerf log
-    run.stage(rank_files, "before_run")    # data.stage_timing=before_run: staging precedes init
-    run.init_start()                       # init_start and the submission keys
-    ... the application builds its model, optimizer, schedule, loss and metric (no data read)
-    run.init_stop(strategy, keys)          # scale keys and hyperparameters, init_stop
-    run.start()                            # run_start (and resumed_from_checkpoint)
-    data_cfg = run.stage(rank_files, "in_run")   # staging_start .. staging_stop when timed in the run
-    ... the application builds its input pipelines
-    run.input_ready(data)                  # train_samples, eval_samples
-    result = run.fit(strategy, trainee, data, rebuild, read_error)  # the epochs, then run_stop
-    return run.finish(strategy, result)    # io_report.json, summary.json; the exit code
+    cfg = load_config(...)                 # the typed config, the app's class
+    dist, strategy = ...                   # the DistEnv; data parallel, hybrid Mesh-TF or elastic
+    with Run.open(...) as run:             # resume point, resolved config.yaml, MLPerf log
+        run.stage(..., "before_run")       # data.stage_timing=before_run: staging precedes init
+        run.init_start()                   # init_start and the submission keys
+        trainee = app.build(cfg, strategy) # model, optimizer, schedule, loss, metric (no data read)
+        run.init_stop(strategy, keys)      # scale keys and hyperparameters, init_stop
+        run.start()                        # run_start (and resumed_from_checkpoint)
+        data_cfg = run.stage(..., "in_run")   # staging_start .. staging_stop when timed in the run
+        plan = run.plan_input(strategy)    # the input seed; how a resumed run reaches its position
+        data = app.input(cfg, data_cfg, strategy, plan.seed)
+        result = fit(Loop(...))            # the epochs (common/runtime/loop.py) with the run's callbacks
+        run.stopped(result)                # run_stop
+        return run.finish(...)             # io_report.json, summary.json; the exit code
 
-The `Run` carries what every step and the training loop share: the config, the DistEnv (an elastic run's
-changes with it), the MLPerf log, the resume point, the stop signals, staging and the I/O counters.
+Each application gives one `App` record of what is its own (config class, builders, hyperparameter keys,
+reference check, rank files); its train.py's `train()` hands it here. The `Run` carries what the steps share:
+the config, the DistEnv, the MLPerf log, the resume point, the stop signals, staging and the I/O counters;
+nothing below it calls back into it, and only this module sets what it trains (an elastic run's attempts too).
 Whatever ends a run after run_start, its MLPerf log ends with one run_stop and rank 0 writes summary.json:
 an exception leaving the `with` block is logged as run_stop aborted and written as the summary's reason
 before it goes on (`Run.abort`). A stop signal before run_start ends the run at init_start or start.
@@ -24,6 +28,7 @@ by a signal (after run_start with a checkpoint of where it stopped). Faults and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
@@ -35,22 +40,42 @@ from typing import Any, Callable
 from common.base.cli import guarded
 from common.io.datasets import Datasets
 from common.io.iostats import IOCounters, io_report, write_io_report
+from common.io.loader import dali_plugin_available
 from common.io.manifest import Manifest
 from common.io.staging import StageResult, check_unstaged_source, stage_for_run
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
 from common.runtime.checkpoint import Checkpointer, InputPlan, InputPosition, Resume, find_resume, plan_input
-from common.runtime.config import save_config
-from common.runtime.dist import DistEnv, describe
+from common.runtime.config import load_config, save_config
+from common.runtime.dist import DistEnv, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
-from common.runtime.loop import Control, FitOptions, FitResult, LoopContext, Trainee
+from common.runtime.loop import Callback, FitResult, Loop, Trainee, fit
 from common.runtime.mllog import RUN_ABORTED, MLPerfLog, dataset_keys, scale_keys
+from common.runtime.plan import Plan, planned_dist, print_plan, resolve
 from common.runtime.stopping import EXIT_STOPPED, StoppedBeforeStart, StopRequests
-from common.runtime.strategy import DataParallel, Rebuild, reseeded
+from common.runtime.strategy import DataParallel, reseeded
 from common.runtime.monitor import RunMonitor
 from common.runtime.summary import exit_code, failure_summary, run_summary, throughput, write_summary
 
 # What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
 ATTEMPT_FILES = ("summary.json", "io_report.json")
 RankFiles = Callable[[Manifest, int, int], list]  # (manifest, rank, ranks) -> the paths that rank reads
+
+
+@dataclasses.dataclass(frozen=True)
+class App:
+    """What an application brings to the run; every callable takes the resolved config first."""
+
+    name: str  # "cosmoflow", "deepcam": the MLPerf benchmark name
+    config: type  # the config dataclass
+    build: Callable[[Any, DataParallel], Trainee]  # model, optimizer, schedule, loss, metric for the strategy
+    input: Callable[[Any, Any, DataParallel, int], Datasets]  # (cfg, data section, strategy, seed) -> this rank's
+    hyperparameters: Callable[[Any, DataParallel], dict]  # the keys the rules ask for in init
+    rank_files: Callable[[Any, Manifest, int, int], list]  # (cfg, manifest, rank, ranks) -> the paths it reads
+    read_error: Callable[[Any, int, DistEnv, Exception], Exception]  # (data section, batch, layout, err)
+    with_rcp: Callable[[Any, int], Any]  # optimizer.rcp's hyperparameters for a global batch
+    closed_differences: Callable[[Any], list]  # how the config differs from the reference's closed run
+    learning_rates: Callable[[Any, DataParallel], list]  # the dry run's learning rate at each epoch's start
+    strategy: Callable[[Any, DistEnv], DataParallel] | None = None  # None: data parallel or elastic
 
 
 def parse_args(description: str, argv=None) -> argparse.Namespace:
@@ -70,6 +95,14 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
     return args
 
 
+def main(app: App, description: str, train: Callable[[str, list, StopRequests], int], argv=None) -> int:
+    """A train.py's command line: `train(config, overrides, stop)`, or with --dry-run the plan of the run."""
+    args = parse_args(description, argv)
+    if args.dry_run:
+        return guarded(lambda: dry_run(app, args.config, args.overrides, args.ranks, args.json))
+    return guarded_run(lambda stop: train(args.config, args.overrides, stop))  # stop signals handled first
+
+
 def guarded_run(train: Callable[[StopRequests], int]) -> int:
     """A train entry point's run: `train(stop)` with the stop signals handled from the first moment (a signal
     during start-up is remembered, not fatal); returns its exit code, 2 for a BenchError, EXIT_STOPPED for a
@@ -84,6 +117,83 @@ def guarded_run(train: Callable[[StopRequests], int]) -> int:
         stop.uninstall()
 
 
+def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequests) -> int:
+    """One MLPerf run of `app`; returns the exit code. `stop`: the stop signals, handled since main() began."""
+    cfg = load_config(config, overrides, app.config)
+    dist = init_distributed(cfg.dist)
+    strategy = (app.strategy or choose_strategy)(cfg, dist)
+    # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
+    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences, announce=root_log(dist))
+    rank_files = functools.partial(app.rank_files, cfg)
+    with Run.open(app.name, cfg, dist, stop) as run:
+        run.stage(rank_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
+        run.init_start()
+        run.trainee = app.build(cfg, strategy)  # no data read in init
+        strategy.prepare(cfg)  # hybrid: each group's Mesh-TF cluster and graphs
+        run.init_stop(strategy, app.hyperparameters(cfg, strategy))
+        run.start()  # run_start: the timed part
+        data_cfg = run.stage(rank_files, "in_run")
+        data_cfg = dataclasses.replace(data_cfg, loader=plan_loader(data_cfg.loader, run.resume))
+        plan = run.plan_input(strategy, data_cfg.loader)
+        run.data = app.input(cfg, data_cfg, strategy, plan.seed)
+        run.input_ready()
+        read_error = functools.partial(app.read_error, data_cfg, cfg.train.local_batch_size, strategy.input_dist)
+        with reading_as(read_error, run):
+            if strategy.elastic:
+                result = strategy.run(functools.partial(elastic_attempt, app, run, strategy, data_cfg), run.mlperf)
+            else:
+                result = fit(run.loop(strategy, run.callbacks(strategy, plan)))
+        run.stopped(result, strategy)
+        return run.finish(strategy, result)  # io_report.json, summary.json
+
+
+def elastic_attempt(app: App, run: "Run", strategy: ElasticStrategy, data_cfg: Any, now: DistEnv, seed_offset: int,
+                    commits: Callback) -> FitResult:
+    """One (re)start of an elastic run on layout `now`: a trainee and input built for it, then fit() with the
+    commits' callback. The first start keeps the trainee built in init when the replica count is the same, and
+    the input too when the layout and the seed are: a worker that joins a running job must keep its model
+    (built a second time there, its variables' broadcast did not match the other ranks' and the join hung,
+    tests/integration/test_elastic.py). After a reset the input is reseeded by the committed step."""
+    first, before, seed = run.attempts == 0, run.dist, reseeded(run.cfg.run.seed, seed_offset)
+    run.attempts += 1
+    strategy.dist = run.dist = now
+    if not first or now.size != before.size:
+        run.trainee = app.build(run.cfg, strategy)
+    if not first or _placement(now) != _placement(before) or seed_offset:
+        run.data = app.input(run.cfg, data_cfg, strategy, seed)
+    return fit(run.loop(strategy, [commits] + run.callbacks(strategy, InputPlan(seed))))
+
+
+def _placement(dist: DistEnv) -> tuple:
+    return dist.rank, dist.size, dist.local_rank, dist.local_size, dist.node
+
+
+@contextlib.contextmanager
+def reading_as(read_error: Callable[[Exception], Exception], run: "Run"):
+    """Inside: a failure to read the data raises `read_error(err)` instead (UnicodeDecodeError: TensorFlow
+    quoting the raw bytes of a record that is no tf.train.Example); in an elastic run a failed Horovod
+    collective goes on as it is, for hvd.elastic.run to reset."""
+    import tensorflow as tf
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError,
+            UnicodeDecodeError) as err:
+        if run.dist.elastic and "Horovod" in str(err):
+            raise
+        raise read_error(err) from None  # run_stop aborted and summary.json: Run.abort
+
+
+def dry_run(app: App, config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
+    """Print what a run of `config` would use (common/runtime/plan.py); nothing trained."""
+    cfg = load_config(config, overrides, app.config)
+    dist = planned_dist(cfg.dist, ranks)
+    strategy = (app.strategy or choose_strategy)(cfg, dist)
+    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
+    plan = Plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
+                app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
+    return print_plan(plan, as_json, dist)
+
+
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
     """Data parallel, or elastic data parallel with dist.elastic.enabled (checked before any work)."""
     return ElasticStrategy(cfg, dist) if cfg.dist.elastic.enabled else DataParallel(dist)
@@ -94,6 +204,15 @@ def root_log(dist: DistEnv) -> Callable[..., None]:
     return functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
 
 
+def plan_loader(requested: str, resume: Resume | None) -> str:
+    """The loader a run reads with: data.loader, except that a resumed run with `auto` reads with its
+    checkpoint's loader when that one is installed, so that it continues the checkpoint's input stream."""
+    saved = resume.input_position if resume else None
+    if requested != "auto" or saved is None or saved.loader not in ("tfdata", "dali"):
+        return requested
+    return saved.loader if saved.loader == "tfdata" or dali_plugin_available() else "tfdata"
+
+
 class Run:
     """One run on this rank, from its output directory to its summary."""
 
@@ -101,7 +220,7 @@ class Run:
                  stop: StopRequests):
         self.benchmark, self.cfg, self.dist, self.resume, self.mlperf = benchmark, cfg, dist, resume, mlperf
         self.stop = stop  # installed by the entry point (guarded_run), before anything else
-        self.started = self.stopped = False  # run_start, run_stop logged
+        self.started = self.run_stopped = False  # run_start, run_stop logged
         self.staging: StageResult | None = None
         self.io: IOCounters | None = None
         self.run_start = 0.0
@@ -109,8 +228,8 @@ class Run:
         self.trainee: Trainee | None = None
         self.data: Datasets | None = None
         self.monitor = RunMonitor(cfg, dist)
-        self.strategy: DataParallel | None = None  # known from init_stop
-        self.input_plan: InputPlan | None = None  # how the training input starts (input_seed)
+        self.input_plan: InputPlan | None = None  # how the training input starts (plan_input)
+        self.attempts = 0  # an elastic run's (re)starts so far
 
     @classmethod
     def open(cls, benchmark: str, cfg: Any, dist: DistEnv, stop: StopRequests) -> "Run":
@@ -162,7 +281,6 @@ class Run:
 
     def init_stop(self, strategy: DataParallel, hyperparameters: dict) -> None:
         """The scale keys, the hyperparameters and the strategy's keys, then init_stop."""
-        self.strategy = strategy
         scale = scale_keys(nodes=self.dist.num_nodes, accelerators_per_node=self.dist.local_size if self.dist.gpu
                            else 0, global_batch_size=self.cfg.train.local_batch_size * strategy.replicas)
         self.mlperf.events(scale | hyperparameters | strategy.mlperf_keys())
@@ -184,33 +302,49 @@ class Run:
                 "attempt": progress.attempt + 1, "earlier_seconds": round(progress.earlier_seconds, 3)})
             self.log(f"resuming from {self.resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
 
-    def input_seed(self) -> int:
-        """The seed to build the input with (after init_stop): the run's; a resumed run's checkpoint's, when its
-        position is restored (tf.data's iterator state) or replayed (a DALI stream of the same seed and layout);
-        else a new one per attempt, so that it does not replay the first epochs' order (`plan_input`)."""
-        self.input_plan = self._plan_input(self._expected_loader())
-        return self.input_plan.seed
+    def plan_input(self, strategy: DataParallel, loader: str) -> InputPlan:
+        """The seed to build the input with, and how a resumed run's input reaches the checkpoint's position:
+        the run's seed; a resumed run's checkpoint's, when its position is restored (tf.data's iterator state)
+        or replayed (a DALI stream of the same seed and layout); else a new one per attempt, so that it does
+        not replay the first epochs' order (`plan_input`)."""
+        attempt = self.resume.progress.attempt if self.resume else 0
+        self.input_plan = plan_input(self.resume, (self.cfg.run.seed, reseeded(self.cfg.run.seed, attempt)), loader,
+                                     input_layout(self.cfg, self.dist, strategy))
+        return self.input_plan
 
-    def input_ready(self, data: Datasets) -> None:
-        self.mlperf.events(dataset_keys(train_samples=data.train_samples, eval_samples=data.val_samples))
+    def input_ready(self) -> None:
+        self.mlperf.events(dataset_keys(train_samples=self.data.train_samples, eval_samples=self.data.val_samples))
 
-    def fit(self, strategy: DataParallel, trainee: Trainee, data: Datasets, rebuild: Rebuild,
-            read_error: Callable[[Exception], Exception]) -> FitResult:
-        """Train with the strategy, then run_stop; a failure to read the data becomes `read_error(err)`."""
-        import tensorflow as tf
-        data = self._input_as_planned(strategy, data, rebuild)
-        self.follow(self.dist, trainee, data)
-        try:
-            result = strategy.fit(trainee, data, self, rebuild)
-        # UnicodeDecodeError: TensorFlow quoting the raw bytes of a record that is no tf.train.Example.
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.InternalError,
-                UnicodeDecodeError) as err:
-            if self.dist.elastic and "Horovod" in str(err):
-                raise  # a failed collective: hvd.elastic.run resets
-            raise read_error(err) from None  # run_stop aborted and summary.json: abort()
+    def loop(self, strategy: DataParallel, callbacks: list[Callback]) -> Loop:
+        """The training loop of this run's trainee and input on the strategy's steps."""
+        steps = strategy.make_steps(self.trainee, self.dist, self.stop.flag())
+        return Loop(self.trainee, self.data, steps, self.dist, self.mlperf, self.cfg.train, callbacks,
+                    log=self.log)
+
+    def callbacks(self, strategy: DataParallel, plan: InputPlan) -> list[Callback]:
+        """The loop's callbacks of this run, in the order they run: resuming, the monitors, in-epoch
+        evaluation, checkpoints, stop signals."""
+        cfg, ckpt, data = self.cfg, self.cfg.checkpoint, self.data
+        # A position is kept (saved, or replayable) only when every rank reads its own stream.
+        position = InputPosition(data.loader if strategy.saves_input_position else "", plan.seed, plan.start_step,
+                                 input_layout(cfg, self.dist, strategy))
+        callbacks: list[Callback] = [Resumed(self.resume, plan)] if self.resume and not strategy.elastic else []
+        callbacks.append(self.monitor)
+        if cfg.train.eval_every_steps:
+            callbacks.append(EvalEverySteps(cfg.train.eval_every_steps))
+        checkpoints = None
+        if ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal:
+            input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
+            checkpointer = Checkpointer(ckpt, cfg.run.output_dir, self.dist, self.benchmark, self.log, position)
+            checkpoints = Checkpoints(checkpointer, input_state, self.run_start)
+            callbacks.append(checkpoints)
+        callbacks.append(StopSignal(self.stop, checkpoints if ckpt.on_signal else None))
+        return callbacks
+
+    def stopped(self, result: FitResult, strategy: DataParallel) -> None:
+        """run_stop after training, and the training phase's I/O counters."""
         self._run_stop(result.status)
         self.io.stop(self.data, result.history, strategy.reads)
-        return result
 
     def finish(self, strategy: DataParallel, result: FitResult) -> int:
         """io_report.json and summary.json (rank 0; collectives on every rank); returns the exit code."""
@@ -242,55 +376,6 @@ class Run:
         write_summary(failure_summary(self, error) | self._attempt_summary(), out)
         self.log(f"aborted after {self.time_to_train:.1f} s of the timed run; summary in {out}/summary.json")
 
-    # ------------------------------------------------------------------------ what the loop and strategies use
-    def follow(self, dist: DistEnv, trainee: Trainee, data: Datasets) -> None:
-        """The layout, trainee and input being trained (an elastic run's change at every reset)."""
-        self.dist, self.trainee, self.data = dist, trainee, data
-
-    def loop_context(self, strategy: DataParallel, data: Datasets) -> LoopContext:
-        """What fit() needs from this run: the options, checkpoints, resuming and stop signals."""
-        cfg = self.cfg
-        options = FitOptions(max_epochs=cfg.train.max_epochs, target=cfg.train.target,
-                             eval_every=cfg.train.eval_every, eval_every_steps=cfg.train.eval_every_steps)
-        ckpt = cfg.checkpoint
-        plan = self.input_plan or InputPlan(cfg.run.seed)
-        # A position is kept (saved, or replayable) only when every rank reads its own stream.
-        position = InputPosition(data.loader if strategy.saves_input_position else "", plan.seed, plan.start_step,
-                                 input_layout(cfg, self.dist, strategy))
-        checkpointer = (Checkpointer(ckpt, cfg.run.output_dir, self.dist, self.benchmark, self.log, position)
-                        if ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal else None)
-        control = Control(checkpointer=checkpointer, resume=self.resume, stop=self.stop, run_start=self.run_start,
-                          input_state=ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position,
-                          input_plan=plan)
-        return LoopContext(self.dist, self.mlperf, options, control, self.log, monitor=self.monitor)
-
-    def _expected_loader(self) -> str:
-        """The loader this run will read with, as far as known before the datasets are built: data.loader, or
-        for `auto` the checkpoint's (the same config and installation choose the same one)."""
-        requested, saved = self.cfg.data.loader, self.resume.input_position if self.resume else None
-        if requested != "auto" or self.resume is None:
-            return requested
-        return saved.loader if saved else ("tfdata" if self.resume.input_state else "")
-
-    def _plan_input(self, loader: str) -> InputPlan:
-        attempt = self.resume.progress.attempt if self.resume else 0
-        return plan_input(self.resume, (self.cfg.run.seed, reseeded(self.cfg.run.seed, attempt)), loader,
-                          input_layout(self.cfg, self.dist, self.strategy or DataParallel(self.dist)))
-
-    def _input_as_planned(self, strategy: DataParallel, data: Datasets, rebuild: Rebuild) -> Datasets:
-        """`data`, or when it was built for a position its loader cannot reach (data.loader=auto chose another
-        loader than the checkpoint's), the input planned afresh for that loader and built again."""
-        if self.input_plan is None or self.input_plan.restore == "" or not data.loader:
-            return data
-        plan = self._plan_input(data.loader)
-        if plan.seed == self.input_plan.seed:
-            self.input_plan = plan
-            return data
-        self.log(f"resume: data.loader=auto chose {data.loader}, not the checkpoint's loader; building the input "
-                 f"again with seed {plan.seed}")
-        self.input_plan = plan
-        return rebuild.input(strategy, plan.seed)
-
     def _stop_if_asked(self, before: str) -> None:
         """Before the event `before`: end the run (StoppedBeforeStart) when a stop signal arrived in start-up on
         any rank (collective; in elastic runs, whose late workers meet no one here, this rank's signal only)."""
@@ -301,10 +386,10 @@ class Run:
 
     def _run_stop(self, status: str) -> None:
         """run_stop (once: a run that failed after it is not stopped again), the time to train, energy read."""
-        if self.stopped:
+        if self.run_stopped:
             return
         self.mlperf.end("run_stop", status=status)
-        self.stopped = True
+        self.run_stopped = True
         self.time_to_train = time.time() - self.run_start
         self.monitor.stopped()
 

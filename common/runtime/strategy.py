@@ -2,30 +2,21 @@
 
 A strategy says how ranks form data-parallel replicas (the global batch is the local batch times
 `replicas`), which rank layout the input is sharded by and whether this rank reads at all, how a step
-and an evaluation run (`make_steps`), what it adds to the MLPerf log and to summary.json, and how the
-training is driven (`fit`). Three exist:
+and an evaluation run (`make_steps`), and what it adds to the MLPerf log and to summary.json. A strategy
+never holds the run: the runner (common/runtime/run.py) asks it and passes what it gives to the loop.
+Three exist:
 - `DataParallel` (here): every rank is a replica that reads its own shard and trains the Keras model;
 - `HybridStrategy` (cosmoflow/mesh/hybrid.py): groups of ranks split every sample through Mesh-TF;
 - `ElasticStrategy` (common/runtime/elastic.py): data parallel under hvd.elastic.run, ranks may die or join.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from common.io.datasets import Datasets
 from common.runtime.dist import DistEnv
-from common.runtime.loop import FitResult, StepsFactory, Trainee, data_parallel_steps, fit
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Rebuild:
-    """How a run whose rank layout changes (elastic) builds for a new layout: the trainee, and the input with
-    a given seed (each from the strategy of that layout)."""
-
-    trainee: Callable[["DataParallel"], Trainee]
-    input: Callable[["DataParallel", int], Datasets]
+from common.runtime.loop import STEP_PHASES, Steps, Trainee
+from common.runtime.phases import PhaseClock, device_sync_for
+from common.runtime.stopping import StopFlag
 
 RESEED = 7919  # a prime: the input seed of the n-th restart is seed + RESEED * n
 
@@ -35,10 +26,32 @@ def reseeded(seed: int, n: int) -> int:
     return seed + RESEED * n
 
 
+class Metric(Protocol):
+    """An evaluation metric computed from per-batch sums that can be added across ranks."""
+
+    name: str  # short name for progress lines, e.g. "mae"
+    mlperf_key: str  # e.g. "eval_error" (CosmoFlow) or "eval_accuracy" (DeepCAM)
+    higher_is_better: bool
+
+    def batch_sums(self, y_true: Any, y_pred: Any) -> Any:
+        """A float32 vector of sums for one batch (inside tf.function)."""
+
+    def result(self, sums: Any) -> float:
+        """The metric from the sums over the whole validation set (numpy vector)."""
+
+    def details(self, sums: Any) -> dict:
+        """Named parts of the metric for the run's history (may be empty)."""
+
+
+# (trainee, dist, stop flag or None) -> Steps: built after the initial state is broadcast.
+StepsFactory = Callable[[Trainee, DistEnv, "StopFlag | None"], Steps]
+
+
 class DataParallel:
     """Every rank is one replica: it reads its own shard, and its gradients are averaged over all ranks."""
 
     name = "data_parallel"
+    elastic = False  # whether the run trains under hvd.elastic.run (ElasticStrategy)
 
     def __init__(self, dist: DistEnv):
         self.dist = dist
@@ -78,11 +91,87 @@ class DataParallel:
         """Events this strategy adds to init (beside the hyperparameters)."""
         return {}
 
-    def fit(self, trainee: Trainee, data: Datasets, run: Any, rebuild: Rebuild) -> FitResult:
-        """Train to the end of the run (`run`: common/runtime/run.Run, which gives the loop its context);
-        `rebuild` serves strategies whose rank layout changes (elastic)."""
-        return fit(trainee, data, run.loop_context(self, data), self.make_steps)
-
     def summary(self, trainee: Trainee) -> dict:
         """After training, on every rank (collectives allowed): the fields rank 0 adds to summary.json."""
         return {}
+
+
+def data_parallel_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None) -> Steps:
+    """The Keras model in `tf.function` steps, gradients (and the stop flag) averaged over all ranks in one
+    grouped allreduce."""
+    clock = PhaseClock(STEP_PHASES, device_sync_for(dist.gpu))
+    return Steps(train=make_train_step(trainee.model, trainee.optimizer, trainee.loss, dist, stop,
+                                       jit_compile=trainee.jit_compile, clock=clock),
+                 evaluate=_make_eval_step(trainee.model, trainee.loss, trainee.metric), stop=stop, clock=clock)
+
+
+def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopFlag | None = None,
+                    jit_compile: bool = False, clock: PhaseClock | None = None):
+    """One data-parallel training step: (x, y) -> the loss averaged over the ranks; with `stop`, the ranks'
+    stop requests ride in the same allreduce into `stop.agreed`. Three `tf.function`s, each timed on `clock`:
+    the forward and backward pass ("compute", XLA-compiled with `jit_compile`), one grouped allreduce of the
+    gradients, the loss and the stop request ("allreduce"; none on one rank), the optimizer's update ("update").
+    The allreduce takes every gradient at once, so splitting the step there costs it no overlap."""
+    import tensorflow as tf
+    clock = clock or PhaseClock(STEP_PHASES)
+    flags = [stop.local] if stop is not None else []
+    variables = model.trainable_variables
+
+    def gradients(x, y):
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            loss = loss_fn(y, pred)
+            if model.losses:  # regularization penalties (CosmoFlow's L2 weight decay), as Keras' fit adds them
+                loss = loss + tf.add_n(model.losses)
+            scaled = optimizer.scale_loss(loss)  # mixed_float16: times the loss scale; else the loss
+        return loss, tape.gradient(scaled, variables)
+
+    compute = tf.function(gradients, jit_compile=jit_compile)
+    reduce = tf.function(lambda tensors: dist.allreduce_gradients(list(tensors) + [f.read_value() for f in flags]))
+
+    @tf.function
+    def update(grads, agreed):
+        optimizer.apply_gradients(zip(grads, variables))  # a loss-scale wrapper unscales them
+        if flags:
+            stop.agreed.assign(agreed)
+
+    exchanged = dist.horovod and dist.size > 1
+
+    def train_step(x, y):
+        clock.start()
+        loss, grads = compute(x, y)
+        clock.lap("compute")
+        if exchanged:
+            reduced = reduce(list(grads) + [loss])
+            grads, loss = reduced[:len(grads)], reduced[len(grads)]
+            agreed = reduced[-1] if flags else None
+            clock.lap("allreduce")
+        else:
+            agreed = flags[0].read_value() if flags else None  # one rank: its own request
+        update(list(grads), agreed)
+        clock.lap("update")
+        return loss
+
+    return train_step
+
+
+def _make_eval_step(model, loss_fn, metric: Metric):
+    import tensorflow as tf
+
+    @tf.function
+    def eval_step(x, y):
+        return batch_sums(loss_fn, metric, y, model(x, training=False))
+
+    return eval_step
+
+
+def batch_sums(loss_fn: Callable, metric: Metric, y_true: Any, y_pred: Any) -> Any:
+    """[count, loss sum, metric sums ...] of one batch, float32; an empty batch (0, ...) gives zeros."""
+    import tensorflow as tf
+    batch = tf.cast(tf.shape(y_true)[0], tf.float32)
+    # multiply_no_nan: the mean loss of an empty batch is NaN, its sum is 0.
+    loss_sum = tf.reshape(tf.math.multiply_no_nan(tf.cast(loss_fn(y_true, y_pred), tf.float32), batch), [1])
+    return tf.concat([tf.reshape(batch, [1]), loss_sum, tf.cast(metric.batch_sums(y_true, y_pred), tf.float32)],
+                     axis=0)
+
+

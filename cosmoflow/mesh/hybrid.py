@@ -28,9 +28,9 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.runtime.dist import DistEnv
-from common.runtime.loop import Metric, Steps, StepsFactory, Trainee, batch_sums
+from common.runtime.loop import Steps, Trainee
 from common.runtime.phases import PhaseClock
-from common.runtime.strategy import DataParallel
+from common.runtime.strategy import DataParallel, Metric, StepsFactory, batch_sums
 from common.runtime.stopping import StopFlag
 from cosmoflow.data import SampleBlock
 from cosmoflow.mesh.blocks import OwnBlocks

@@ -2,6 +2,7 @@
 and their checks, falling back from a corrupt newest checkpoint, pruning."""
 import json
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,11 @@ from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from common.base.errors import BenchError
 from common.io.datasets import Datasets
-from common.runtime.loop import Control, FitOptions, LoopContext, Trainee, fit
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
+from common.runtime.checkpoint import InputPlan
+from common.runtime.config import TrainConfig
+from common.runtime.loop import Loop, Trainee, fit
+from common.runtime.strategy import data_parallel_steps
 from common.runtime.mllog import MLPerfLog
 from common.runtime.stopping import StopRequests
 from cosmoflow.metrics import MeanAbsoluteError, mse_loss
@@ -52,14 +57,17 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, targ
                               keras.layers.Dropout(0.3), keras.layers.Dense(4)])
     cfg = CheckpointConfig(dir=str(out / "ckpt"), every_epochs=every_epochs, keep=keep, resume=resume)
     found = newest_valid(out / "ckpt", warn=lambda _m: None) if resume else None
-    control = Control(checkpointer=Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
-                      resume=found, stop=stop, input_state=True)
+    checkpoints = Checkpoints(Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
+                              input_state=True, run_start=time.time())
+    callbacks = ([Resumed(found, InputPlan(0, restore="iterator"))] if found else []) + (
+        [EvalEverySteps(eval_every_steps)] if eval_every_steps else []) + [checkpoints] + (
+        [StopSignal(stop, checkpoints)] if stop else [])
     mlperf = MLPerfLog(out / "mlperf.log")
     trainee = Trainee(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
                       lambda _data: lambda epoch: 0.05 * (1 + epoch))
-    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=max_epochs, target=target,
-                                                                                  eval_every_steps=eval_every_steps),
-                                               control, log=lambda _m: None))
+    options = TrainConfig(max_epochs=max_epochs, target=target, eval_every_steps=eval_every_steps)
+    result = fit(Loop(trainee, _data(), data_parallel_steps(trainee, DistEnv(), stop.flag() if stop else None),
+                      DistEnv(), mlperf, options, callbacks, log=lambda _m: None))
     mlperf.close()
     return result, [v.numpy() for v in model.variables]
 
@@ -100,11 +108,14 @@ def test_a_stop_without_checkpoints_on_signal_writes_none(tmp_path):
     import keras
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
     cfg = CheckpointConfig(dir=str(tmp_path / "ckpt"), on_signal=False)
-    control = Control(checkpointer=Checkpointer(cfg, str(tmp_path), DistEnv(), "cosmoflow", lambda _m: None),
-                      stop=StopAt(2), input_state=True)
+    checkpoints = Checkpoints(Checkpointer(cfg, str(tmp_path), DistEnv(), "cosmoflow", lambda _m: None),
+                              input_state=True, run_start=time.time())
+    stop = StopAt(2)
+    callbacks = [checkpoints, StopSignal(stop, None)]  # checkpoint.on_signal=false: the run passes no checkpoints
     trainee = Trainee(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda _data: lambda epoch: 0.05)
-    result = fit(trainee, _data(), LoopContext(DistEnv(), MLPerfLog(tmp_path / "m.log", enabled=False),
-                                               FitOptions(max_epochs=3, target=0.0), control, log=lambda _m: None))
+    result = fit(Loop(trainee, _data(), data_parallel_steps(trainee, DistEnv(), stop.flag()), DistEnv(),
+                      MLPerfLog(tmp_path / "m.log", enabled=False), TrainConfig(max_epochs=3, target=0.0), callbacks,
+                      log=lambda _m: None))
     assert result.stopped and result.checkpoint == "" and "no checkpoint written" in result.reason
     assert list_checkpoints(tmp_path / "ckpt") == []
 

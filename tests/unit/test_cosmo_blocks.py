@@ -137,4 +137,4 @@ def test_the_block_io_table_gives_each_cases_share_of_the_whole_samples_bytes_an
     assert lines[2] == "| data | whole records, whole sample | 32 x 32 x 32 x 4 | 4.0 | 1.00 | 4.0 | 100 (1.00x) | 100 (1.00x) |"
     assert lines[3] == ("| 2x2 | the block's own records | 16 x 16 x 32 x 4 | 1.0 | 0.25 | 1.0 | 300 (3.00x) | "
                         "300 (3.00x) |")
-    assert "Code abcdef0." in lines[-1]
+    assert "Commit abcdef0." in lines[-1] and "Not recorded: CPU model, ISA flags." in lines[-1]

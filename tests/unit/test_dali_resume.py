@@ -1,4 +1,4 @@
-"""Exact resume with DALI (common/runtime/checkpoint.py plan_input, common/runtime/loop.py replayed): meta.json
+"""Exact resume with DALI (common/runtime/checkpoint.py plan_input, common/runtime/callbacks.py replayed): meta.json
 records what a rank's input position depends on; a resumed run with the same loader, seed and layout keeps the
 checkpoint's seed and skips the batches consumed, else starts afresh with a new seed and says why; and a DALI
 stream rebuilt with the same seed and skipped gives what the uninterrupted stream gives next (the premise)."""
@@ -13,7 +13,7 @@ from common.base.errors import BenchError
 from common.runtime.checkpoint import (META, InputPlan, InputPosition, Resume, check_checkpoint, plan_input,
                                        restore_rank)
 from common.runtime.dist import DistEnv
-from common.runtime.loop import replayed
+from common.runtime.callbacks import replayed
 from tests.unit.test_checkpoint_meta import LAYOUT, SAVED, STEPS, model_and_optimizer, write_checkpoint
 
 SEEDS = (5, 5 + 7919 * 2)  # the run's, and the new one of attempt 3 (SAVED is attempt 2's)
@@ -63,23 +63,17 @@ def test_a_position_that_cannot_be_replayed_starts_afresh(tmp_path, saved, loade
     assert (plan.seed, plan.restore, plan.why_afresh) == (SEEDS[1], "", why)
 
 
-def test_a_checkpoint_written_before_meta_held_the_input_is_read_and_starts_afresh(tmp_path):
-    path = write_checkpoint(tmp_path)
-    assert "input" not in check_checkpoint(path)
-    plan = plan_input(_resume(path), SEEDS, "dali", LAYOUT)
-    assert plan.seed == SEEDS[1] and plan.why_afresh.startswith("the checkpoint records no input position")
-
-
 @pytest.mark.parametrize("edit, message", [
-    (lambda i: i.pop("seed"), r"no 'input.seed' \(found 'layout', 'loader', 'start_step'\)"),
-    (lambda i: i.__setitem__("loader", "pytorch"), r"'input.loader' is 'pytorch', expected one of \['tfdata', "
+    (lambda i: i.pop("seed"), r"section input: missing key input.seed: expected an integer"),
+    (lambda i: i.__setitem__("loader", "pytorch"), r"key input.loader = 'pytorch': expected one of \['tfdata', "
                                                    r"'dali', ''\]"),
-    (lambda i: i.__setitem__("start_step", 11), r"'input.start_step' is 11, after the checkpoint's 'global_step' 10"),
-    (lambda i: i["layout"].pop("shuffle_buffer"), r"no 'input.layout.shuffle_buffer'"),
-    (lambda i: i["layout"].__setitem__("nodes", 1), r"unknown key 'input.layout.nodes'; 'input.layout' holds "
-                                                    r"run_seed, ranks"),
-    (lambda i: i["layout"].__setitem__("ranks", 2), r"'input.layout.ranks' is 2, but 'ranks' is 1"),
-    (lambda i: i["layout"].__setitem__("run_seed", 2 ** 63), r"'input.layout.run_seed' is 9223372036854775808, "
+    (lambda i: i.__setitem__("start_step", 11), r"key input.start_step = 11: expected a step no later than "
+                                                r"global_step 10"),
+    (lambda i: i["layout"].pop("shuffle_buffer"), r"section input.layout: missing key input.layout.shuffle_buffer"),
+    (lambda i: i["layout"].__setitem__("nodes", 1), r"section input.layout: unknown key\(s\) input.layout.nodes; "
+                                                    r"valid keys: run_seed, ranks"),
+    (lambda i: i["layout"].__setitem__("ranks", 2), r"key input.layout.ranks = 2: expected ranks \(1\)"),
+    (lambda i: i["layout"].__setitem__("run_seed", 2 ** 63), r"key input.layout.run_seed = 9223372036854775808: "
                                                              r"expected an integer in \[-2\^63, 2\^63\)"),
 ])
 def test_a_damaged_input_position_is_named_with_its_key(tmp_path, edit, message):
@@ -146,21 +140,33 @@ def _run(tmp_path, *overrides):
     return run
 
 
-def test_a_resumed_run_keeps_the_checkpoints_seed_only_for_the_same_layout(tmp_path):
+def _plan(run):
+    from common.runtime.run import plan_loader
+    from common.runtime.strategy import DataParallel
+    return run.plan_input(DataParallel(run.dist), plan_loader(run.cfg.data.loader, run.resume))
+
+
+def test_a_resumed_run_keeps_the_checkpoints_seed_only_for_the_same_layout(tmp_path, monkeypatch):
+    monkeypatch.setattr("common.runtime.run.dali_plugin_available", lambda: True)
     _dali_checkpoint(tmp_path)
     with _run(tmp_path) as run:
-        assert run.input_seed() == 12 and run.input_plan.skip == STEP - 4
+        plan = _plan(run)
+        assert plan.seed == 12 and plan.restore == "replay" and plan.skip == STEP - 4
     with _run(tmp_path, "train.local_batch_size=8") as run:
-        assert run.input_seed() == 5 + 7919 * SAVED.attempt and run.input_plan.restore == ""
+        plan = _plan(run)
+        assert plan.seed == 5 + 7919 * SAVED.attempt and plan.restore == ""
 
 
-def test_a_replay_planned_for_dali_builds_again_afresh_when_auto_chose_tf_data(tmp_path):
-    from common.io.datasets import Datasets
-    from common.runtime.strategy import DataParallel, Rebuild
+@pytest.mark.parametrize("installed, loader", [(True, "dali"), (False, "tfdata")])
+def test_auto_resumes_with_the_checkpoints_loader_when_installed_else_afresh(tmp_path, monkeypatch, installed,
+                                                                             loader):
+    """data.loader=auto on a resumed run reads with the checkpoint's loader (DALI when its plugin imports), so the
+    input is built once, for the position planned; without DALI it reads tf.data and starts afresh."""
+    from common.runtime.run import plan_loader
+    monkeypatch.setattr("common.runtime.run.dali_plugin_available", lambda: installed)
     _dali_checkpoint(tmp_path)
-    built, seeds = Datasets(None, None, 4, 1, 16, 4, 4, loader="tfdata"), []
     with _run(tmp_path) as run:
-        run.input_seed()
-        again = run._input_as_planned(DataParallel(run.dist), built,
-                                      Rebuild(trainee=None, input=lambda _s, seed: seeds.append(seed) or built))
-    assert again is built and seeds == [5 + 7919 * SAVED.attempt] and run.input_plan.restore == ""
+        assert plan_loader("auto", run.resume) == loader and plan_loader("tfdata", run.resume) == "tfdata"
+        plan = _plan(run)
+    assert plan.restore == ("replay" if installed else "")
+    assert plan.seed == (12 if installed else 5 + 7919 * SAVED.attempt)

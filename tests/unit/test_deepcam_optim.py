@@ -258,7 +258,9 @@ def test_rates_the_optimizer_used_in_training_follow_the_reference(tmp_path):
     from keras import ops
 
     from common.runtime.dist import DistEnv
-    from common.runtime.loop import FitOptions, LoopContext, Trainee, fit
+    from common.runtime.config import TrainConfig
+    from common.runtime.loop import Loop, Trainee, fit
+    from common.runtime.strategy import data_parallel_steps
     from common.runtime.mllog import MLPerfLog
     from deepcam.lamb import ApexLamb
     from deepcam.metrics import MeanIoU, WeightedCrossEntropy, class_weights
@@ -287,7 +289,9 @@ def test_rates_the_optimizer_used_in_training_follow_the_reference(tmp_path):
     trainee = Trainee(model, optimizer, WeightedCrossEntropy(class_weights()), MeanIoU(3),
                       schedule_for=lambda data: schedule.per_epoch(data.train_steps))
     mlperf = MLPerfLog(tmp_path / "mlperf.log")
-    fit(trainee, _segmentation_data(steps_per_epoch), LoopContext(DistEnv(), mlperf, FitOptions(epochs, target=1.1)))
+    data = _segmentation_data(steps_per_epoch)
+    fit(Loop(trainee, data, data_parallel_steps(trainee, DistEnv()), DistEnv(), mlperf,
+             TrainConfig(max_epochs=epochs, target=1.1), log=lambda _line: None))
     mlperf.close()
     want = reference_rates(0.01, "multistep", 4, milestones=(3, 6), steps=steps_per_epoch * epochs)
     np.testing.assert_allclose(optimizer.seen.numpy(), want, rtol=1e-6)

@@ -9,7 +9,9 @@ from common.runtime.checkpoint import Progress
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv
 from common.runtime.hvd_settings import from_config as horovod_environment
-from common.runtime.elastic import (Hooks, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
+from common.io.datasets import Datasets
+from common.runtime.loop import Loop, Trainee
+from common.runtime.elastic import (ElasticCommits, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
                             state_variables)
 from common.base.errors import BenchError
 from cosmoflow.config import CosmoConfig
@@ -44,41 +46,68 @@ def test_the_learning_rate_is_left_out_and_the_iteration_kept():
     assert len(names) == len(model.variables) + len(optimizer.variables) - 1
 
 
+def _loop(model, optimizer, steps_per_epoch: int) -> Loop:
+    """A loop of `steps_per_epoch` steps an epoch over `model` (ElasticCommits reads the trainee and position)."""
+    data = Datasets(None, None, steps_per_epoch, 1, 4 * steps_per_epoch, 4, 4)
+    trainee = Trainee(model, optimizer, None, None, None)
+    return Loop(trainee=trainee, data=data, steps=None, dist=DistEnv(), mlperf=None, options=None)
+
+
+def _after_step(commits, loop, epoch, step, loss, history):
+    loop.epoch, loop.step, loop.history = epoch, step, history
+    loop.running = {"loss": loss, "train_seconds": 0.25 * step}
+    commits.after_step(loop)
+
+
 def test_a_commit_then_a_rollback_restores_the_committed_weights_and_progress():
     model, optimizer = _model_and_optimizer()
     _train_once(model, optimizer)
     state = _local_state()
-    hooks = Hooks(state, steps_per_epoch=8, every=2, on_first_step=None)
-    hooks.restore(model, optimizer)  # nothing committed yet: leaves the variables alone
+    commits, loop = ElasticCommits(state, every=2, on_first_step=None), _loop(model, optimizer, 8)
+    commits.start(loop)  # nothing committed yet: leaves the variables alone, starts at the beginning
+    assert loop.start == Progress()
     committed = snapshot(state_variables(model, optimizer))
-    hooks.after_step(epoch=2, step=4, running={"loss": 0.5}, history=[{"epoch": 1, "loss": 0.7}])
+    _after_step(commits, loop, epoch=2, step=4, loss=0.5, history=[{"epoch": 1, "loss": 0.7}])
     for _ in range(3):
         _train_once(model, optimizer, lr=0.05)
     state.progress = None  # what a failure leaves behind, rolled back below
     state.restore()
-    assert state.start(8) == Progress(2, 4, [{"epoch": 1, "loss": 0.7}], {"loss_sum": 2.0})
+    assert state.start(8) == Progress(2, 4, [{"epoch": 1, "loss": 0.7}], {"loss_sum": 2.0, "seconds": 1.0})
     model2, optimizer2 = _model_and_optimizer()  # what a restart builds
     optimizer2.learning_rate.assign(0.123)
-    Hooks(state, 8, 2, None).restore(model2, optimizer2)
+    restarted = _loop(model2, optimizer2, 8)
+    ElasticCommits(state, 2, None).start(restarted)
+    assert (restarted.start.epoch, restarted.start.step) == (2, 4)
     for before, after in zip(committed, snapshot(state_variables(model2, optimizer2))):
         np.testing.assert_array_equal(before, after)
     assert int(optimizer2.iterations.numpy()) == 1
     assert float(optimizer2.learning_rate.numpy()) == pytest.approx(0.123)  # set by the schedule, not the state
 
 
-def test_commits_come_every_n_steps_but_not_at_the_epoch_end_which_epoch_done_commits():
+def test_commits_come_every_n_steps_but_not_at_the_epoch_end_which_after_epoch_commits():
     model, optimizer = _model_and_optimizer()
     state = _local_state()
-    hooks = Hooks(state, steps_per_epoch=4, every=2, on_first_step=None)
-    hooks.restore(model, optimizer)
-    hooks.after_step(1, 1, {"loss": 1.0}, [])
+    commits, loop = ElasticCommits(state, every=2, on_first_step=None), _loop(model, optimizer, 4)
+    commits.start(loop)
+    _after_step(commits, loop, 1, 1, 1.0, [])
     assert state.progress is None
-    hooks.after_step(1, 2, {"loss": 1.0}, [])
+    _after_step(commits, loop, 1, 2, 1.0, [])
     assert state.progress["step"] == 2
-    hooks.after_step(1, 4, {"loss": 1.0}, [])
+    _after_step(commits, loop, 1, 4, 1.0, [])
     assert state.progress["step"] == 2
-    hooks.epoch_done(Progress(2, 0, [{"epoch": 1}]))
+    loop.history = [{"epoch": 1}]
+    commits.after_epoch(loop)
     assert (state.progress["epoch"], state.progress["step"]) == (2, 0)
+
+
+def test_the_first_step_of_a_restart_is_noted_once_with_where_it_began():
+    model, optimizer = _model_and_optimizer()
+    noted = []
+    commits, loop = ElasticCommits(_local_state(), every=2, on_first_step=noted.append), _loop(model, optimizer, 4)
+    commits.start(loop)
+    _after_step(commits, loop, 1, 1, 1.0, [])
+    _after_step(commits, loop, 1, 2, 1.0, [])
+    assert noted == [Progress()]
 
 
 def test_progress_keeps_the_fraction_of_the_epoch_done_in_steps_of_the_new_layout():

@@ -6,8 +6,11 @@ import pytest
 
 from common.runtime.dist import DistEnv
 from common.io.datasets import Datasets
-from common.runtime.loop import FitOptions, LoopContext, Trainee, fit
+from common.runtime.callbacks import EvalEverySteps
+from common.runtime.config import TrainConfig
+from common.runtime.loop import Loop, Trainee, fit
 from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
+from common.runtime.strategy import data_parallel_steps
 from cosmoflow.metrics import MeanAbsoluteError, mse_loss
 
 
@@ -27,14 +30,16 @@ def _fit(tmp_path, options):
     mlperf = MLPerfLog(tmp_path / "mlperf.log")
     lines = []
     trainee = Trainee(model, keras.optimizers.SGD(0.1), mse_loss, MeanAbsoluteError(), lambda _data: lambda epoch: 0.05)
-    result = fit(trainee, _data(), LoopContext(DistEnv(), mlperf, options, log=lines.append))
+    callbacks = [EvalEverySteps(options.eval_every_steps)] if options.eval_every_steps else []
+    steps = data_parallel_steps(trainee, DistEnv())
+    result = fit(Loop(trainee, _data(), steps, DistEnv(), mlperf, options, callbacks, log=lines.append))
     mlperf.close()
     events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (tmp_path / "mlperf.log").read_text().splitlines()]
     return result, events, lines
 
 
 def test_evaluates_every_n_steps_inside_epochs(tmp_path):
-    result, events, lines = _fit(tmp_path, FitOptions(max_epochs=3, target=0.0, eval_every_steps=3))
+    result, events, lines = _fit(tmp_path, TrainConfig(max_epochs=3, target=0.0, eval_every_steps=3))
     assert result.status == RUN_ABORTED  # MAE 0 is never reached
     evals = [e for e in events if e["key"] == "eval_error"]
     # 12 steps: evaluations after steps 3, 6, 9 and at the end (12), each tagged with its epoch.
@@ -46,7 +51,7 @@ def test_evaluates_every_n_steps_inside_epochs(tmp_path):
 
 
 def test_stops_inside_an_epoch_when_the_target_is_reached(tmp_path):
-    result, events, _ = _fit(tmp_path, FitOptions(max_epochs=5, target=10.0, eval_every_steps=2))
+    result, events, _ = _fit(tmp_path, TrainConfig(max_epochs=5, target=10.0, eval_every_steps=2))
     assert result.status == RUN_SUCCESS and result.epochs == 1
     assert result.history[0]["step"] == 2 and result.history[0]["steps"] == 2
     assert [e["key"] for e in events][-1] == "epoch_stop"
@@ -54,7 +59,7 @@ def test_stops_inside_an_epoch_when_the_target_is_reached(tmp_path):
 
 
 def test_evaluates_every_epoch_by_default(tmp_path):
-    result, events, _ = _fit(tmp_path, FitOptions(max_epochs=2, target=0.0))
+    result, events, _ = _fit(tmp_path, TrainConfig(max_epochs=2, target=0.0))
     assert [h["step"] for h in result.history] == [4, 8]
     assert all(h["samples_per_second"] > 0 and h["train_seconds"] > 0 for h in result.history)
     assert sum(e["key"] == "eval_start" for e in events) == 2
@@ -62,7 +67,7 @@ def test_evaluates_every_epoch_by_default(tmp_path):
 
 @pytest.mark.parametrize("eval_every,expected", [(2, [2, 3]), (1, [1, 2, 3])])
 def test_eval_every_epochs_and_always_the_last(tmp_path, eval_every, expected):
-    result, events, _ = _fit(tmp_path, FitOptions(max_epochs=3, target=0.0, eval_every=eval_every))
+    result, events, _ = _fit(tmp_path, TrainConfig(max_epochs=3, target=0.0, eval_every=eval_every))
     assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_error"] == expected
 
 
@@ -73,7 +78,8 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
     import keras
     import tensorflow as tf
     from common.io.iostats import planned_reads
-    from common.runtime.loop import Steps, batch_sums
+    from common.runtime.loop import Steps
+    from common.runtime.strategy import batch_sums
     metric, calls = MeanAbsoluteError(), {"train": [], "evaluate": [], "closed": 0}
     empty = np.zeros((0, 4), np.float32)
 
@@ -94,8 +100,8 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
     mlperf = MLPerfLog(tmp_path / "mlperf.log")
     trainee = Trainee(model, keras.optimizers.SGD(0.1), mse_loss, metric, lambda _data: lambda epoch: 0.05)
-    result = fit(trainee, data, LoopContext(DistEnv(), mlperf, FitOptions(max_epochs=2, target=0.0),
-                                            log=lambda _line: None), make_steps)
+    result = fit(Loop(trainee, data, make_steps(trainee, DistEnv(), None), DistEnv(), mlperf,
+                      TrainConfig(max_epochs=2, target=0.0), log=lambda _line: None))
     mlperf.close()
     assert len(calls["train"]) == 2 * 4 and set(calls["train"]) == {(None, None)}
     assert len(calls["evaluate"]) == 2 * 4 and calls["closed"] == 1
@@ -107,7 +113,7 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
 
 
 def test_batch_sums_of_an_empty_batch_are_zeros():
-    from common.runtime.loop import batch_sums
+    from common.runtime.strategy import batch_sums
     empty = np.zeros((0, 4), np.float32)
     np.testing.assert_array_equal(batch_sums(mse_loss, MeanAbsoluteError(), empty, empty).numpy(), np.zeros(7))
     y, pred = np.ones((2, 4), np.float32), np.full((2, 4), 1.5, np.float32)

@@ -13,7 +13,8 @@ import pytest
 
 from common.base.errors import BenchError
 from common.runtime.dist import DistEnv
-from common.runtime.loop import Trainee, data_parallel_steps
+from common.runtime.loop import Trainee
+from common.runtime.strategy import data_parallel_steps
 from cosmoflow.config import CosmoModelConfig
 from cosmoflow.metrics import MeanAbsoluteError, mse_loss
 from cosmoflow.mesh.groups import GroupLayout

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from common.runtime.dist import DistEnv, pick_gpu
-from common.runtime.loop import make_train_step, shared_variables
+from common.runtime.loop import shared_variables
+from common.runtime.strategy import make_train_step
 from common.runtime.precision import for_precision, set_precision
 from cosmoflow.metrics import mse_loss
 from cosmoflow.model import build_model

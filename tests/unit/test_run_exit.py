@@ -13,7 +13,7 @@ from common.io.datasets import Datasets
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv
 from common.runtime.loop import FitResult
-from common.runtime.run import Run, guarded_run
+from common.runtime.run import Run, guarded_run, reading_as
 from common.runtime.stopping import EXIT_STOPPED, StoppedBeforeStart, StopRequests
 from common.runtime.strategy import DataParallel
 from cosmoflow.config import CosmoConfig
@@ -40,25 +40,16 @@ def _until_started(run):
     run.start()
 
 
-class _Strategy(DataParallel):
-    """A strategy whose training returns `result` or raises `error`."""
-
-    def __init__(self, result=None, error=None):
-        super().__init__(DistEnv())
-        self.result, self.error = result, error
-
-    def fit(self, trainee, data, run, rebuild):
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _fit(run, strategy):
-    run.stage(None, "in_run")  # starts the I/O counters fit() stops
-    data = Datasets(train=None, val=None, train_steps=8, val_steps=2, train_samples=32, val_samples=8,
-                    local_batch_size=4)
-    return run.fit(strategy, trainee=None, data=data, rebuild=None,
-                   read_error=lambda err: BenchError(f"cannot read the data ({err.message})"))
+def _fit(run, result=None, error=None):
+    """What run_benchmark does from the input on, with a training that returns `result` or raises `error`."""
+    run.stage(None, "in_run")  # starts the I/O counters run.stopped() stops
+    run.data = Datasets(train=None, val=None, train_steps=8, val_steps=2, train_samples=32, val_samples=8,
+                        local_batch_size=4)
+    with reading_as(lambda err: BenchError(f"cannot read the data ({err.message})"), run):
+        if error is not None:
+            raise error
+    run.stopped(result, DataParallel(run.dist))
+    return result
 
 
 @pytest.mark.parametrize("error, reason", [
@@ -96,7 +87,7 @@ def test_a_read_error_in_training_logs_run_stop_once(tmp_path):
     with pytest.raises(BenchError, match="cannot read the data"):
         with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), StopRequests()) as run:
             _until_started(run)
-            _fit(run, _Strategy(error=corrupt))
+            _fit(run, error=corrupt)
     assert _keys(tmp_path).count("run_stop") == 1 and _keys(tmp_path)[-1] == "run_stop"
     assert "cannot read the data (corrupted record at 12)" in json.loads((tmp_path / "summary.json").read_text())[
         "reason"]
@@ -107,7 +98,7 @@ def test_an_exception_after_run_stop_logs_no_second_one_and_still_leaves_the_sum
     with pytest.raises(OSError, match="disk full"):
         with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), StopRequests()) as run:
             _until_started(run)
-            _fit(run, _Strategy(result=result))
+            _fit(run, result=result)
             raise OSError("disk full")  # as if finish() failed
     events = _events(tmp_path)
     assert [e["key"] for e in events].count("run_stop") == 1 and events[-1]["metadata"]["status"] == "success"

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from common.runtime.dist import DistEnv
-from common.runtime.loop import make_train_step
+from common.runtime.strategy import make_train_step
 from cosmoflow.metrics import mse_loss
 from cosmoflow.model import build_model
 

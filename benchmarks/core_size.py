@@ -1,0 +1,133 @@
+"""How much of the suite a reader meets on the plain CosmoFlow path (issue 46's figures), saved as JSON.
+
+    python benchmarks/core_size.py [--data DIR] [--out benchmarks/results/core_size.json]
+
+One single-process, one-epoch CosmoFlow mini run (cosmoflow/configs/cosmo_mini.yaml, no staging) under a line
+tracer gives the suite's files it executes (their lines in all, and the lines run); the stack at the first
+`GradientTape.gradient` gives the suite's frames from `train()` to the frame that asks for the gradient; an AST
+walk gives the types (classes) defined in common/runtime/loop.py and in common/runtime/. Without --data a tiny
+dataset (16 + 4 synthetic 64^3 universes cut into 32^3 samples) is generated in a temporary directory.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SUITE = ("common", "cosmoflow", "deepcam", "data_prep", "jobs")  # the suite's packages (not tests/, benchmarks/)
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def suite_file(filename: str) -> str | None:
+    """The repository-relative path of a suite source file, else None."""
+    try:
+        rel = Path(filename).resolve().relative_to(REPO)
+    except ValueError:
+        return None
+    return str(rel) if rel.parts[0] in SUITE and rel.suffix == ".py" else None
+
+
+class LineTracer:
+    """Records the (file, line) pairs the suite's code executes, in every thread."""
+
+    def __init__(self):
+        self.lines: dict[str, set[int]] = {}
+
+    def _trace(self, frame, event, _arg):
+        if event != "call":
+            return None
+        rel = suite_file(frame.f_code.co_filename)
+        if rel is None:
+            return None
+        seen = self.lines.setdefault(rel, set())
+        seen.add(frame.f_lineno)
+
+        def local(f, ev, _a):
+            if ev == "line":
+                seen.add(f.f_lineno)
+            return local
+        return local
+
+    def __enter__(self):
+        threading.settrace(self._trace)
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *_exc):
+        sys.settrace(None)
+        threading.settrace(None)
+
+
+def frames_to_gradient() -> dict:
+    """Patch tf.GradientTape.gradient to record the suite's frames below train() at its first call."""
+    import inspect
+    import tensorflow as tf
+    original, seen = tf.GradientTape.gradient, {}
+
+    def gradient(self, *args, **kwargs):
+        if not seen:
+            stack = [(suite_file(f.filename), f.function) for f in reversed(inspect.stack()[1:])]
+            names = [f"{rel}:{fn}" for rel, fn in stack if rel]
+            start = next(i for i, n in enumerate(names) if n.endswith("cosmoflow/train.py:train"))
+            seen["chain"] = names[start:]
+        return original(self, *args, **kwargs)
+    tf.GradientTape.gradient = gradient
+    return seen
+
+
+def tiny_dataset(root: Path) -> Path:
+    """16 + 4 synthetic universes (64^3) cut into 32^3 samples: data_prep's own commands."""
+    py = sys.executable
+    subprocess.run([py, "-m", "data_prep", "cosmo-synth", "--out", str(root / "raw"), "--universes", "20", "--size",
+                    "64", "--prior", "mini", "--seed", "7"], check=True, cwd=REPO)
+    subprocess.run([py, "-m", "data_prep", "cosmo-convert", "--input", str(root / "raw"), "--out",
+                    str(root / "tfrecords"), "--sample-size", "32", "--val-universes", "4", "--seed", "7"],
+                   check=True, cwd=REPO)
+    return root / "tfrecords"
+
+
+def classes(path: Path) -> list[str]:
+    return [n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
+
+
+def measure(data: Path, out_dir: Path) -> dict:
+    from common.runtime.stopping import StopRequests
+    from cosmoflow.train import train
+    chain = frames_to_gradient()
+    overrides = [f"data.dir={data}", f"run.output_dir={out_dir}", "train.max_epochs=1", "train.target=0.0",
+                 "mlperf.platform=core-size"]
+    with LineTracer() as tracer:
+        code = train(str(REPO / "cosmoflow/configs/cosmo_mini.yaml"), overrides, StopRequests())
+    files = {rel: len((REPO / rel).read_text().splitlines()) for rel in sorted(tracer.lines)}
+    runtime = {p.name: classes(p) for p in sorted((REPO / "common/runtime").glob("*.py"))}
+    return {"exit_code": code, "files": len(files), "file_lines": sum(files.values()),
+            "lines_run": sum(len(v) for v in tracer.lines.values()), "per_file": files,
+            "frames_to_gradient": len(chain.get("chain", [])) - 1, "gradient_chain": chain.get("chain", []),
+            "loop_types": classes(REPO / "common/runtime/loop.py"),
+            "runtime_types": sum(len(v) for v in runtime.values()), "runtime_types_by_file": runtime}
+
+
+def main(argv=None) -> int:
+    from harness import run_header, sgemm_gflops, write_json_atomic
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, help="a CosmoFlow mini dataset (its tfrecords directory)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/core_size.json")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data or tiny_dataset(Path(tmp) / "data")
+        result = run_header(sgemm_gflops()) | measure(data, Path(tmp) / "run")
+    write_json_atomic(args.out, result)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("per_file", "runtime_types_by_file")}, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

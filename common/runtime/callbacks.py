@@ -1,0 +1,126 @@
+"""The loop's callbacks for fault handling and evaluation (common/runtime/loop.py's `Callback`):
+
+- `Resumed`: a checkpoint's weights, optimizer, each rank's own variables, and the input position (tf.data's
+  saved iterator, or a rebuilt DALI stream skipped to the checkpoint's batch; docs/faults.md);
+- `EvalEverySteps`: train.eval_every_steps > 0: evaluate every this many optimizer steps, inside epochs too;
+- `Checkpoints`: periodic checkpoints (checkpoint.every_epochs, every_minutes) and the one of the weights that
+  met the target;
+- `StopSignal`: after every step, whether a stop signal arrived on any rank (read from the step's allreduce, or
+  agreed in a collective of its own); if so, a checkpoint of the step (checkpoint.on_signal) and the run ends.
+The monitors (common/runtime/monitor.py) and elastic commits (common/runtime/elastic.py) are callbacks too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from common.runtime.checkpoint import Checkpointer, InputPlan, Progress, Resume, restore_rank, restore_shared
+from common.runtime.loop import Callback, Loop, shared_variables
+from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS
+from common.runtime.stopping import StopRequests
+
+
+class Resumed(Callback):
+    """Continue from checkpoint `resume`; `plan` (checkpoint.plan_input) says how the input reaches its position."""
+
+    def __init__(self, resume: Resume, plan: InputPlan):
+        self.resume, self.plan = resume, plan
+
+    def start(self, loop: Loop) -> None:
+        model, optimizer, dist = loop.trainee.model, loop.trainee.optimizer, loop.dist
+        restore_shared(self.resume, model, optimizer, dist)  # rank 0 reads them, then every rank takes them
+        dist.broadcast_variables(shared_variables(model) + optimizer.variables)
+        loop.train_iter = iter(replayed(loop.data.train, self.plan))
+        restore_rank(self.resume, model, loop.train_iter, dist, loop.log, self.plan)
+        saved = self.resume.progress
+        loop.start_at(dataclasses.replace(saved, attempt=saved.attempt + 1))
+
+
+def replayed(train, plan: InputPlan):
+    """The training dataset from the checkpoint's position when `plan` replays it: a DALI stream rebuilt with the
+    checkpoint's seed gives the same batches, and the consumed ones are read and dropped inside tf.data."""
+    return train.skip(plan.skip) if plan.restore == "replay" and plan.skip else train
+
+
+class EvalEverySteps(Callback):
+    """Evaluate every `every` optimizer steps (counted over epochs); the target met ends the epoch."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def after_step(self, loop: Loop) -> None:
+        last = loop.step == loop.data.train_steps and loop.epoch == loop.options.max_epochs
+        if loop.global_step % self.every or last:  # the run's last step: the epoch's end evaluates
+            return
+        if loop.evaluate(loop.running):
+            loop.end_epoch = True
+
+
+class Checkpoints(Callback):
+    """Checkpoints on the schedule of the checkpoint section, each with this attempt's time and number."""
+
+    def __init__(self, checkpointer: Checkpointer, input_state: bool, run_start: float):
+        """`input_state`: save each rank's tf.data iterator; `run_start`: time.time() at this attempt's start."""
+        self.checkpointer, self.input_state, self.run_start = checkpointer, input_state, run_start
+        self.attempt = Progress()  # where this attempt began: its number and the earlier attempts' seconds
+
+    @property
+    def scheduled(self) -> bool:
+        cfg = self.checkpointer.cfg
+        return bool(cfg.every_epochs or cfg.every_minutes)
+
+    def start(self, loop: Loop) -> None:
+        self.attempt = loop.start
+
+    def after_epoch(self, loop: Loop) -> None:
+        if self.checkpointer.due(loop.epoch):
+            self.save(loop, Progress(loop.epoch + 1, 0, loop.history))
+
+    def end(self, loop: Loop) -> None:
+        """A run that met its target saves the weights that met it when it checkpoints on a schedule: at the
+        epoch's end, the checkpoint of that end; inside the epoch, one of the step reached. `python -m
+        common.export` then exports the model that met the target (docs/export.md)."""
+        if loop.result.status != RUN_SUCCESS or not self.scheduled:
+            return
+        if loop.step == loop.data.train_steps:
+            self.save(loop, Progress(loop.epoch + 1, 0, loop.history))
+        else:
+            self.save(loop, Progress(loop.epoch, loop.step, loop.history, loop.partial()))
+
+    def save(self, loop: Loop, progress: Progress) -> str:
+        """Checkpoint `progress` (collective); returns its path."""
+        progress = dataclasses.replace(progress, earlier_seconds=self.attempt.earlier_seconds + time.time()
+                                       - self.run_start, attempt=self.attempt.attempt, history=list(progress.history))
+        step = progress.global_step(loop.data.train_steps)
+        return str(self.checkpointer.save(progress, step, loop.trainee.model, loop.trainee.optimizer,
+                                          loop.train_iter, self.input_state))
+
+
+class StopSignal(Callback):
+    """End the run after the step in which a stop signal arrived on any rank, with a checkpoint of that step
+    when `checkpoints` is given (checkpoint.on_signal)."""
+
+    def __init__(self, requests: StopRequests, checkpoints: Checkpoints | None):
+        self.requests, self.checkpoints = requests, checkpoints
+
+    def start(self, loop: Loop) -> None:
+        self.requests.arm()  # a signal that arrived is allreduced with the next step's gradients
+
+    def after_step(self, loop: Loop) -> None:
+        if loop.end_epoch:
+            return
+        flag = loop.steps.stop
+        if not (flag.stop_agreed() if flag is not None else self.requests.agreed(loop.dist) > 0):
+            if loop.step < loop.data.train_steps:
+                self.requests.arm()  # (after the epoch's last step: after_epoch arms, past its evaluation)
+            return
+        progress = Progress(loop.epoch, loop.step, loop.history, loop.partial())
+        checkpoint = self.checkpoints.save(loop, progress) if self.checkpoints else ""
+        done = loop.history[-1]["epoch"] if loop.history else 0
+        where = f"after epoch {done}" if done else "in the first epoch"
+        saved = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint written (checkpoint.on_signal=false)"
+        loop.finish(RUN_ABORTED, f"stopped by {self.requests.describe()} {where}{saved}", None, stopped=True,
+                    checkpoint=checkpoint)
+
+    def after_epoch(self, loop: Loop) -> None:
+        self.requests.arm()
