@@ -1,10 +1,46 @@
-"""Datasets shared by the integration modules: made once per test session by the real data_prep tools."""
+"""Fixtures shared by the integration modules: the CosmoFlow datasets, made once per test session by the real
+data_prep tools (a test that writes into one takes `writable_copy` of it), and one local Slurm cluster."""
+from pathlib import Path
+
 import pytest
 
-from tests.integration.cosmo_fixtures import make_learnable_dataset
+from jobs.localslurm import local_slurm
+from tests.integration.cosmo_fixtures import make_dataset, make_learnable_dataset
+
+
+@pytest.fixture(scope="session")
+def cosmo_dataset(tmp_path_factory):
+    """12 universes cut into 64 training and 32 validation samples of 16^3 (cosmo_fixtures.make_dataset): for
+    tests of mechanics. Shared: read it only (checked when the session ends)."""
+    yield from _unchanged(make_dataset(tmp_path_factory.mktemp("cosmo")))
+
+
+@pytest.fixture(scope="session")
+def cosmo_small(tmp_path_factory):
+    """6 universes, 2 of them for validation: for the bad-input and exit tests, which copy it to damage it."""
+    yield from _unchanged(make_dataset(tmp_path_factory.mktemp("cosmo-small"), universes=6, val_universes=2))
 
 
 @pytest.fixture(scope="session")
 def cosmo_learnable(tmp_path_factory):
     """The CosmoFlow dataset a small model learns from in a few epochs (cosmo_fixtures.LEARNED_MAE)."""
-    return make_learnable_dataset(tmp_path_factory.mktemp("cosmo-learnable"))
+    yield from _unchanged(make_learnable_dataset(tmp_path_factory.mktemp("cosmo-learnable")))
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The environment (SLURM_CONF) of one running single-node cluster for every Slurm test; its daemons are
+    stopped when the session ends."""
+    with local_slurm() as env:
+        yield env
+
+
+def _unchanged(records: Path):
+    """Yield the dataset, then check that no test wrote into it (each file's path, size and mtime)."""
+    before = _listing(records)
+    yield records
+    assert _listing(records) == before, f"{records}: a test changed the shared dataset (take writable_copy of it)"
+
+
+def _listing(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}

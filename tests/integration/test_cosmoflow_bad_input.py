@@ -1,27 +1,21 @@
 """Bad input to CosmoFlow training: a one-paragraph error naming the file or key, and a non-zero exit."""
 import json
-import shutil
 import sys
 
 import pytest
 
 from common.io.manifest import sha256_file
 from cosmoflow import train
-from tests.conftest import REPO, run_cmd
-from tests.integration.cosmo_fixtures import make_dataset, write_config
+from tests.conftest import REPO, log_events, run_cmd
+from tests.integration.cosmo_fixtures import write_config
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("cosmo"), universes=6, val_universes=2)
-
-
 @pytest.fixture
-def dataset(pristine, tmp_path):
+def dataset(cosmo_small, writable_copy):
     """A private copy each test may damage."""
-    return shutil.copytree(pristine, tmp_path / "data")
+    return writable_copy(cosmo_small)
 
 
 def _train(tmp_path, data_dir, *overrides, capsys=None, **sections):
@@ -129,9 +123,9 @@ def test_counts_not_dividing_into_batches(dataset, tmp_path, capsys):
     assert code == 2 and "32" in err and "local batch size 5" in err
 
 
-def test_dali_on_gzip_records_is_refused(pristine, tmp_path, capsys):
+def test_dali_on_gzip_records_is_refused(cosmo_small, tmp_path, capsys):
     gz = tmp_path / "gz"
-    proc = run_cmd([sys.executable, "-m", "data_prep", "cosmo-convert", "--input", pristine.parent / "raw",
+    proc = run_cmd([sys.executable, "-m", "data_prep", "cosmo-convert", "--input", cosmo_small.parent / "raw",
                     "--out", gz, "--sample-size", 16, "--val-universes", 2, "--compression", "gzip"])
     assert proc.returncode == 0, proc.stderr
     code, err = _train(tmp_path, gz, "data.loader=dali", capsys=capsys)
@@ -152,7 +146,7 @@ def test_non_finite_loss_aborts(dataset, tmp_path):
     proc = run_cmd([sys.executable, REPO / "cosmoflow/train.py", cfg, "optimizer.base_lr=1e12",
                     "train.max_epochs=3"])
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    last = json.loads((tmp_path / "run/mlperf.log").read_text().splitlines()[-1].split(":::MLLOG ", 1)[1])
+    last = log_events(tmp_path / "run/mlperf.log")[-1]
     assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted"
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["status"] == "aborted" and "non-finite" in summary["reason"]

@@ -8,33 +8,24 @@ import pytest
 
 from common.campaign.compliance import check_log
 from common.runtime.tensorboard import read_scalars
-from tests.conftest import REPO, horovodrun, run_cmd, show
-from tests.integration.cosmo_fixtures import LEARNED_MAE, make_dataset, write_config, write_learning_config
+from tests.conftest import REPO, horovodrun, log_events, run_cmd, show
+from tests.integration.cosmo_fixtures import LEARNED_MAE, write_config, write_learning_config
 from tests.integration.system_checks import assert_plausible_system
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "cosmoflow/train.py"
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("cosmo"))
-
-
-def _events(log):
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
-
-
-def test_two_rank_run_writes_a_structurally_compliant_log(dataset, tmp_path):
+def test_two_rank_run_writes_a_structurally_compliant_log(cosmo_dataset, tmp_path):
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", dataset, out, train={"max_epochs": 2, "target": 1e-6})
+    cfg = write_config(tmp_path / "c.yaml", cosmo_dataset, out, train={"max_epochs": 2, "target": 1e-6})
     proc = horovodrun(2, [TRAIN, cfg])
     assert proc.returncode == 1, show(proc)  # target deliberately unreachable: exit 1, run aborted
     assert "epoch   2/2" in proc.stdout and "samples/s" in proc.stdout
     result = check_log(out / "mlperf.log")
     # Only the quality-target check may fail on a 2-epoch run; every structural rule must pass.
     assert result.structural_problems == (), result.output
-    events = _events(out / "mlperf.log")
+    events = log_events(out / "mlperf.log")
     keys = [e["key"] for e in events]
     assert keys.count("epoch_start") == 2 and keys.count("eval_error") == 2 and keys[-1] == "run_stop"
     assert events[-1]["metadata"]["status"] == "aborted"
@@ -60,7 +51,7 @@ def test_single_process_run_learns_to_its_target_and_passes_the_checker(cosmo_le
     cfg = write_learning_config(tmp_path / "c.yaml", cosmo_learnable, out)
     proc = run_cmd([sys.executable, TRAIN, cfg])
     assert proc.returncode == 0, show(proc)
-    events = _events(out / "mlperf.log")
+    events = log_events(out / "mlperf.log")
     errors = [e["value"] for e in events if e["key"] == "eval_error"]
     assert errors[-1] < LEARNED_MAE < 0.5 and events[-1]["key"] == "run_stop", errors
     assert events[-1]["metadata"]["status"] == "success"
@@ -69,13 +60,13 @@ def test_single_process_run_learns_to_its_target_and_passes_the_checker(cosmo_le
     assert system["step_breakdown"]["compute"] > 0 and system["window"]["steps"] >= 1
 
 
-def test_tfdata_and_dali_give_identical_batches(dataset):
+def test_tfdata_and_dali_give_identical_batches(cosmo_dataset):
     from common.runtime.dist import DistEnv
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
     batches = {}
     for loader in ("tfdata", "dali"):
-        cfg = CosmoDataConfig(dir=str(dataset), loader=loader, shuffle=False)
+        cfg = CosmoDataConfig(dir=str(cosmo_dataset), loader=loader, shuffle=False)
         data = build_datasets(cfg, (16, 16, 16, 4), 4, DistEnv(), seed=0)
         it, vit = iter(data.train), iter(data.val)
         batches[loader] = [tuple(np.asarray(t) for t in next(it)) for _ in range(data.train_steps + 2)]
@@ -91,13 +82,13 @@ def test_tfdata_and_dali_give_identical_batches(dataset):
 
 
 @pytest.mark.parametrize("loader", ["tfdata", "dali"])
-def test_normalize_standardises_with_the_manifest_statistics(dataset, loader):
+def test_normalize_standardises_with_the_manifest_statistics(cosmo_dataset, loader):
     from common.runtime.dist import DistEnv
     from common.io.manifest import load_manifest
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
-    stats = load_manifest(dataset).input_stats
-    raw, normalized = (build_datasets(CosmoDataConfig(dir=str(dataset), loader=loader, shuffle=False, normalize=n),
+    stats = load_manifest(cosmo_dataset).input_stats
+    raw, normalized = (build_datasets(CosmoDataConfig(dir=str(cosmo_dataset), loader=loader, shuffle=False, normalize=n),
                                       (16, 16, 16, 4), 4, DistEnv(), seed=0) for n in (False, True))
     x, xn = np.asarray(next(iter(raw.train))[0]), np.asarray(next(iter(normalized.train))[0])
     expected = (x - np.float32(stats["mean"])) / np.float32(stats["std"])
@@ -108,14 +99,14 @@ def test_normalize_standardises_with_the_manifest_statistics(dataset, loader):
     np.testing.assert_allclose(every.std(axis=(0, 1, 2, 3)), 1, atol=1e-3)
 
 
-def test_normalize_without_statistics_is_refused(dataset, tmp_path):
+def test_normalize_without_statistics_is_refused(cosmo_dataset, tmp_path):
     from common.runtime.dist import DistEnv
     from common.base.errors import BenchError
     from common.io.manifest import load_manifest, write_manifest
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
     copy = tmp_path / "data"
-    shutil.copytree(dataset, copy)
+    shutil.copytree(cosmo_dataset, copy)
     obj = load_manifest(copy).to_dict()
     del obj["input_stats"]
     write_manifest(obj, copy)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from common.campaign.compliance import check_log
-from tests.conftest import REPO, horovodrun, run_cmd, show
+from tests.conftest import REPO, horovodrun, log_events, run_cmd, show
 from tests.integration.system_checks import assert_plausible_system
 
 pytestmark = pytest.mark.slow
@@ -46,10 +46,6 @@ def write_config(path: Path, base: str, data_dir: Path, out_dir: Path, sections:
     return path
 
 
-def _events(log):
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("deepcam"), 32, 48, train=16, validation=8)
@@ -61,7 +57,7 @@ def test_two_rank_mini_run_evaluating_every_2_steps_writes_an_open_division_log_
                        TINY | {"train": {**TINY["train"], "target": 1.0, "eval_every_steps": 2}})
     proc = horovodrun(2, [TRAIN, cfg])
     assert proc.returncode == 1, show(proc)  # IoU 1.0 is not reached: exit 1, run aborted
-    events = _events(out / "mlperf.log")
+    events = log_events(out / "mlperf.log")
     values = {e["key"]: e["value"] for e in events}
     assert values["submission_division"] == "open" and values["global_batch_size"] == 4
     assert values["opt_name"] == "LAMB" and values["scheduler_type"] == "cosine_annealing"

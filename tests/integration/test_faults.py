@@ -15,8 +15,8 @@ import pytest
 
 from common.campaign.compliance import check_log
 from common.base.procs import rank_process
-from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, run_cmd, show
-from tests.integration.cosmo_fixtures import make_dataset, write_config
+from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, log_events, run_cmd, show
+from tests.integration.cosmo_fixtures import write_config
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "cosmoflow/train.py"
@@ -31,17 +31,12 @@ FAULT_CFG = {"model": {"input_shape": [16, 16, 16, 4], "conv_filters": [4, 8, 16
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("cosmo"))
-
-
-@pytest.fixture(scope="module")
-def straight(dataset, tmp_path_factory):
+def straight(cosmo_dataset, tmp_path_factory):
     """Uninterrupted runs: {ranks: output dir}."""
     runs = {}
     for ranks in (2,):
         out = tmp_path_factory.mktemp(f"straight{ranks}") / "run"
-        cfg = write_config(out.parent / "c.yaml", dataset, out, **FAULT_CFG)
+        cfg = write_config(out.parent / "c.yaml", cosmo_dataset, out, **FAULT_CFG)
         proc = horovodrun(2, [TRAIN, cfg]) if ranks == 2 else run_cmd([sys.executable, TRAIN, cfg])
         assert proc.returncode == 1, show(proc)  # the target is out of reach: all EPOCHS epochs run
         assert json.loads((out / "summary.json").read_text())["epochs"] == EPOCHS
@@ -72,9 +67,9 @@ def _assert_same_run(a, b):
 
 
 @pytest.mark.parametrize("ranks", [2])  # one process: tests/unit/test_checkpoint.py and test_deepcam_e2e.py
-def test_stopping_after_some_epochs_and_resuming_gives_the_straight_run(dataset, straight, tmp_path, ranks):
+def test_stopping_after_some_epochs_and_resuming_gives_the_straight_run(cosmo_dataset, straight, tmp_path, ranks):
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", dataset, out, **FAULT_CFG)
+    cfg = write_config(tmp_path / "c.yaml", cosmo_dataset, out, **FAULT_CFG)
     first = _launch(ranks, [TRAIN, cfg, "train.max_epochs=4"])  # checkpoints after epochs 2 and 4
     assert "not reached in 4 epochs" in first.stdout, show(first)
     resumed = _launch(ranks, [TRAIN, cfg, "checkpoint.resume=true"])
@@ -84,14 +79,14 @@ def test_stopping_after_some_epochs_and_resuming_gives_the_straight_run(dataset,
     assert summary["attempt"] == 2 and summary["resumed_from"]["epoch"] == 5 and summary["epochs"] == EPOCHS
     assert summary["time_to_train_all_attempts_seconds"] > summary["time_to_train_seconds"]
     assert (out / "attempts" / "1" / "mlperf.log").is_file() and (out / "attempts" / "1" / "summary.json").is_file()
-    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (out / "mlperf.log").read_text().splitlines()]
+    events = log_events(out / "mlperf.log")
     resume = [e for e in events if e["key"] == "resumed_from_checkpoint"]
     assert len(resume) == 1 and resume[0]["value"]["epoch"] == 5 and resume[0]["value"]["attempt"] == 2
     assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"] == list(range(5, EPOCHS + 1))
     assert check_log(out / "mlperf.log").structural_problems == ()
 
 
-def test_a_resumed_dali_run_replays_its_input_and_gives_the_straight_run(dataset, tmp_path):
+def test_a_resumed_dali_run_replays_its_input_and_gives_the_straight_run(cosmo_dataset, tmp_path):
     """data.loader=dali (on the CPU): the resumed run rebuilds each rank's DALI stream with the checkpoint's seed
     and skips the batches consumed, so epochs 3 and 4 read what the uninterrupted run's did."""
     sections = {**FAULT_CFG, "data": {**FAULT_CFG["data"], "loader": "dali"},
@@ -99,7 +94,7 @@ def test_a_resumed_dali_run_replays_its_input_and_gives_the_straight_run(dataset
     outs = {}
     for name, first in (("straight", []), ("resumed", ["train.max_epochs=2"])):
         outs[name] = tmp_path / name
-        cfg = write_config(tmp_path / f"{name}.yaml", dataset, outs[name], **sections)
+        cfg = write_config(tmp_path / f"{name}.yaml", cosmo_dataset, outs[name], **sections)
         proc = horovodrun(2, [TRAIN, cfg, *first])
         assert proc.returncode == 1, show(proc)  # the target is out of reach
     resumed = horovodrun(2, [TRAIN, tmp_path / "resumed.yaml", "checkpoint.resume=true"])
@@ -114,9 +109,9 @@ def _rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
 
 
 def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_the_resumed_run_finishes_the_same(
-        dataset, straight, tmp_path):
+        cosmo_dataset, straight, tmp_path):
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", dataset, out, **FAULT_CFG)
+    cfg = write_config(tmp_path / "c.yaml", cosmo_dataset, out, **FAULT_CFG)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONPATH": checkout_first_on_path()}
     launcher = subprocess.Popen([BIN / "horovodrun", "-np", "2", "-H", "localhost:2", sys.executable, TRAIN, cfg],
                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,7 +133,7 @@ def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_the_resumed_run_f
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped"] and summary["status"] == "aborted" and summary["epochs"] < EPOCHS
     assert "stopped by another rank's stop signal" in summary["reason"]  # rank 0 was not signalled itself
-    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (out / "mlperf.log").read_text().splitlines()]
+    events = log_events(out / "mlperf.log")
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
     meta = json.loads((_final_checkpoint(out) / "meta.json").read_text())
     assert meta["ranks"] == 2 and meta["input_state"] and f"input_rank_00001.index" in meta["files"]
@@ -149,7 +144,7 @@ def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_the_resumed_run_f
           f"{meta['progress']['step']}")
 
 
-def test_the_hybrid_mesh_path_resumed_from_a_checkpoint_gives_its_straight_run(dataset, tmp_path):
+def test_the_hybrid_mesh_path_resumed_from_a_checkpoint_gives_its_straight_run(cosmo_dataset, tmp_path):
     """parallel.spatial=[1,2] (one group of 2 ranks): the checkpoint holds the Keras state every rank keeps and
     the mesh reloads it. The input restarts on resume (the hybrid path saves no input position), so the input is
     read in file order: every epoch then reads the same batches, and the runs must agree."""
@@ -158,7 +153,7 @@ def test_the_hybrid_mesh_path_resumed_from_a_checkpoint_gives_its_straight_run(d
     outs = {}
     for name, first in (("straight", ["train.max_epochs=4"]), ("resumed", ["train.max_epochs=2"])):
         outs[name] = tmp_path / name
-        cfg = write_config(tmp_path / f"{name}.yaml", dataset, outs[name], **sections)
+        cfg = write_config(tmp_path / f"{name}.yaml", cosmo_dataset, outs[name], **sections)
         proc = horovodrun(2, [TRAIN, cfg, "parallel.spatial=[1,2]", *first], timeout=600)
         assert proc.returncode == 1, show(proc)  # the target is out of reach
     resumed = horovodrun(2, [TRAIN, tmp_path / "resumed.yaml", "parallel.spatial=[1,2]", "checkpoint.resume=true"],

@@ -32,7 +32,8 @@ def test_two_ranks_identical_and_equal_to_single_process_on_union(tmp_path):
 
 
 def test_two_deepcam_ranks_keep_identical_weights(tmp_path):
-    """DeepLabv3+ (batch norm, LAMB, weighted cross-entropy): broadcast, then identical after every step."""
+    """DeepLabv3+ (batch norm, the suite's LAMB of deepcam/lamb.py, weighted cross-entropy): broadcast, then
+    identical after every step."""
     proc = horovodrun(2, [REPO / "tests/integration/hvd_sync_worker.py", tmp_path, "deepcam"], timeout=300)
     assert proc.returncode == 0, show(proc)
     r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))

@@ -3,7 +3,8 @@ site rendered with `--hpo` on the small CosmoFlow space of tests/integration/tes
 twice, so two workers share one study through its journal. The first job is cancelled (`scancel`) while it
 trains its second trial: its worker gets the TERM, marks that trial failed and queues its settings again; the
 second worker runs them and the study's other trials, and writes the report. On this two-core host the jobs
-(two tasks each) run one after the other. Needs root, to run the daemons (the cluster of test_slurm.py).
+(two tasks each) run one after the other. Needs root, to run the daemons (the session's cluster:
+tests/integration/conftest.py).
 """
 import csv
 import re
@@ -17,7 +18,7 @@ import yaml
 
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.test_hpo import write_space
-from tests.integration.test_slurm import _job_state, _training, _wait_for, slurm  # noqa: F401  (slurm: the fixture)
+from tests.integration.test_slurm import _job_state, _training, _wait_for
 
 pytestmark = pytest.mark.slow
 TRIALS = 3

@@ -5,7 +5,8 @@ staging its data first) against one rank.
 The hybrid run and a data-parallel reference with one rank per group (`horovodrun -np 2`) train the same
 steps on the same data from the same initial weights (rank 0's, seeded as group 0), so their losses and
 validation MAE must agree to float32 rounding: the mesh splits every cube in two blocks (halo exchange)
-and sums gradients over 4 ranks, the reference convolves whole cubes and averages over 2.
+and sums gradients over 4 ranks, the reference convolves whole cubes and averages over 2. Every rank's final
+weights, saved by mesh_weights_worker.py, are compared here array by array.
 """
 import json
 import sys
@@ -14,11 +15,12 @@ import numpy as np
 import pytest
 
 from common.campaign.compliance import check_log
-from tests.conftest import REPO, horovodrun, run_cmd, show
-from tests.integration.cosmo_fixtures import make_dataset, write_config
+from tests.conftest import REPO, copy_of, horovodrun, log_events, run_cmd, show
+from tests.integration.cosmo_fixtures import write_config
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "cosmoflow/train.py"
+WORKER = REPO / "tests/integration/mesh_weights_worker.py"  # train.py, saving each rank's final weights
 # tf.data: the same batches in the same order under both runs (seeded per data-parallel replica). With the
 # reference's weight decay (L2 on the dense kernels), which the two paths add differently.
 SECTIONS = {"train": {"max_epochs": 2, "target": 1e-6}, "data": {"loader": "tfdata", "shuffle_buffer": 8},
@@ -26,31 +28,28 @@ SECTIONS = {"train": {"max_epochs": 2, "target": 1e-6}, "data": {"loader": "tfda
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("cosmo"))  # 64 training, 32 validation samples of 16^3
-
-
-@pytest.fixture(scope="module")
-def runs(dataset, tmp_path_factory):
+def runs(cosmo_dataset, tmp_path_factory):
     """The hybrid run (4 ranks, [2, 1]) and the data-parallel reference (2 ranks): their output directories."""
     root = tmp_path_factory.mktemp("runs")
     outs = {}
     for name, ranks, spatial in (("hybrid", 4, "[2,1]"), ("reference", 2, "[1,1]")):
         outs[name] = root / name
-        cfg = write_config(root / f"{name}.yaml", dataset, outs[name], **SECTIONS)
-        proc = horovodrun(ranks, [TRAIN, cfg, f"parallel.spatial={spatial}"], timeout=300)
+        cfg = write_config(root / f"{name}.yaml", cosmo_dataset, outs[name], **SECTIONS)
+        outs[f"{name}_weights"] = _weights_dir(root, name)
+        proc = horovodrun(ranks, [WORKER, outs[f"{name}_weights"], cfg, f"parallel.spatial={spatial}"], timeout=300)
         # The target is out of reach: every run ends with exit 1 after its 2 epochs.
         assert proc.returncode == 1, show(proc)
         outs[f"{name}_stdout"] = proc.stdout
     return outs
 
 
+def _weights_dir(root, name):
+    (root / f"{name}-weights").mkdir()
+    return root / f"{name}-weights"
+
+
 def _summary(out):
     return json.loads((out / "summary.json").read_text())
-
-
-def _events(out):
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (out / "mlperf.log").read_text().splitlines()]
 
 
 def test_hybrid_training_equals_data_parallel_training(runs):
@@ -65,23 +64,38 @@ def test_hybrid_training_equals_data_parallel_training(runs):
     assert abs(hybrid["history"][1]["loss"] - hybrid["history"][0]["loss"]) > 1e-3
 
 
+def assert_same_weights_on_every_rank(weights_dir, ranks: int) -> None:
+    """Every rank's final weights (saved by mesh_weights_worker.py) equal rank 0's, array for array, bit for bit."""
+    saved = sorted(weights_dir.glob("weights_rank_*.npz"))
+    assert len(saved) == ranks, saved
+    arrays = []
+    for path in saved:
+        with np.load(path) as npz:
+            arrays.append([npz[f"arr_{i}"] for i in range(len(npz.files))])
+    assert len(arrays[0]) > 0
+    for rank, mine in enumerate(arrays[1:], 1):
+        assert len(mine) == len(arrays[0]), rank
+        for i, (a, b) in enumerate(zip(arrays[0], mine)):
+            assert a.shape == b.shape and np.array_equal(a, b), f"rank {rank}, weight {i} differs from rank 0's"
+
+
 def test_weights_stay_identical_on_every_rank(runs):
     parallel = _summary(runs["hybrid"])["parallel"]
     assert parallel["spatial"] == [2, 1] and parallel["data_parallel_groups"] == 2
-    digests = parallel["weights_sha256_per_rank"]
-    assert len(digests) == 4 and len(set(digests)) == 1 and parallel["weights_identical"]
+    assert_same_weights_on_every_rank(runs["hybrid_weights"], 4)
+    assert len(parallel["weights_sha256_per_rank"]) == 4 and parallel["weights_identical"]  # and it says so
 
 
 def test_log_has_the_partitioning_and_passes_the_checker(runs):
     out = runs["hybrid"]
     assert check_log(out / "mlperf.log").structural_problems == ()
-    values = {e["key"]: e["value"] for e in _events(out)}
+    values = {e["key"]: e["value"] for e in log_events(out / "mlperf.log")}
     assert values["spatial_partitions"] == "2x1" and values["data_parallel_groups"] == 2
     # The global batch is the local batch times the groups, not times the ranks.
     assert values["global_batch_size"] == 8 and values["train_samples"] == 64 and values["eval_samples"] == 32
-    reference = {e["key"]: e["value"] for e in _events(runs["reference"])}
+    reference = {e["key"]: e["value"] for e in log_events(runs["reference"] / "mlperf.log")}
     assert "spatial_partitions" not in reference and reference["global_batch_size"] == 8
-    assert [e["key"] for e in _events(out)].count("eval_error") == 2
+    assert [e["key"] for e in log_events(out / "mlperf.log")].count("eval_error") == 2
     summary = _summary(out)
     assert summary["ranks"] == 4 and summary["global_batch_size"] == 8 and summary["status"] == "aborted"
     assert "2 data-parallel groups of 2 ranks" in runs["hybrid_stdout"]
@@ -98,22 +112,25 @@ def test_every_rank_reads_its_groups_shard_and_decodes_only_its_half(runs):
 
 
 @pytest.fixture(scope="module")
-def one_group_runs(dataset, tmp_path_factory):
+def one_group_runs(cosmo_dataset, tmp_path_factory):
     """One group holding every rank: [2,2] on 4 ranks, and [1,2] on 2 ranks with its data staged first
     (data.stage_mode=node: local rank 0 stages, the other rank waits), against one data-parallel rank."""
     root = tmp_path_factory.mktemp("one-group")
     staged = {"stage_dir": str(root / "local"), "stage_mode": "node"}
-    # [2,2] reads each block's own records (python -m data_prep cosmo-blocks), the others cut theirs.
-    proc = run_cmd([sys.executable, "-m", "data_prep", "cosmo-blocks", "--data", str(dataset), "--spatial", "2x2",
+    # [2,2] reads each block's own records (python -m data_prep cosmo-blocks, written into our own copy), the
+    # others cut theirs.
+    data_dir = copy_of(cosmo_dataset, tmp_path_factory)
+    proc = run_cmd([sys.executable, "-m", "data_prep", "cosmo-blocks", "--data", str(data_dir), "--spatial", "2x2",
                     "--workers", "1"])
     assert proc.returncode == 0, show(proc)
     outs = {}
     for name, ranks, spatial, data in (("2x2", 4, "[2,2]", {"blocks": "records"}), ("1x2", 2, "[1,2]", staged),
                                        ("reference", 1, "[1,1]", {})):
         outs[name] = root / name
-        cfg = write_config(root / f"{name}.yaml", dataset, outs[name], train=SECTIONS["train"],
+        cfg = write_config(root / f"{name}.yaml", data_dir, outs[name], train=SECTIONS["train"],
                            data={**SECTIONS["data"], **data})
-        proc = horovodrun(ranks, [TRAIN, cfg, f"parallel.spatial={spatial}"], timeout=300)
+        outs[f"{name}_weights"] = _weights_dir(root, name)
+        proc = horovodrun(ranks, [WORKER, outs[f"{name}_weights"], cfg, f"parallel.spatial={spatial}"], timeout=300)
         assert proc.returncode == 1, show(proc)
     return outs
 
@@ -128,6 +145,7 @@ def test_one_group_split_in_height_or_both_trains_as_one_rank(one_group_runs, na
             np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-4, err_msg=f"{name} {key}")
     parallel = summary["parallel"]
     assert parallel["spatial"] == spatial and parallel["data_parallel_groups"] == 1
+    assert_same_weights_on_every_rank(one_group_runs[f"{name}_weights"], ranks)
     assert len(parallel["weights_sha256_per_rank"]) == ranks and parallel["weights_identical"]
     assert check_log(one_group_runs[name] / "mlperf.log").structural_problems == ()
 
@@ -137,16 +155,16 @@ def test_staging_on_the_hybrid_path_is_reported_and_both_ranks_read_the_staged_c
     report = json.loads((out / "io_report.json").read_text())
     staging = report["staging"]
     assert staging["mode"] == "node" and staging["staging_ranks"] == 1 and staging["files"] > 0
-    keys = [e["key"] for e in _events(out)]
+    keys = [e["key"] for e in log_events(out / "mlperf.log")]
     assert keys.index("staging_start") < keys.index("staging_stop") < keys.index("epoch_start")
     planned = {r["rank"]: r["planned"] for r in report["ranks"]}
     assert planned[0]["train_records"] == planned[1]["train_records"] == 128  # 2 epochs x 16 steps x 4
     assert planned[0]["decoded_fraction"] == planned[1]["decoded_fraction"] == 0.5
 
 
-def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(dataset, tmp_path):
+def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(cosmo_dataset, tmp_path):
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", dataset, out)
+    cfg = write_config(tmp_path / "c.yaml", cosmo_dataset, out)
     proc = horovodrun(3, [TRAIN, cfg, "parallel.spatial=[2,1]"], timeout=180)
     assert proc.returncode == 2, show(proc)  # the ranks' exit code, passed on by horovodrun
     # Every rank says why, with the numbers (horovodrun prefixes and may break the lines).

@@ -3,7 +3,6 @@ log with run_stop (aborted) and leaves summary.json with the error, which is sti
 a SIGTERM during start-up ends the run cleanly with exit code 75, not 143, and no run_start."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,20 +12,11 @@ from pathlib import Path
 import pytest
 
 from common.campaign.compliance import check_log
-from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
-from tests.integration.cosmo_fixtures import make_dataset, write_config
+from tests.conftest import REPO, checkout_first_on_path, log_events, run_cmd, show
+from tests.integration.cosmo_fixtures import write_config
 
 pytestmark = pytest.mark.slow
 STOPPED = 75
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("cosmo"), universes=6, val_universes=2)
-
-
-def _events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
 
 
 def _first_train_file(data_dir: Path) -> Path:
@@ -42,8 +32,8 @@ def _flip_a_byte(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["corrupt record", "missing file"])
-def test_bad_data_met_after_run_start_ends_the_log_with_run_stop_and_leaves_the_summary(pristine, tmp_path, damage):
-    data, out = shutil.copytree(pristine, tmp_path / "data"), tmp_path / "run"
+def test_bad_data_met_after_run_start_ends_the_log_with_run_stop_and_leaves_the_summary(cosmo_small, writable_copy, tmp_path, damage):
+    data, out = writable_copy(cosmo_small), tmp_path / "run"
     victim = _first_train_file(data)
     _flip_a_byte(victim) if damage == "corrupt record" else victim.unlink()
     cfg = write_config(tmp_path / "c.yaml", data, out)
@@ -54,7 +44,7 @@ def test_bad_data_met_after_run_start_ends_the_log_with_run_stop_and_leaves_the_
     assert proc.returncode == 2, show(proc)
     printed = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]  # (TF logs "error:" too)
     assert victim.name in error and "Traceback" not in proc.stderr and len(printed) == 1, show(proc)
-    events = _events(out / "mlperf.log")
+    events = log_events(out / "mlperf.log")
     keys = [e["key"] for e in events]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1, keys
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
@@ -101,5 +91,5 @@ def test_a_sigterm_during_start_up_stops_the_run_before_run_start_with_exit_75(t
     assert proc.returncode == STOPPED, f"exit {proc.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}"
     assert "stopped: SIGTERM during start-up, before init_start: no run_start logged" in message, message
     assert "Traceback" not in stderr
-    keys = [e["key"] for e in _events(out / "mlperf.log")] if (out / "mlperf.log").is_file() else []
+    keys = [e["key"] for e in log_events(out / "mlperf.log")] if (out / "mlperf.log").is_file() else []
     assert "run_start" not in keys and not (out / "summary.json").exists()

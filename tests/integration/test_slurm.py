@@ -1,5 +1,5 @@
 """A rendered Slurm script submitted to a real Slurm: a single-node cluster (munged, slurmctld, slurmd from
-Debian's packages, which set-up installs) started in a temporary directory for this module.
+Debian's packages, which set-up installs) started once per test session (tests/integration/conftest.py).
 
 The job is a small CosmoFlow training with 2 tasks (srun --mpi=pmix), staging its data to node-local
 storage; its MLPerf log must pass the official checker's structural rules and record success for the
@@ -22,20 +22,13 @@ import pytest
 import yaml
 
 from common.campaign.compliance import check_log
-from jobs.localslurm import local_slurm, submit
+from jobs.localslurm import submit
 from jobs.render import Job, render
 from jobs.site import load_site
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.cosmo_fixtures import LEARNED_MAE, write_learning_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    """The environment (SLURM_CONF) of a running single-node cluster; its daemons are stopped afterwards."""
-    with local_slurm() as env:
-        yield env
 
 
 def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm, cosmo_learnable, tmp_path):

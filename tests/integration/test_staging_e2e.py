@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from common.campaign.compliance import check_log
-from tests.conftest import REPO, horovodrun, run_cmd, show
+from tests.conftest import REPO, horovodrun, log_events, run_cmd, show
 from tests.integration import cosmo_fixtures
 from tests.integration.test_deepcam_e2e import TINY as DEEPCAM_TINY
 from tests.integration.test_deepcam_e2e import make_dataset as make_deepcam_dataset
@@ -22,14 +22,9 @@ def pack(src, out, *args):
 
 
 @pytest.fixture(scope="module")
-def cosmo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cosmo-staging")
-    records = cosmo_fixtures.make_dataset(root)
-    return records, pack(records, root / "packed", "--compression", "zstd", "--archives", 2)
-
-
-def _events(log):
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+def cosmo(cosmo_dataset, tmp_path_factory):
+    packed = tmp_path_factory.mktemp("cosmo-staging") / "packed"
+    return cosmo_dataset, pack(cosmo_dataset, packed, "--compression", "zstd", "--archives", 2)
 
 
 def _cosmo_run(tmp_path, data_dir, name, **data):
@@ -45,7 +40,7 @@ def _cosmo_run(tmp_path, data_dir, name, **data):
 def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(cosmo, tmp_path):
     _, packed = cosmo
     out, proc = _cosmo_run(tmp_path, packed, "share", stage_mode="node_share", stage_timing="in_run")
-    keys = [e["key"] for e in _events(out / "mlperf.log")]
+    keys = [e["key"] for e in log_events(out / "mlperf.log")]
     assert keys.index("run_start") < keys.index("staging_start") < keys.index("staging_stop") \
         < keys.index("train_samples") < keys.index("epoch_start")
     assert check_log(out / "mlperf.log").structural_problems == ()
@@ -78,7 +73,7 @@ def test_rank_and_node_staging_train_on_identical_data(cosmo, tmp_path):
 def test_staging_before_the_run_precedes_init_and_passes_the_checker(cosmo, tmp_path):
     _, packed = cosmo
     out, _ = _cosmo_run(tmp_path, packed, "before", stage_mode="node", stage_timing="before_run")
-    keys = [e["key"] for e in _events(out / "mlperf.log")]
+    keys = [e["key"] for e in log_events(out / "mlperf.log")]
     assert keys[:2] == ["staging_start", "staging_stop"] and keys[2] == "init_start"
     assert check_log(out / "mlperf.log").structural_problems == ()
 
