@@ -9,7 +9,8 @@ not a CPU generation's choice of convolution kernel or of implicit bfloat16. Wri
 rank<r>.npz with the initial (post-broadcast) weights, its data, the final weights and, on
 rank 0, the reference weights.
 
-With `deepcam` as the second argument it trains a narrow DeepLabv3+ with LAMB and the weighted
+With `deepcam` as the second argument it trains a narrow DeepLabv3+ with the suite's LAMB (deepcam/optim.py's
+`build_optimizer` for optimizer.name=LAMB: deepcam/lamb.py's ApexLamb, as DeepCAM runs train) and the weighted
 cross-entropy instead, and writes no reference: batch normalisation normalises each rank's local
 batch, so the union's gradient is not the average of the ranks' (as in the reference code, whose
 batchnorm_group_size is 1); what must still hold is that the ranks' weights stay identical.
@@ -52,9 +53,13 @@ def build(kind: str):
     import keras
     if kind == "deepcam":
         from deepcam import model as deepcam_model
+        from deepcam.config import DeepCamOptimizerConfig
+        from deepcam.lamb import ApexLamb
         from deepcam.metrics import WeightedCrossEntropy, class_weights
-        return (deepcam_model.build_model(**DEEPCAM), keras.optimizers.Lamb(learning_rate=0.01),
-                WeightedCrossEntropy(class_weights()))
+        from deepcam.optim import build_optimizer
+        optimizer = build_optimizer(DeepCamOptimizerConfig(name="LAMB"), initial_lr=0.01)
+        assert isinstance(optimizer, ApexLamb), type(optimizer)
+        return deepcam_model.build_model(**DEEPCAM), optimizer, WeightedCrossEntropy(class_weights())
     return build_model(**MODEL), keras.optimizers.SGD(learning_rate=LR, momentum=MOMENTUM), mse_loss
 
 
