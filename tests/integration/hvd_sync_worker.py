@@ -26,7 +26,7 @@ import numpy as np
 
 from common.runtime.config import DistConfig
 from common.runtime.dist import DistEnv, init_distributed
-from common.runtime.loop import make_train_step
+from common.runtime.strategy import make_train_step
 from cosmoflow.metrics import mse_loss
 from cosmoflow.model import build_model
 
