@@ -226,7 +226,7 @@ class ElasticStrategy(DataParallel):
         self.driver = Driver(self.dist, self.every, fit_attempt, mlperf, functools.partial(print, flush=True),
                              hang_timeout_s=self.hang_timeout_s)
         result = self.driver.run()
-        self.dist = self.driver.dist
+        self.dist = self.driver.now
         return result
 
     def summary(self, trainee: Trainee) -> dict:
@@ -240,6 +240,7 @@ class Driver:
     def __init__(self, dist: DistEnv, every: int, fit_attempt: FitAttempt, mlperf,
                  log: Callable[[str], None] = print, hang_timeout_s: float = 0.0):
         self.dist, self.every, self.fit_attempt, self.mlperf, self.log = dist, every, fit_attempt, mlperf, log
+        self.now = dist  # the layout of the last (re)start (`dist`: the one the run began with)
         self.hang_timeout_s = hang_timeout_s
         self.heartbeat: Heartbeat | None = None
         self.detected: float | None = None
@@ -248,7 +249,7 @@ class Driver:
         self.state = None
 
     def run(self):
-        """The FitResult of the elastic run (every rank); `self.dist` is the last (re)start's layout."""
+        """The FitResult of the elastic run (every rank); `self.now` is the last (re)start's layout."""
         self.state = new_state()
         if self.hang_timeout_s:
             # The host name as the launcher knows it (its blacklist, the discovery script's lines).
@@ -261,7 +262,7 @@ class Driver:
                 self.heartbeat.close()
 
     def _train(self, state):
-        dist = self.dist = current_layout(self.dist)
+        dist = self.now = current_layout(self.dist)
         if self.heartbeat is not None:
             self.heartbeat.rank = dist.rank  # the rank its watchdog names
         self.mlperf.follow_root(dist.is_root)

@@ -176,37 +176,40 @@ def fit(loop: Loop) -> FitResult:
         callback.start(loop)  # resume a checkpoint or an elastic commit, arm the stop flag, attach monitors
     loop.train_iter, loop.val_iter = loop.train_iter or iter(data.train), iter(data.val)
     schedule = loop.trainee.schedule_for(data)
-    for loop.epoch in range(loop.start.epoch, options.max_epochs + 1):
-        first = loop.start.step if loop.epoch == loop.start.epoch else 0
-        partial, at_start = loop.start.partial if first else {}, dict(loop.totals)
-        loop.step, loop.loss_sum, loop.train_seconds = first, partial.get("loss_sum", 0.0), partial.get("seconds", 0.0)
-        loop.mlperf.start("epoch_start", epoch_num=loop.epoch)
-        for step in range(first, data.train_steps):
-            t0 = time.perf_counter()
-            lr = schedule(loop.epoch - 1 + step / data.train_steps)
-            optimizer.learning_rate.assign(lr)
-            x, y = next(loop.train_iter)
-            t1 = time.perf_counter()
-            loss = float(loop.steps.train(x, y))
-            _count_step(loop, loss, lr, t1 - t0, time.perf_counter() - t1, time.perf_counter() - t0)
-            if not math.isfinite(loss):
+    try:
+        for loop.epoch in range(loop.start.epoch, options.max_epochs + 1):
+            first = loop.start.step if loop.epoch == loop.start.epoch else 0
+            partial, at_start = loop.start.partial if first else {}, dict(loop.totals)
+            loop.step, loop.loss_sum, loop.train_seconds = first, partial.get("loss_sum", 0.0), partial.get("seconds",
+                                                                                                            0.0)
+            loop.mlperf.start("epoch_start", epoch_num=loop.epoch)
+            for step in range(first, data.train_steps):
+                t0 = time.perf_counter()
+                lr = schedule(loop.epoch - 1 + step / data.train_steps)
+                optimizer.learning_rate.assign(lr)
+                x, y = next(loop.train_iter)
+                t1 = time.perf_counter()
+                loss = float(loop.steps.train(x, y))
+                _count_step(loop, loss, lr, t1 - t0, time.perf_counter() - t1, time.perf_counter() - t0)
+                if not math.isfinite(loss):
+                    break
+                for callback in loop.callbacks:
+                    callback.after_step(loop)
+                if loop.result is not None or loop.end_epoch:
+                    break
+            loop.mlperf.end("epoch_stop", epoch_num=loop.epoch)
+            if loop.result is None:
+                _end_of_epoch(loop, {k: v - at_start[k] for k, v in loop.totals.items()})
+            if loop.result is not None:
                 break
-            for callback in loop.callbacks:
-                callback.after_step(loop)
-            if loop.result is not None or loop.end_epoch:
-                break
-        loop.mlperf.end("epoch_stop", epoch_num=loop.epoch)
         if loop.result is None:
-            _end_of_epoch(loop, {k: v - at_start[k] for k, v in loop.totals.items()})
-        if loop.result is not None:
-            break
-    if loop.result is None:
-        last = loop.last_metric()
-        loop.finish(RUN_ABORTED, f"target {loop.trainee.metric.name} {options.target} not reached in "
-                    f"{options.max_epochs} epochs (last {last})", last)
-    for callback in loop.callbacks:
-        callback.end(loop)
-    loop.steps.close()
+            last = loop.last_metric()
+            loop.finish(RUN_ABORTED, f"target {loop.trainee.metric.name} {options.target} not reached in "
+                        f"{options.max_epochs} epochs (last {last})", last)
+        for callback in loop.callbacks:
+            callback.end(loop)
+    finally:
+        loop.steps.close()
     return loop.result
 
 
