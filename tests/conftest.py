@@ -42,6 +42,15 @@ def show(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
 
 
+def summary_fields(**fields) -> dict:
+    """A complete summary.json (every key common/runtime/summary.py's strict reader requires) with `fields`
+    over defaults, for tests that write one as a run would."""
+    return {"benchmark": "cosmoflow", "status": "success", "reason": "test", "time_to_train_seconds": 1.0,
+            "epochs": 1, "metric_name": "mae", "final_metric": 0.1, "target": 0.124, "ranks": 1, "nodes": 1,
+            "threads_per_rank": 1, "gpu": False, "horovod": None, "train_samples": 8, "eval_samples": 4,
+            "loader": "tfdata", "history": [], "config": {}} | fields
+
+
 def log_events(log: Path) -> list[dict]:
     """The events of a log the suite wrote, read by the suite's reader; every line must be an event."""
     lines = log.read_text().splitlines()

@@ -13,7 +13,7 @@ import yaml
 
 from common.base.errors import BenchError
 from common.hpo.study import STUDY_NAME
-from tests.conftest import REPO, checkout_first_on_path
+from tests.conftest import REPO, checkout_first_on_path, summary_fields
 
 # Launcher and training in one: the run directory gets config.yaml, an MLPerf log whose evaluations reach the
 # target at an epoch that grows as the learning rate moves away from 0.01, and a successful summary.
@@ -31,8 +31,9 @@ FAKE_LAUNCHER = textwrap.dedent("""\
     lines.append(event("run_stop", None, status="success"))
     time.sleep(0.5)  # long enough for the two workers' trials to overlap
     (out / "mlperf.log").write_text("".join(lines))
-    (out / "summary.json").write_text(json.dumps({"status": "success", "time_to_train_seconds": 10.0 * epochs}))
-""")
+    summary = dict(json.loads(SUMMARY_JSON), time_to_train_seconds=10.0 * epochs)
+    (out / "summary.json").write_text(json.dumps(summary))
+""").replace("SUMMARY_JSON", repr(json.dumps(summary_fields())))
 
 
 def test_two_workers_share_a_study_and_together_finish_its_trials(tmp_path):

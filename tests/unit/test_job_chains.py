@@ -20,7 +20,7 @@ from jobs import chain as chains
 from jobs.__main__ import main as jobs_main
 from jobs.render import Job, render
 from jobs.site import load_site
-from tests.conftest import REPO, checkout_first_on_path
+from tests.conftest import REPO, checkout_first_on_path, summary_fields
 
 CHAINED = {"slurm": "perlmutter", "lsf": "summit", "pbs": "polaris", "pjsub": "fugaku"}
 CONFIG = str(REPO / "cosmoflow/configs/cosmo_mini.yaml")
@@ -202,16 +202,17 @@ FAKE_LAUNCHER = textwrap.dedent("""\
     # MODE=succeed writes a successful summary at once.
     import json, os, pathlib, signal, sys, time
     out = pathlib.Path(next(a for a in sys.argv if a.startswith("run.output_dir=")).split("=", 1)[1])
+    summary = json.loads(SUMMARY_JSON)  # a complete summary.json (tests/conftest.py summary_fields)
     def stopped(*_):
-        (out / "summary.json").write_text(json.dumps({"status": "aborted", "stopped": True}))
+        (out / "summary.json").write_text(json.dumps(dict(summary, status="aborted", stopped=True)))
         sys.exit(75)
     signal.signal(signal.SIGUSR1, stopped)
     if os.environ["MODE"] == "succeed":
-        (out / "summary.json").write_text(json.dumps({"status": "success"}))
+        (out / "summary.json").write_text(json.dumps(summary))
         sys.exit(0)
     print("training", flush=True)
     time.sleep(60)
-""")
+""").replace("SUMMARY_JSON", repr(json.dumps(summary_fields())))
 
 
 def fake_spec(tmp_path: Path) -> CampaignSpec:
@@ -273,9 +274,9 @@ def test_after_a_stop_only_a_run_whose_summary_says_it_ended_on_its_own_counts_a
     directory = run_dir(tmp_path, 0)
     directory.mkdir(parents=True)
     assert was_stopped(tmp_path, 0, 1)  # no summary: killed before the training handled the signal
-    (directory / "summary.json").write_text(json.dumps({"status": "aborted", "stopped": True}))
+    (directory / "summary.json").write_text(json.dumps(summary_fields(status="aborted", stopped=True)))
     assert was_stopped(tmp_path, 0, 1)  # horovodrun's exit code when its workers exit 75
-    (directory / "summary.json").write_text(json.dumps({"status": "success"}))
+    (directory / "summary.json").write_text(json.dumps(summary_fields()))
     assert not was_stopped(tmp_path, 0, 0) and was_stopped(tmp_path, 0, 75)
 
 

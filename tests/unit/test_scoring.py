@@ -16,6 +16,7 @@ from common.base import mlperf_log
 from common.campaign import run as campaign, scoring
 from common.campaign.run import CampaignSpec, open_campaign, run_dir
 from common.base.errors import BenchError
+from tests.conftest import summary_fields
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "deepcam_mlperf.log"
 T0 = 1_800_000_000_000  # ms
@@ -47,7 +48,8 @@ def make_campaign(out: Path, runs: list[tuple[float, float, bool]], mode: str = 
     open_campaign(out, spec)
     for i, (start, minutes, success) in enumerate(runs):
         write_log(run_dir(out, i) / "mlperf.log", T0 + start * 60_000, minutes, spec.seed_of(i), success)
-        (run_dir(out, i) / "summary.json").write_text(json.dumps({"status": "success" if success else "aborted"}))
+        summary = summary_fields(status="success" if success else "aborted")
+        (run_dir(out, i) / "summary.json").write_text(json.dumps(summary))
         campaign.finish_run(spec, out, i, 0 if success else 1, ["train"], 0.0)
     return spec
 
