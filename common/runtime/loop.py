@@ -220,7 +220,7 @@ def _count_step(loop: Loop, loss: float, lr: float, waited: float, stepped: floa
     loop.totals["input_wait_seconds"] += waited
     loop.totals["step_seconds"] += stepped
     loop.train_seconds += seconds
-    rate = loop.step * data.train_samples / data.train_steps / max(loop.train_seconds, 1e-9)
+    rate = _rate(loop)
     loop.running = {"loss": loop.loss_sum / loop.step, "samples_per_second": rate, "lr": lr,
                     "train_seconds": loop.train_seconds}
     now = time.perf_counter()
@@ -230,15 +230,18 @@ def _count_step(loop: Loop, loss: float, lr: float, waited: float, stepped: floa
         loop.reported = now
 
 
+def _rate(loop: Loop) -> float:
+    """The epoch's training samples per second on all ranks so far (evaluations and callbacks not counted)."""
+    return loop.step * loop.data.train_samples / loop.data.train_steps / max(loop.train_seconds, 1e-9)
+
+
 def _end_of_epoch(loop: Loop, totals: dict) -> None:
     """The epoch's record (`totals`: its input wait and step seconds); a non-finite loss ends the run; evaluate
     when due; the target reached ends it too; else the callbacks' after_epoch."""
     options, epoch, steps = loop.options, loop.epoch, max(1, loop.step)
     loss = loop.loss_sum / steps if math.isfinite(loop.loss_sum) else loop.loss_sum
     loop.record({"loss": loss, "lr": loop.running.get("lr", 0.0), "steps": loop.step,
-                 "train_seconds": loop.train_seconds,
-                 "samples_per_second": loop.step * loop.data.train_samples / loop.data.train_steps
-                 / max(loop.train_seconds, 1e-9)} | totals)
+                 "train_seconds": loop.train_seconds, "samples_per_second": _rate(loop)} | totals)
     if not math.isfinite(loss):
         loop.finish(RUN_ABORTED, f"non-finite training loss {loss} in epoch {epoch}", None)
         return

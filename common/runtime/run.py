@@ -228,7 +228,6 @@ class Run:
         self.trainee: Trainee | None = None
         self.data: Datasets | None = None
         self.monitor = RunMonitor(cfg, dist)
-        self.input_plan: InputPlan | None = None  # how the training input starts (plan_input)
         self.attempts = 0  # an elastic run's (re)starts so far
 
     @classmethod
@@ -308,9 +307,8 @@ class Run:
         or replayed (a DALI stream of the same seed and layout); else a new one per attempt, so that it does
         not replay the first epochs' order (`plan_input`)."""
         attempt = self.resume.progress.attempt if self.resume else 0
-        self.input_plan = plan_input(self.resume, (self.cfg.run.seed, reseeded(self.cfg.run.seed, attempt)), loader,
-                                     input_layout(self.cfg, self.dist, strategy))
-        return self.input_plan
+        return plan_input(self.resume, (self.cfg.run.seed, reseeded(self.cfg.run.seed, attempt)), loader,
+                          input_layout(self.cfg, self.dist, strategy))
 
     def input_ready(self) -> None:
         self.mlperf.events(dataset_keys(train_samples=self.data.train_samples, eval_samples=self.data.val_samples))
