@@ -223,7 +223,8 @@ def test_manifest_without_the_label_map_description(records, tmp_path):
     obj = json.loads((root / "manifest.json").read_text())
     del obj["target_dtype"]
     (root / "manifest.json").write_text(json.dumps(obj))
-    with pytest.raises(BenchError, match=r"target_shape \(32, 48\) and target_dtype None; both or neither"):
+    with pytest.raises(BenchError, match=r"manifest.json: key target_dtype = None: expected set together with "
+                                         r"target_shape \(found \(32, 48\)\)"):
         datasets(root)
     del obj["target_shape"]
     (root / "manifest.json").write_text(json.dumps(obj))
