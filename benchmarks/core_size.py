@@ -2,8 +2,9 @@
 
     python benchmarks/core_size.py [--data DIR] [--out benchmarks/results/core_size.json]
 
-One single-process, one-epoch CosmoFlow mini run (cosmoflow/configs/cosmo_mini.yaml, no staging) under a call
-tracer gives the suite's files whose code it runs (and their lines in all); the stack at the first
+One single-process, one-epoch CosmoFlow mini run (cosmoflow/configs/cosmo_mini.yaml, no staging) under a
+tracer gives the suite's files whose code it runs, their lines in all (`file_lines`) and the distinct lines of
+them that ran (`executed_lines`, as coverage counts them); the stack at the first
 `GradientTape.gradient` gives the suite's frames from `train()` to the frame that asks for the gradient; an AST
 walk gives the types (classes) defined in common/runtime/loop.py and in common/runtime/. Without --data a tiny
 dataset (16 + 4 synthetic 64^3 universes cut into 32^3 samples) is generated in a temporary directory.
@@ -35,30 +36,41 @@ def suite_file(filename: str) -> str | None:
 
 
 class CallTracer:
-    """Records the suite's files whose code runs (a module's top level or any function in it), in every thread;
-    only calls are traced, so the run stays at close to its usual speed."""
+    """Records the suite's files whose code runs (a module's top level or any function in it) and the lines of
+    them that run, in every thread. Only the suite's own frames are traced line by line; code tf.function runs as
+    autograph's converted copy (a generated file) is not the suite's, so its lines are not counted."""
 
     def __init__(self):
-        self.files: set[str] = set()
-        self.seen: set = set()  # code objects already looked at
+        self.lines: dict[str, set[int]] = {}
+        self.where: dict = {}  # code object -> its repository-relative path, or None
+
+    @property
+    def files(self) -> set[str]:
+        return set(self.lines)
 
     def _trace(self, frame, event, _arg):
         code = frame.f_code
-        if event == "call" and code not in self.seen:
-            self.seen.add(code)
-            rel = suite_file(code.co_filename)
-            if rel is not None:
-                self.files.add(rel)
-        return None
+        if code not in self.where:
+            self.where[code] = suite_file(code.co_filename)
+        rel = self.where[code]
+        if rel is None:
+            return None
+        self.lines.setdefault(rel, set()).add(frame.f_lineno)
+        return self._line
+
+    def _line(self, frame, event, _arg):
+        if event == "line":
+            self.lines[self.where[frame.f_code]].add(frame.f_lineno)
+        return self._line
 
     def __enter__(self):
-        threading.setprofile(self._trace)
-        sys.setprofile(self._trace)
+        threading.settrace(self._trace)
+        sys.settrace(self._trace)
         return self
 
     def __exit__(self, *_exc):
-        sys.setprofile(None)
-        threading.setprofile(None)
+        sys.settrace(None)
+        threading.settrace(None)
 
 
 def frames_to_gradient() -> dict:
@@ -105,8 +117,9 @@ def measure(data: Path, out_dir: Path) -> dict:
         code = train(str(REPO / "cosmoflow/configs/cosmo_mini.yaml"), overrides, StopRequests())
     files = {rel: len((REPO / rel).read_text().splitlines()) for rel in sorted(tracer.files)}
     runtime = {p.name: classes(p) for p in sorted((REPO / "common/runtime").glob("*.py"))}
+    executed = {rel: len(tracer.lines[rel]) for rel in files}
     return {"exit_code": code, "files": len(files), "file_lines": sum(files.values()),
-            "per_file": files,
+            "executed_lines": sum(executed.values()), "per_file": files, "executed_per_file": executed,
             "frames_to_gradient": len(chain.get("chain", [])) - 1, "gradient_chain": chain.get("chain", []),
             "loop_types": classes(REPO / "common/runtime/loop.py"),
             "runtime_types": sum(len(v) for v in runtime.values()), "runtime_types_by_file": runtime}
@@ -122,7 +135,7 @@ def main(argv=None) -> int:
         data = args.data or tiny_dataset(Path(tmp) / "data")
         result = run_header(sgemm_gflops()) | measure(data, Path(tmp) / "run")
     write_json_atomic(args.out, result)
-    print(json.dumps({k: v for k, v in result.items() if k not in ("per_file", "runtime_types_by_file")}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("per_file", "executed_per_file", "runtime_types_by_file")}, indent=1))
     print(f"wrote {args.out}")
     return 0
 

@@ -101,7 +101,7 @@ class OptimizerConfig:
     weight_decay is the reference's: an L2 penalty `weight_decay * sum(w ** 2)` on the kernels of the two
     hidden dense layers, added to the loss (not a decoupled decay of every variable).
     rcp names a reference convergence point of mlperf-logging (e.g. cosmoflow_ref_128): its
-    hyperparameters replace the config's (cosmoflow/rcp.py)."""
+    hyperparameters replace the config's (cosmoflow/reference.py)."""
 
     name: str = "sgd"
     base_lr: float = 0.001

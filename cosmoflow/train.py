@@ -17,13 +17,11 @@ from common.base.errors import BenchError
 from common.runtime import run
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Trainee
-from common.runtime.precision import for_precision, precision_keys, set_precision
 from common.runtime.stopping import StopRequests
-from common.runtime.strategy import DataParallel
+from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
 from cosmoflow.config import CosmoConfig
 from cosmoflow.data import build_datasets, files_read, read_error
-from cosmoflow.rcp import with_rcp
-from cosmoflow.reference import closed_differences
+from cosmoflow.reference import closed_differences, with_rcp
 from cosmoflow.schedule import LRSchedule, sgd_keys
 
 

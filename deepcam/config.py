@@ -73,7 +73,7 @@ class DeepCamOptimizerConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0  # LAMB only: apex's global gradient-norm clipping (the closed rules fix 1.0)
     # A reference convergence point of mlperf-logging (e.g. deepcam_ref_512): its hyperparameters replace
-    # this section's and the schedule's (deepcam/rcp.py); the run's global batch must be the RCP's.
+    # this section's and the schedule's (deepcam/reference.py); the run's global batch must be the RCP's.
     rcp: str = ""
 
     def __post_init__(self):

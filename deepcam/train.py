@@ -14,13 +14,11 @@ import sys
 from common.base.errors import BenchError
 from common.runtime import run
 from common.runtime.loop import Trainee
-from common.runtime.precision import for_precision, precision_keys, set_precision
 from common.runtime.stopping import StopRequests
-from common.runtime.strategy import DataParallel
+from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
 from deepcam.config import DeepCamConfig
 from deepcam.data import build_datasets, files_read, read_error
-from deepcam.rcp import with_rcp
-from deepcam.reference import closed_differences
+from deepcam.reference import closed_differences, with_rcp
 
 
 def main(argv=None) -> int:

@@ -20,10 +20,13 @@ import dataclasses
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.base.files import write_json_atomic
 from common.io.datasets import Datasets
-from common.io.staging import StageResult
+
+if TYPE_CHECKING:
+    from common.io.staging import StageResult
 
 PROC_IO = Path("/proc/self/io")
 PROC_KEYS = ("rchar", "read_bytes", "syscr")

@@ -28,6 +28,7 @@ from common.base.documents import NOT_STORED, REQUIRED, check
 from common.base.errors import BenchError
 
 MANIFEST_NAME = "manifest.json"
+PACK_NAME = "pack.json"  # a packed dataset's description (common/io/packing.py)
 # Format id -> highest version this code reads.
 FORMATS = {"cosmoflow-tfrecord": 1, "deepcam-tfrecord": 1}
 COMPRESSIONS = ("none", "gzip")
@@ -241,6 +242,13 @@ def load_manifest(data_dir: str | os.PathLike, expected_format: str | None = Non
         raise BenchError(f"{path}: format {manifest.format!r}, expected {expected_format!r}; "
                          f"this directory holds another kind of dataset")
     return manifest
+
+
+def check_unstaged_source(data_cfg) -> None:
+    """A packed dataset cannot be read in place: it needs data.stage_dir."""
+    if (Path(data_cfg.dir) / PACK_NAME).is_file():
+        raise BenchError(f"data.dir {data_cfg.dir} is a packed dataset ({PACK_NAME}); set data.stage_dir to a "
+                         f"node-local directory to unpack it into, or point data.dir at the unpacked dataset")
 
 
 def parse_manifest(obj: Any, root: Path, where: Path) -> Manifest:

@@ -20,9 +20,8 @@ from typing import Literal
 from common.base import documents
 from common.base.documents import NOT_STORED, REQUIRED, Count, check
 from common.base.errors import BenchError
-from common.io.manifest import MANIFEST_NAME, Manifest, check_relative, check_xxh3, parse_manifest
+from common.io.manifest import MANIFEST_NAME, PACK_NAME, Manifest, check_relative, check_xxh3, parse_manifest
 
-PACK_NAME = "pack.json"
 PACK_FORMAT = "packed-dataset"
 PACK_VERSION = 1
 SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}

@@ -205,13 +205,6 @@ def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str, decomp
 
 
 # ---------------------------------------------------------------------------- in a training run
-def check_unstaged_source(data_cfg) -> None:
-    """A packed dataset cannot be read in place: it needs data.stage_dir."""
-    if (Path(data_cfg.dir) / PACK_NAME).is_file():
-        raise BenchError(f"data.dir {data_cfg.dir} is a packed dataset ({PACK_NAME}); set data.stage_dir to a "
-                         f"node-local directory to unpack it into, or point data.dir at the unpacked dataset")
-
-
 def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False) -> "StageResult":
     """Stage data_cfg.dir into data_cfg.stage_dir on the ranks the mode picks; the others wait.
 

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal, Sequence, TypeVar
+from typing import Any, Callable, Literal, Sequence, TypeVar
 
 import yaml
 
@@ -111,7 +111,7 @@ class TrainConfig:
     target: float = 0.124
     eval_every: int = 1  # epochs between evaluations
     eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead (inside epochs too)
-    # Keras mixed-precision policy (common/runtime/precision.py): float32 weights, this compute dtype;
+    # Keras mixed-precision policy (common/runtime/strategy.py): float32 weights, this compute dtype;
     # mixed_float16 adds dynamic loss scaling. Losses and metrics stay float32.
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = "float32"
     jit_compile: bool = False  # XLA-compile each training step's forward and backward pass
@@ -224,6 +224,18 @@ def resolve_division(cfg: T, found: Sequence[str]) -> T:
                          f"Set mlperf.division=open (or auto, which logs open), or match the reference")
     division = "closed" if asked != "open" and not found else "open"
     return dataclasses.replace(cfg, mlperf=dataclasses.replace(cfg.mlperf, division=division))
+
+
+def resolve(cfg: T, replicas: int, with_rcp: Callable, closed_differences: Callable,
+            announce: Callable[[str], None] = lambda _msg: None) -> T:
+    """The config a run uses: optimizer.rcp's hyperparameters applied (its global batch checked against
+    local batch x `replicas`), mlperf.division settled (closed only for the reference's run); an auto
+    division that falls to open is announced with the reasons."""
+    cfg = with_rcp(cfg, cfg.train.local_batch_size * replicas)
+    found = closed_differences(cfg)
+    if found and cfg.mlperf.division == "auto":
+        announce(f"mlperf.division=auto: logging open; not the reference's: {'; '.join(found)}")
+    return resolve_division(cfg, found)
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), schema: type[T] = None) -> T:

@@ -9,23 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from common.base.errors import BenchError
-from common.runtime.config import DistConfig, resolve_division, to_dict
+from common.runtime.config import DistConfig, to_dict
 from common.runtime.dist import DistEnv, init_distributed
-
-
-def resolve(cfg: Any, replicas: int, with_rcp: Callable, closed_differences: Callable,
-            announce: Callable[[str], None] = lambda _msg: None) -> Any:
-    """The config a run uses: optimizer.rcp's hyperparameters applied (its global batch checked against
-    local batch x `replicas`), mlperf.division settled (closed only for the reference's run); an auto
-    division that falls to open is announced with the reasons."""
-    cfg = with_rcp(cfg, cfg.train.local_batch_size * replicas)
-    found = closed_differences(cfg)
-    if found and cfg.mlperf.division == "auto":
-        announce(f"mlperf.division=auto: logging open; not the reference's: {'; '.join(found)}")
-    return resolve_division(cfg, found)
 
 
 def planned_dist(cfg: DistConfig, ranks: int | None) -> DistEnv:

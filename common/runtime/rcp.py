@@ -3,7 +3,7 @@
 mlperf-logging's `rcp_checker/hpc_<ruleset>/rcps_<benchmark>.json` holds, per RCP name (e.g.
 `cosmoflow_ref_128`), the global batch size, the hyperparameters the reference ran with (under their MLPerf
 log keys) and the epochs its runs took to converge. An application's config key `optimizer.rcp` names one;
-the application maps the hyperparameters onto its config sections (cosmoflow/rcp.py, deepcam/rcp.py).
+the application maps the hyperparameters onto its config sections (cosmoflow/reference.py, deepcam/reference.py).
 """
 from __future__ import annotations
 

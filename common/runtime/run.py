@@ -35,26 +35,28 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from common.base.cli import guarded
 from common.io.datasets import Datasets
 from common.io.iostats import IOCounters, io_report, write_io_report
 from common.io.loader import dali_plugin_available
-from common.io.manifest import Manifest
-from common.io.staging import StageResult, check_unstaged_source, stage_for_run
+from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
 from common.runtime.checkpoint import Checkpointer, InputPlan, InputPosition, Resume, find_resume, plan_input
-from common.runtime.config import load_config, save_config
+from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
 from common.runtime.loop import Callback, FitResult, Loop, Trainee, fit
 from common.runtime.mllog import RUN_ABORTED, MLPerfLog, dataset_keys, scale_keys
-from common.runtime.plan import Plan, planned_dist, print_plan, resolve
+from common.runtime.plan import Plan, planned_dist, print_plan
 from common.runtime.stopping import EXIT_STOPPED, StoppedBeforeStart, StopRequests
 from common.runtime.strategy import DataParallel, reseeded
 from common.runtime.monitor import RunMonitor
 from common.runtime.summary import exit_code, failure_summary, run_summary, throughput, write_summary
+
+if TYPE_CHECKING:
+    from common.io.staging import StageResult
 
 # What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
 ATTEMPT_FILES = ("summary.json", "io_report.json")
@@ -395,6 +397,7 @@ class Run:
         """Stage the dataset to data.stage_dir between staging_start and staging_stop."""
         data = self.cfg.data
         self.log(f"staging {data.dir} to {data.stage_dir} (data.stage_mode={data.stage_mode})")
+        from common.io.staging import stage_for_run  # only a staged run loads the staging code
         self.mlperf.start("staging_start")
         staging = stage_for_run(data, self.dist, rank_files, progress=self.dist.is_root)
         self.mlperf.end("staging_stop", staging_seconds=staging.seconds, staged_bytes=staging.bytes_written)

@@ -5,8 +5,7 @@ import pytest
 
 from common.runtime.dist import DistEnv, pick_gpu
 from common.runtime.loop import shared_variables
-from common.runtime.strategy import make_train_step
-from common.runtime.precision import for_precision, set_precision
+from common.runtime.strategy import for_precision, make_train_step, set_precision
 from cosmoflow.metrics import mse_loss
 from cosmoflow.model import build_model
 

@@ -17,8 +17,8 @@ import pytest
 
 from common.io import pycopy, staging
 from common.base.errors import BenchError
-from common.io.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, load_manifest, sha256_file,
-                             write_manifest, xxh3_128_file)
+from common.io.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, check_unstaged_source,
+                                load_manifest, sha256_file, write_manifest, xxh3_128_file)
 from common.io.packing import PACK_NAME, load_pack
 from common.io.staging import Layout, open_source, plan, stage, staged_dir
 from data_prep.__main__ import main as data_prep_main
@@ -323,8 +323,8 @@ def test_packed_data_dir_needs_a_stage_dir(dataset, tmp_path):
     from cosmoflow.config import CosmoDataConfig
     packed = pack(dataset, tmp_path / "packed", "none", 1)
     with pytest.raises(BenchError, match=r"is a packed dataset \(pack.json\); set data.stage_dir"):
-        staging.check_unstaged_source(CosmoDataConfig(dir=str(packed)))
-    staging.check_unstaged_source(CosmoDataConfig(dir=str(dataset)))
+        check_unstaged_source(CosmoDataConfig(dir=str(packed)))
+    check_unstaged_source(CosmoDataConfig(dir=str(dataset)))
     with pytest.raises(BenchError, match="neither manifest.json .* nor pack.json"):
         open_source(tmp_path)
 

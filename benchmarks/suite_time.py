@@ -1,0 +1,115 @@
+"""How long `make test`'s tests take at two commits, run back to back on this host, saved as JSON.
+
+    python benchmarks/suite_time.py [--commits OLD NEW] [--out benchmarks/results/suite_time.json]
+                                    [--pytest-args "..."] [--timeout-min 120]
+
+For each commit (default: 10755c2, the commit before issue 46's work, then HEAD) a clean checkout is made with
+`git worktree add` in a temporary directory, this checkout's .venv is linked into it, and `python -m pytest tests`
+runs there with a JUnit XML report: the wall-clock seconds of the whole run, the tests passed, failed, skipped
+and errored, and every test's seconds (setup, call and teardown together, as JUnit reports them). The commits run
+one after the other, never together, so that they share the host's state; the result says which CPU ran them.
+Set-up (.venv, the Horovod and DALI builds) is not timed: both checkouts use the one already built.
+
+The JSON holds, per commit, the totals and the 40 slowest tests; `ratio` is the second commit's seconds over the
+first's. Progress (pytest's own output) streams to the terminal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+BEFORE = "10755c2"  # the last commit before issue 46's work
+SLOWEST = 40
+
+
+def resolve(commit: str) -> str:
+    """The full hash of `commit`; exits with a message naming it when git does not know it."""
+    proc = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"suite_time: {commit!r} is not a commit of {REPO}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def junit_figures(report: Path) -> dict:
+    """Counts and per-test seconds from a pytest JUnit XML report."""
+    try:
+        root = ET.parse(report).getroot()
+    except (OSError, ET.ParseError) as err:
+        raise SystemExit(f"suite_time: {report}: no readable JUnit report ({err}); did pytest start?") from err
+    cases = []
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
+        counts[{"failure": "failed", "error": "errors"}.get(outcome, outcome)] += 1
+        cases.append((float(case.get("time", 0.0)), name, outcome))
+    cases.sort(reverse=True)
+    return {**counts, "tests": len(cases), "seconds_in_tests": round(sum(c[0] for c in cases), 1),
+            "slowest": [{"test": n, "seconds": round(s, 2), "outcome": o} for s, n, o in cases[:SLOWEST]],
+            "slowest_share": round(sum(c[0] for c in cases[:SLOWEST]) / max(sum(c[0] for c in cases), 1e-9), 3)}
+
+
+def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path) -> dict:
+    """The tests of `commit` in a clean worktree, with this checkout's .venv."""
+    tree = work / commit[:7]
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit], check=True,
+                   capture_output=True)
+    try:
+        (tree / ".venv").symlink_to(REPO / ".venv")
+        report = work / f"{commit[:7]}.xml"
+        cmd = [str(REPO / ".venv/bin/python"), "-m", "pytest", "tests", f"--junitxml={report}",
+               "-p", "no:cacheprovider", *pytest_args]
+        print(f"== {commit[:7]}: {shlex.join(cmd)} (in {tree})", flush=True)
+        start = time.monotonic()
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        try:
+            proc = subprocess.run(cmd, cwd=tree, env=env, timeout=timeout_s)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        wall = time.monotonic() - start
+        return {"commit": commit[:7], "exit_code": code, "wall_seconds": round(wall, 1),
+                "wall_minutes": round(wall / 60, 2), **junit_figures(report)}
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+
+
+def main(argv=None) -> int:
+    from harness import run_header, sgemm_gflops, write_json_atomic
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--commits", nargs=2, metavar=("OLD", "NEW"), default=[BEFORE, "HEAD"])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/suite_time.json")
+    parser.add_argument("--pytest-args", default="", help="more pytest arguments, one shell-quoted string")
+    parser.add_argument("--timeout-min", type=float, default=120.0, help="per commit (default 120)")
+    args = parser.parse_args(argv)
+    if not (REPO / ".venv/bin/python").is_file():
+        sys.exit(f"suite_time: {REPO / '.venv/bin/python'} not found; run make setup first")
+    commits = [resolve(c) for c in args.commits]
+    result = run_header(sgemm_gflops()) | {"pytest_args": args.pytest_args, "runs": []}
+    with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
+        for commit in commits:
+            result["runs"].append(run_suite(commit, shlex.split(args.pytest_args), args.timeout_min * 60, Path(tmp)))
+    old, new = result["runs"]
+    result["ratio"] = round(new["wall_seconds"] / old["wall_seconds"], 3)
+    write_json_atomic(args.out, result)
+    for run in result["runs"]:
+        print(f"{run['commit']}: {run['wall_minutes']} min, {run['passed']} passed, {run['failed']} failed, "
+              f"{run['errors']} errors, {run['skipped']} skipped (exit {run['exit_code']})")
+    print(f"ratio {result['ratio']} (new / old); wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
