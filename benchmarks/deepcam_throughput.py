@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from common.runtime.flops import training_gflop_per_sample
+from common.runtime.monitor import training_gflop_per_sample
 # Run as a script, so benchmarks/ is on sys.path.
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measure_groups, measured_note, ratios_line,
                      replace_marked_section, run_worker, step_figures, time_steps_with_threads,

@@ -8,18 +8,42 @@
     monitor.stopped()        # at run_stop: energy counters
     figures = monitor.system_figures(result, model, samples_per_second)   # collective
     monitor.close(figures)
+
+Its sections, in this order:
+- The monitor: RunMonitor, the loop callback that drives the rest, and the reasons for null figures.
+- The system window and figures: the step window (StepWindow, Window), the allreduce timed on its own, memory,
+  the step breakdown, input wait and FLOP/s figures.
+- FLOPs: training GFLOP per sample from a Keras model's layer shapes (training_gflop_per_sample).
+- Energy: RAPL and NVML counters between run_start and run_stop (EnergyMeter, job_energy).
+- The peak cache: this host's probed peak, read on every run (cached, cache_path, host_key) and probed once
+  when missing (probe; the kernels and the CLI are common/runtime/probe.py).
+- TensorBoard: rank 0's event files (EventWriter) and reading them back (read_scalars).
 """
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from common.runtime import energy, probe, system
+from common.base.errors import BenchError
+from common.base.files import write_json_atomic
+from common.base.host import cpu_model
 from common.runtime.dist import DistEnv
-from common.runtime.flops import training_gflop_per_sample
 from common.runtime.loop import Callback, Loop
-from common.runtime.tensorboard import EventWriter
+from common.runtime.phases import PhaseClock, device_sync_for
 
+
+# === The monitor ======================================================================================================
 
 class RunMonitor(Callback):
     """This rank's measurements of one run."""
@@ -28,9 +52,9 @@ class RunMonitor(Callback):
         out = Path(cfg.run.output_dir)
         self.cfg, self.dist = cfg.system, dist
         steps = cfg.system.window_steps if cfg.system.enabled and not cfg.dist.elastic.enabled else 0
-        self.window = system.StepWindow(cfg.system.warmup_steps, steps)
+        self.window = StepWindow(cfg.system.warmup_steps, steps)
         self.elastic = cfg.dist.elastic.enabled
-        self.energy = energy.EnergyMeter(dist)
+        self.energy = EnergyMeter(dist)
         self.readings: tuple | None = None
         self.board = EventWriter(out, cfg.tensorboard.every_steps) if cfg.tensorboard.enabled and dist.is_root \
             else None
@@ -43,12 +67,12 @@ class RunMonitor(Callback):
         """Rank 0 reads (or, with system.probe, measures once) its node's peak; nodes are taken as alike."""
         if not (self.cfg.enabled and self.dist.is_root):
             return
-        cached = probe.cached()
-        if cached is None and not self.cfg.probe:
-            self.peak_reason = (f"no probe of this host in {probe.cache_path()} and system.probe=false: run "
+        record = cached()
+        if record is None and not self.cfg.probe:
+            self.peak_reason = (f"no probe of this host in {cache_path()} and system.probe=false: run "
                                 f"python -m common.runtime.probe")
             return
-        self.peak = cached or probe.probe()
+        self.peak = record or probe()
 
     def started(self) -> None:
         if self.cfg.enabled:
@@ -83,8 +107,8 @@ class RunMonitor(Callback):
             return None
         self.dist = dist  # an elastic run's layout now
         self.window.finish(self.last_done, self.last_totals)  # a run that ended inside the window
-        rss = self.dist.gather_object(system.peak_rss_mb())
-        gpu = self.dist.gather_object(system.gpu_peak_mb(self.dist))
+        rss = self.dist.gather_object(peak_rss_mb())
+        gpu = self.dist.gather_object(gpu_peak_mb(self.dist))
         readings = self.dist.gather_object(self.readings or (None, None, "energy counters not read"))
         collectives = self._collectives(model)
         if not self.dist.is_root:
@@ -92,12 +116,12 @@ class RunMonitor(Callback):
         return self._figures(history, model, samples_per_second, rss, gpu, readings, collectives)
 
     def _figures(self, history, model, samples_per_second, rss, gpu, readings, collectives: dict) -> dict:
-        joules, source, reason = energy.job_energy(readings)
-        trained = system.samples_trained(history)
-        figures = {"peak": system.describe_peak(self.peak),
-                   **system.flops_figures(training_gflop_per_sample(model), samples_per_second, self.peak,
+        joules, source, reason = job_energy(readings)
+        trained = samples_trained(history)
+        figures = {"peak": describe_peak(self.peak),
+                   **flops_figures(training_gflop_per_sample(model), samples_per_second, self.peak,
                                           self.dist.num_nodes),
-                   "input_wait_share": system.input_wait_share(history),
+                   "input_wait_share": input_wait_share(history),
                    "peak_rss_mb": rss, "gpu_peak_memory_mb": gpu if self.dist.gpu else None,
                    "energy_joules": joules, "energy_source": source or None,
                    "energy_j_per_sample": joules / trained if joules is not None and trained else None,
@@ -117,14 +141,14 @@ class RunMonitor(Callback):
         if not timed:  # the same on every rank (their windows close at the same steps): no collective to match
             return figures | {"step_breakdown": None, "window": None}
         blocked = w.phases.get("allreduce", 0.0)
-        breakdown = system.step_breakdown(w.totals, w.seconds, blocked)
+        breakdown = step_breakdown(w.totals, w.seconds, blocked)
         ranks = self.dist.gather_object(((blocked, w.seconds), breakdown))
-        exchange = system.exchange_timing(self.dist, model.trainable_variables) if exchanged else None
+        exchange = exchange_timing(self.dist, model.trainable_variables) if exchanged else None
         if not self.dist.is_root:
             return {}
         if exchange:
-            figures = system.collective_figures([r[0] for r in ranks], w.steps, exchange)
-        return figures | {"step_breakdown": system.mean_shares([r[1] for r in ranks]),
+            figures = collective_figures([r[0] for r in ranks], w.steps, exchange)
+        return figures | {"step_breakdown": mean_shares([r[1] for r in ranks]),
                           "window": {"first_step": w.first_step, "steps": w.steps, "seconds": w.seconds,
                                      "exchange": exchange}}
 
@@ -153,3 +177,475 @@ def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason:
            "allreduce_share": window_reason, "allreduce_gb_per_s": window_reason, "step_breakdown": window_reason,
            "gpu_peak_memory_mb": "no GPU", "sustained_gflops": "no steady samples/s"}
     return {k: v for k, v in why.items() if figures.get(k) is None and v}
+
+
+# === The system window and figures ====================================================================================
+# Where a run's time and machine go: summary.json's `system` object, measured during the run.
+#
+# - Input wait and step time: the training loop times every `next()` on the input and every training step
+#   (the history's `input_wait_seconds` and `step_seconds` per epoch).
+# - Collectives: the training steps keep a clock of their phases (common/runtime/phases.py; the data-parallel step
+#   runs its forward and backward pass, the grouped allreduce of its gradients and the update as three calls).
+#   A window of `system.window_steps` steps, opened after `system.warmup_steps` steps (tracing and the first
+#   allocations done) and closed early at an epoch's end or an evaluation, reads it: the seconds the steps were
+#   blocked in the allreduce, against the window's wall time, are `allreduce_share` (the mean over the ranks;
+#   each rank's in `allreduce_share_per_rank`). After the run the same grouped allreduce runs on its own with the
+#   ranks starting together, and a one-element one beside it (Horovod's coordination: its cycle and negotiation).
+#   Their difference is the transfer: the bytes over it are `allreduce_gb_per_s`, and what the steps were blocked
+#   beyond it is `allreduce_wait_share` (waiting for the other ranks, for Horovod's cycle and its negotiation).
+#   Horovod's own timeline is not used: its writer thread spins on rank 0 for the whole run once HOROVOD_TIMELINE
+#   is set, which costs a core's share on a full node.
+# - FLOP/s: the model's training GFLOP per sample (the FLOPs section below) x the steady samples/s, against the
+#   node's probed peak (measured by common/runtime/probe.py, cached per host: the peak cache section below) times
+#   the nodes.
+# - Memory: each rank's peak resident set (getrusage), and the GPU's peak allocation where there is one.
+# - Energy: RAPL package counters (/sys/class/powercap/intel-rapl:N, one reader per node) or NVML on GPUs, from
+#   run_start to run_stop, over the samples trained; null with the reason when neither can be read.
+
+EXCHANGE_REPEATS = 10  # runs of the gradients' allreduce on its own, and of a one-element one (median of each)
+
+
+@dataclasses.dataclass
+class Window:
+    """The steps the system window timed: where they start, and the loop's totals and the step phases' seconds
+    inside them."""
+
+    first_step: int = 0
+    steps: int = 0
+    start: float = 0.0
+    seconds: float = 0.0
+    totals_at_start: dict = dataclasses.field(default_factory=dict)
+    totals: dict = dataclasses.field(default_factory=dict)  # what the loop timed inside the window
+    phases_at_start: dict = dataclasses.field(default_factory=dict)
+    phases: dict = dataclasses.field(default_factory=dict)  # the steps' phase seconds inside the window
+
+
+class StepWindow:
+    """Times a window of `steps` training steps after `warmup` (closed early at a boundary): the loop's totals
+    and the phases of the steps' clock (on a GPU the clock waits for the device inside the window only)."""
+
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.steps = warmup, steps
+        self.clock: PhaseClock | None = None
+        self.window: Window | None = None
+        self.closed = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps > 0
+
+    def attach(self, clock: PhaseClock | None) -> None:
+        """The clock of the steps about to be trained (None: steps that keep none)."""
+        self.clock = clock
+
+    def tick(self, done: int, boundary: bool, totals: dict) -> None:
+        """After a training step: `done` steps so far in this attempt; `boundary`: an epoch's end or an
+        evaluation follows, which the window must not span; `totals`: the loop's running totals."""
+        if not self.enabled or self.closed:
+            return
+        if self.window is None:
+            if done >= self.warmup and not boundary:
+                self._open(done, totals)
+            return
+        if done - self.window.first_step >= self.steps or boundary:
+            self._close(done, totals)
+
+    def finish(self, done: int, totals: dict) -> None:
+        """Close the window if the run ended inside it."""
+        if self.window is not None and not self.closed:
+            self._close(done, totals)
+
+    def _open(self, done: int, totals: dict) -> None:
+        phases = {}
+        if self.clock is not None:
+            self.clock.sync = True
+            phases = self.clock.snapshot()
+        self.window = Window(first_step=done, start=time.perf_counter(), totals_at_start=dict(totals),
+                             phases_at_start=phases)
+
+    def _close(self, done: int, totals: dict) -> None:
+        w = self.window
+        w.steps, w.seconds = done - w.first_step, time.perf_counter() - w.start
+        w.totals = {k: totals[k] - w.totals_at_start.get(k, 0.0) for k in totals}
+        if self.clock is not None:
+            self.clock.sync = False
+            w.phases = {k: v - w.phases_at_start.get(k, 0.0) for k, v in self.clock.snapshot().items()}
+        self.closed = True
+
+
+def exchange_timing(dist: DistEnv, variables: list, repeats: int = EXCHANGE_REPEATS) -> dict:
+    """The gradients' grouped allreduce on its own, the ranks starting together (a barrier before each run):
+    the median seconds of `repeats` runs, those of a one-element allreduce (Horovod's coordination: the wait
+    for its cycle and the negotiation, no data to speak of), and the bytes. A collective."""
+    import tensorflow as tf
+    tensors = [tf.zeros(v.shape, v.dtype) for v in variables]
+    nbytes = sum(math.prod(t.shape) * t.dtype.size for t in tensors)
+    reduce = tf.function(dist.allreduce_gradients)
+    seconds = _median_seconds(dist, lambda: reduce(tensors), repeats)
+    latency = _median_seconds(dist, lambda: reduce([tf.zeros((1,))]), repeats)
+    return {"seconds": seconds, "latency_seconds": latency, "bytes": nbytes, "repeats": repeats}
+
+
+def _median_seconds(dist: DistEnv, run, repeats: int) -> float:
+    sync = device_sync_for(dist.gpu) or (lambda: None)
+    run()  # traces
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def collective_figures(windows: list[tuple[float, float]], steps: int, exchange: dict) -> dict:
+    """allreduce_share (the steps blocked in the gradients' allreduce), its part spent waiting (for the other
+    ranks, Horovod's cycle and its negotiation: all but the transfer), and the transfer's bandwidth. `windows`:
+    each rank's (seconds in the allreduce phase, window seconds) over the window's `steps`; `exchange`:
+    exchange_timing (the transfer: the gradients' allreduce on its own less a one-element one)."""
+    shares = [blocked / seconds for blocked, seconds in windows]
+    share = min(1.0, statistics.mean(shares))
+    transfer = max(0.0, exchange["seconds"] - exchange["latency_seconds"])
+    waits = [max(0.0, blocked - steps * transfer) / seconds for blocked, seconds in windows]
+    return {"allreduce_share": share, "allreduce_share_per_rank": shares,
+            "allreduce_wait_share": min(share, statistics.mean(waits)),
+            "allreduce_gb_per_s": exchange["bytes"] / transfer / 1e9 if transfer > 0 else None,
+            "allreduce_bytes_per_step": exchange["bytes"]}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (Linux reports kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def gpu_peak_mb(dist: DistEnv) -> float | None:
+    """Peak memory TensorFlow allocated on this rank's GPU; None without one."""
+    if not dist.gpu:
+        return None
+    import tensorflow as tf
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+
+
+def step_breakdown(window_totals: dict, seconds: float, collective_seconds: float | None) -> dict:
+    """Shares of the window's wall time: compute (the steps minus their collectives), allreduce, input wait,
+    other (the loop around the steps: learning-rate updates, hooks, logging)."""
+    steps_s, wait_s = window_totals.get("step_seconds", 0.0), window_totals.get("input_wait_seconds", 0.0)
+    allreduce = collective_seconds or 0.0
+    shares = {"compute": max(0.0, steps_s - allreduce), "allreduce": allreduce, "input_wait": wait_s,
+              "other": max(0.0, seconds - steps_s - wait_s)}
+    total = sum(shares.values()) or 1.0
+    return {k: v / total for k, v in shares.items()}
+
+
+def mean_shares(breakdowns: list[dict]) -> dict:
+    """The ranks' step breakdowns averaged share by share."""
+    return {k: statistics.mean(b[k] for b in breakdowns) for k in breakdowns[0]}
+
+
+def steady(history: list[dict]) -> list[dict]:
+    """The epochs after the first (which traces), or the only one."""
+    trained = [h for h in history if h.get("train_seconds")]
+    return trained[1:] or trained
+
+
+def input_wait_share(history: list[dict]) -> float | None:
+    """Share of the steady epochs' training time the steps waited for their input."""
+    epochs = [h for h in steady(history) if "input_wait_seconds" in h]
+    seconds = sum(h["train_seconds"] for h in epochs)
+    return min(1.0, sum(h["input_wait_seconds"] for h in epochs) / seconds) if seconds > 0 else None
+
+
+def samples_trained(history: list[dict]) -> float:
+    return sum(h.get("samples_per_second", 0.0) * h.get("train_seconds", 0.0) for h in history)
+
+
+def flops_figures(gflop_per_sample: float | None, samples_per_second: float | None, peak: dict | None,
+                  nodes: int) -> dict:
+    """Sustained GFLOP/s of the whole job and its fraction of the probed peak of its nodes."""
+    if not gflop_per_sample or not samples_per_second:
+        return {"gflop_per_sample": gflop_per_sample, "sustained_gflops": None, "fraction_of_peak": None}
+    sustained = gflop_per_sample * samples_per_second
+    fraction = sustained / (peak["peak_gflops"] * nodes) if peak else None
+    return {"gflop_per_sample": gflop_per_sample, "sustained_gflops": sustained, "fraction_of_peak": fraction}
+
+
+def describe_peak(peak: dict | None) -> dict | None:
+    keep = ("host", "cpu", "cores", "tensorflow", "gemm_gflops", "conv3d_gflops", "peak_gflops", "measured_at",
+            "cache")
+    return {k: peak[k] for k in keep if k in peak} if peak else None
+
+
+# === FLOPs ============================================================================================================
+# Training work per sample, counted from a Keras model's layer shapes.
+#
+# Two flops per multiply-add of the convolution and dense layers, times 3 for the forward pass, the input
+# gradient and the weight gradient (times 2 for the first such layer, whose input gradient is not computed).
+# Batch norm, activations, pooling, the loss and the optimizer update are not counted: they are a few per cent
+# of the work and no peak rate would cover them. Dilation does not change a convolution's count; a transposed
+# convolution counts every input pixel's k x k scatter (the cropped row and column included).
+
+def forward_multiply_adds(layer) -> int:
+    """Multiply-adds of one sample's forward pass through `layer` (nested models included); 0 for layers
+    without a kernel."""
+    from keras import layers
+    if hasattr(layer, "layers"):  # a nested model
+        return sum(forward_multiply_adds(inner) for inner in layer.layers)
+    kernel = math.prod(getattr(layer, "kernel_size", ()) or (1,))
+    if isinstance(layer, layers.SeparableConv2D):  # depthwise k x k, then pointwise 1 x 1
+        out, cin = layer.output.shape, layer.input.shape[-1]
+        return _pixels(out) * cin * (kernel * layer.depth_multiplier + out[-1])
+    if isinstance(layer, layers.DepthwiseConv2D):
+        return _pixels(layer.output.shape) * layer.input.shape[-1] * layer.depth_multiplier * kernel
+    if isinstance(layer, (layers.Conv2DTranspose, layers.Conv3DTranspose)):
+        return _pixels(layer.input.shape) * layer.input.shape[-1] * layer.filters * kernel
+    if isinstance(layer, (layers.Conv1D, layers.Conv2D, layers.Conv3D)):
+        out = layer.output.shape
+        return _pixels(out) * layer.input.shape[-1] * out[-1] * kernel
+    if isinstance(layer, layers.Dense):
+        return math.prod(layer.input.shape[1:]) // layer.input.shape[-1] * layer.input.shape[-1] * layer.units
+    return 0
+
+
+def _pixels(shape) -> int:
+    """Spatial positions of a channels-last (batch, ..., channels) shape."""
+    return math.prod(shape[1:-1])
+
+
+def training_gflop_per_sample(model) -> float:
+    """GFLOP of one sample's training step (forward and backward) through `model`'s conv and dense layers."""
+    macs = [forward_multiply_adds(layer) for layer in model.layers]  # model.layers: topological order
+    first = next((m for m in macs if m), 0)
+    return 2.0 * (3 * sum(macs) - first) / 1e9
+
+
+# === Energy ===========================================================================================================
+# Energy a run used, from the platform's counters, or the reason there is no figure (never an estimate).
+#
+# - CPUs: RAPL package domains under /sys/class/powercap (intel-rapl:N, also on AMD's Linux driver), read by
+#   one rank per node (local rank 0); the counter wraps at max_energy_range_uj.
+# - GPUs: NVML's total energy of the rank's GPU (pynvml, Volta and later), read by every GPU rank.
+# Read at run_start and run_stop; summary.json's `system.energy_j_per_sample` is the job's joules over the samples
+# trained. The files are often readable by root only: the reason then says so.
+
+POWERCAP = Path("/sys/class/powercap")
+
+
+def rapl_packages(root: Path = POWERCAP) -> list[Path]:
+    """The RAPL package domains (intel-rapl:0, intel-rapl:1, ...; not their sub-domains)."""
+    return sorted(p for p in root.glob("intel-rapl:*") if p.name.count(":") == 1)
+
+
+def read_rapl(root: Path = POWERCAP) -> tuple[dict | None, str]:
+    """{domain: (energy µJ, wrap µJ)}, or None and why not."""
+    domains = rapl_packages(root)
+    if not domains:
+        return None, f"no RAPL package domains under {root}"
+    try:
+        return {d.name: (int((d / "energy_uj").read_text()), int((d / "max_energy_range_uj").read_text()))
+                for d in domains}, ""
+    except (OSError, ValueError) as err:
+        return None, f"RAPL counters under {root} unreadable ({err.__class__.__name__}: {err})"
+
+
+def rapl_joules(before: dict, after: dict) -> float:
+    """Joules between two readings of the same domains, each counter's wrap-around included."""
+    total = 0
+    for name, (start, wrap) in before.items():
+        end = after[name][0]
+        total += end - start if end >= start else end + wrap - start
+    return total / 1e6
+
+
+class EnergyMeter:
+    """This rank's share of the job's energy counters between start() and stop()."""
+
+    def __init__(self, dist: DistEnv):
+        self.dist = dist
+        self.source, self.reason = None, ""
+        self.rapl_start: dict | None = None
+        self.nvml_start: float | None = None
+
+    def start(self) -> None:
+        if self.dist.gpu:
+            self.nvml_start, self.reason = _nvml_millijoules()
+            self.source = "NVML" if self.nvml_start is not None else None
+        elif self.dist.local_rank == 0:
+            self.rapl_start, self.reason = read_rapl()
+            self.source = "RAPL" if self.rapl_start is not None else None
+        else:
+            self.source, self.reason = "none needed", ""  # its node's local rank 0 reads the package counters
+
+    def stop(self) -> tuple[float | None, str | None, str]:
+        """(joules this rank accounts for, source, reason when None)."""
+        if self.source == "none needed":
+            return 0.0, None, ""
+        if self.source == "NVML":
+            end, reason = _nvml_millijoules()
+            return (None, None, reason) if end is None else ((end - self.nvml_start) / 1e3, "NVML", "")
+        if self.source == "RAPL":
+            end, reason = read_rapl()
+            return (None, None, reason) if end is None else (rapl_joules(self.rapl_start, end), "RAPL", "")
+        return None, None, self.reason
+
+
+def _nvml_millijoules() -> tuple[float | None, str]:
+    """Total energy (mJ) of the first GPU this process sees, through NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "GPU present but pynvml (nvidia-ml-py) is not installed"
+    try:
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        index = int(visible) if visible.isdigit() else 0
+        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(index))), ""
+    except pynvml.NVMLError as err:
+        return None, f"NVML energy counter unavailable: {err}"
+
+
+def job_energy(readings: list[tuple[float | None, str | None, str]]) -> tuple[float | None, str, str]:
+    """(joules of the job, source, reason when None) from every rank's stop()."""
+    missing = [reason for joules, _, reason in readings if joules is None]
+    if missing:
+        return None, "", missing[0]
+    sources = sorted({source for _, source, _ in readings if source})
+    return sum(j for j, _, _ in readings), "+".join(sources), ""
+
+
+# === The peak cache ===================================================================================================
+# This host's probed peak in `$HPC_BENCH_CACHE/probe-<host>.json`, keyed by host, CPU model, cores and TensorFlow
+# version (common/runtime/probe.py says how it is measured). A lock file keeps two runs starting at once from probing
+# together (each would measure half the node).
+
+def cache_path() -> Path:
+    root = Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
+    return root / f"probe-{socket.gethostname()}.json"
+
+
+def host_key() -> dict:
+    """What a cached probe must match: host, CPU model, cores, TensorFlow version."""
+    return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
+            "tensorflow": _tf_version()}
+
+
+def _tf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "none"
+
+
+def cached() -> dict | None:
+    """This host's cached figures if they were taken with its CPU and TensorFlow, else None."""
+    record = _read(cache_path())
+    key = host_key()
+    return record if record and all(record.get(k) == v for k, v in key.items()) else None
+
+
+def probe(force: bool = False) -> dict:
+    """The cached figures for this host, probing (in a fresh process, on all cores) when there are none, they
+    were taken with another CPU or TensorFlow, or `force`."""
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = cached()
+        if record and not force:
+            return record
+        figures = _measure_in_subprocess()
+        record = {**host_key(), **figures, "peak_gflops": max(figures.values()),
+                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cache": str(path)}
+        write_json_atomic(record, path)
+        return record
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent or unreadable: probe again
+
+
+def _measure_in_subprocess() -> dict:
+    """common/runtime/probe.py's measure() in a new Python process: this one's TensorFlow may already be limited to
+    a rank's threads."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-m", "common.runtime.probe", "--measure"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise BenchError(f"the peak probe (python -m common.runtime.probe --measure) failed with exit "
+                         f"{proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+# === TensorBoard ======================================================================================================
+# TensorBoard event files of a run, written by rank 0 into RUN_DIR/tensorboard (`tensorboard --logdir runs/`).
+#
+# Scalars, by global training step: `train/loss`, `train/learning_rate` and `train/samples_per_second` every
+# `tensorboard.every_steps` steps (the epoch's running figures); `eval/<metric>` (and its parts) and `eval/val_loss`
+# at each evaluation; and at the end the run's `system/*` figures (summary.json's `system`: shares, FLOP/s, memory,
+# energy).
+
+SUBDIR = "tensorboard"
+# A history record's keys that are not the evaluation's.
+TRAINING_KEYS = {"epoch", "step", "loss", "lr", "steps", "train_seconds", "samples_per_second", "input_wait_seconds",
+                 "step_seconds", "val_samples_seen"}
+
+
+class EventWriter:
+    """A tf.summary file writer for rank 0's scalars."""
+
+    def __init__(self, out_dir: str | Path, every_steps: int):
+        import tensorflow as tf
+        self.tf, self.every = tf, every_steps
+        self.writer = tf.summary.create_file_writer(str(Path(out_dir) / SUBDIR))
+
+    def scalars(self, step: int, values: dict) -> None:
+        """Write every finite number in `values` at `step`."""
+        with self.writer.as_default(step=step):
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+                    self.tf.summary.scalar(name, float(value))
+
+    def train(self, step: int, running: dict) -> None:
+        if step % self.every == 0:
+            self.scalars(step, {"train/loss": running.get("loss"), "train/learning_rate": running.get("lr"),
+                                "train/samples_per_second": running.get("samples_per_second")})
+
+    def evaluation(self, step: int, record: dict) -> None:
+        """An evaluation's record: the metric (and its parts) and the validation loss."""
+        self.scalars(step, {f"eval/{k}": v for k, v in record.items() if k not in TRAINING_KEYS})
+
+    def system(self, step: int, figures: dict) -> None:
+        flat = {f"system/{k}": v for k, v in figures.items()}
+        flat |= {f"system/step_{k}": v for k, v in (figures.get("step_breakdown") or {}).items()}
+        ranks = figures.get("peak_rss_mb") or []
+        if ranks:
+            flat["system/peak_rss_mb_max"] = max(ranks)
+        self.scalars(step, flat)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of every scalar in a run's event files (for tests and reports)."""
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted((Path(run_dir) / SUBDIR).glob("events.out.tfevents.*")):
+        for raw in tf.data.TFRecordDataset(str(path)):
+            event = event_pb2.Event.FromString(raw.numpy())
+            for value in event.summary.value:
+                number = tf.make_ndarray(value.tensor) if value.HasField("tensor") else value.simple_value
+                found.setdefault(value.tag, []).append((event.step, float(number)))
+    return found

@@ -12,49 +12,23 @@ Each is the best of `repeats` timed calls after a warm-up. `peak_gflops` is the 
 
 The cache is `$HPC_BENCH_CACHE/probe-<host>.json` (default `~/.cache/hpc-sciml-bench`), keyed by the host name,
 the CPU model, the cores and the TensorFlow version: another CPU or TensorFlow probes afresh. A lock file keeps two
-runs starting at once from probing together (each would measure half the node).
+runs starting at once from probing together (each would measure half the node). Reading and filling the cache
+(`cached`, `probe`) is common/runtime/monitor.py's, which every run calls; this module is the kernels and the CLI.
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 from common.base.cli import guarded
-from common.base.errors import BenchError
-from common.base.files import write_json_atomic
-from common.base.host import cpu_model
+from common.runtime.monitor import probe
 
 GEMM_N = 2048
 CONV_SHAPE = (2, 32, 32, 32, 32)  # batch, depth, height, width, channels in
 CONV_FILTERS, CONV_KERNEL = 64, 3
-
-
-def cache_path() -> Path:
-    root = Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
-    return root / f"probe-{socket.gethostname()}.json"
-
-
-def host_key() -> dict:
-    """What a cached probe must match: host, CPU model, cores, TensorFlow version."""
-    return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
-            "tensorflow": _tf_version()}
-
-
-def _tf_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "none"
 
 
 def measure(repeats: int = 10) -> dict:
@@ -81,51 +55,6 @@ def _best_seconds(fn, repeats: int) -> float:
         float(fn())
         best = min(best, time.perf_counter() - t)
     return best
-
-
-def cached() -> dict | None:
-    """This host's cached figures if they were taken with its CPU and TensorFlow, else None."""
-    record = _read(cache_path())
-    key = host_key()
-    return record if record and all(record.get(k) == v for k, v in key.items()) else None
-
-
-def probe(force: bool = False) -> dict:
-    """The cached figures for this host, probing (in a fresh process, on all cores) when there are none, they
-    were taken with another CPU or TensorFlow, or `force`."""
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        record = cached()
-        if record and not force:
-            return record
-        figures = _measure_in_subprocess()
-        record = {**host_key(), **figures, "peak_gflops": max(figures.values()),
-                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cache": str(path)}
-        write_json_atomic(record, path)
-        return record
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # absent or unreadable: probe again
-
-
-def _measure_in_subprocess() -> dict:
-    """measure() in a new Python process: this one's TensorFlow may already be limited to a rank's threads."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
-        env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-m", "common.runtime.probe", "--measure"], env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise BenchError(f"the peak probe (python -m common.runtime.probe --measure) failed with exit "
-                         f"{proc.returncode}: {proc.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1])
 
 
 def main(argv=None) -> int:

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from common.runtime import energy, probe, system
-from common.runtime.flops import training_gflop_per_sample
+from common.runtime import monitor
+from common.runtime.monitor import training_gflop_per_sample
 from common.runtime.phases import PhaseClock
 
 
@@ -21,7 +21,7 @@ class _Clock:
 
 
 def test_step_window_reads_the_phases_of_its_steps_only_and_syncs_inside_it():
-    window, clock = system.StepWindow(warmup=2, steps=3), _Clock()
+    window, clock = monitor.StepWindow(warmup=2, steps=3), _Clock()
     window.attach(clock)
     totals = {"step_seconds": 0.0, "input_wait_seconds": 0.0}
     for done in range(1, 8):
@@ -35,7 +35,7 @@ def test_step_window_reads_the_phases_of_its_steps_only_and_syncs_inside_it():
 
 
 def test_step_window_does_not_open_before_a_boundary_and_closes_at_one():
-    window = system.StepWindow(warmup=1, steps=10)
+    window = monitor.StepWindow(warmup=1, steps=10)
     window.tick(1, boundary=True, totals={})
     assert window.window is None
     window.tick(2, boundary=False, totals={})
@@ -47,13 +47,13 @@ def test_collective_figures_split_the_blocked_time_into_waiting_and_the_exchange
     # Two ranks over 10 steps: rank 0 blocked 0.3 s of 1 s, rank 1 0.1 s of 1 s; the allreduce on its own
     # takes 8 ms (2 ms of it Horovod's coordination) for 3 MB.
     exchange = {"seconds": 0.008, "latency_seconds": 0.002, "bytes": 3_000_000, "repeats": 10}
-    figures = system.collective_figures([(0.3, 1.0), (0.1, 1.0)], 10, exchange)
+    figures = monitor.collective_figures([(0.3, 1.0), (0.1, 1.0)], 10, exchange)
     assert figures["allreduce_share"] == pytest.approx(0.2)
     assert figures["allreduce_share_per_rank"] == pytest.approx([0.3, 0.1])
     assert figures["allreduce_wait_share"] == pytest.approx(((0.3 - 0.06) + (0.1 - 0.06)) / 2)  # less 10 transfers
     assert figures["allreduce_gb_per_s"] == pytest.approx(3e6 / 0.006 / 1e9)
     assert figures["allreduce_bytes_per_step"] == 3_000_000
-    unseen = system.collective_figures([(0.05, 1.0)], 10, exchange | {"latency_seconds": 0.009})
+    unseen = monitor.collective_figures([(0.05, 1.0)], 10, exchange | {"latency_seconds": 0.009})
     assert unseen["allreduce_wait_share"] == pytest.approx(0.05) and unseen["allreduce_gb_per_s"] is None
 
 
@@ -72,26 +72,26 @@ def test_phase_clock_adds_each_lap_to_its_phase_and_drains_the_device_only_when_
 
 
 def test_mean_shares_average_the_ranks_breakdowns():
-    shares = system.mean_shares([{"compute": 0.8, "allreduce": 0.2}, {"compute": 0.6, "allreduce": 0.4}])
+    shares = monitor.mean_shares([{"compute": 0.8, "allreduce": 0.2}, {"compute": 0.6, "allreduce": 0.4}])
     assert shares == pytest.approx({"compute": 0.7, "allreduce": 0.3})
 
 
 def test_step_breakdown_splits_the_window_into_shares_that_sum_to_one():
-    shares = system.step_breakdown({"step_seconds": 0.8, "input_wait_seconds": 0.1}, 1.0, 0.3)
+    shares = monitor.step_breakdown({"step_seconds": 0.8, "input_wait_seconds": 0.1}, 1.0, 0.3)
     assert shares == pytest.approx({"compute": 0.5, "allreduce": 0.3, "input_wait": 0.1, "other": 0.1})
 
 
 def test_input_wait_share_leaves_out_the_first_epoch():
     history = [{"train_seconds": 10, "input_wait_seconds": 9}, {"train_seconds": 4, "input_wait_seconds": 1},
                {"train_seconds": 6, "input_wait_seconds": 0}]
-    assert system.input_wait_share(history) == pytest.approx(0.1)
-    assert system.input_wait_share([]) is None
+    assert monitor.input_wait_share(history) == pytest.approx(0.1)
+    assert monitor.input_wait_share([]) is None
 
 
 def test_flops_figures_against_the_nodes_peak():
-    figures = system.flops_figures(2.0, 10.0, {"peak_gflops": 100.0}, nodes=2)
+    figures = monitor.flops_figures(2.0, 10.0, {"peak_gflops": 100.0}, nodes=2)
     assert figures == {"gflop_per_sample": 2.0, "sustained_gflops": 20.0, "fraction_of_peak": 0.1}
-    assert system.flops_figures(2.0, 10.0, None, 1)["fraction_of_peak"] is None
+    assert monitor.flops_figures(2.0, 10.0, None, 1)["fraction_of_peak"] is None
 
 
 def _powercap(root, domains):
@@ -105,28 +105,28 @@ def _powercap(root, domains):
 def test_rapl_energy_of_the_packages_with_a_counter_wrapping(tmp_path):
     _powercap(tmp_path, {"intel-rapl:0": (1_000_000, 10_000_000), "intel-rapl:1": (9_500_000, 10_000_000),
                          "intel-rapl:0:0": (5, 10)})  # a sub-domain (core): not counted again
-    before, reason = energy.read_rapl(tmp_path)
+    before, reason = monitor.read_rapl(tmp_path)
     assert reason == "" and sorted(before) == ["intel-rapl:0", "intel-rapl:1"]
     _powercap(tmp_path, {"intel-rapl:0": (4_000_000, 10_000_000), "intel-rapl:1": (500_000, 10_000_000)})
-    after, _ = energy.read_rapl(tmp_path)
-    assert energy.rapl_joules(before, after) == pytest.approx(3.0 + 1.0)
+    after, _ = monitor.read_rapl(tmp_path)
+    assert monitor.rapl_joules(before, after) == pytest.approx(3.0 + 1.0)
 
 
 def test_no_rapl_gives_a_reason_not_a_number(tmp_path):
-    assert energy.read_rapl(tmp_path) == (None, f"no RAPL package domains under {tmp_path}")
-    assert energy.job_energy([(12.0, "RAPL", ""), (None, None, "RAPL counters unreadable")]) == (
+    assert monitor.read_rapl(tmp_path) == (None, f"no RAPL package domains under {tmp_path}")
+    assert monitor.job_energy([(12.0, "RAPL", ""), (None, None, "RAPL counters unreadable")]) == (
         None, "", "RAPL counters unreadable")
-    assert energy.job_energy([(12.0, "RAPL", ""), (0.0, None, "")]) == (12.0, "RAPL", "")
+    assert monitor.job_energy([(12.0, "RAPL", ""), (0.0, None, "")]) == (12.0, "RAPL", "")
 
 
 def test_the_probe_cache_is_used_only_for_the_same_host_cpu_and_tensorflow(tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_BENCH_CACHE", str(tmp_path))
-    record = {**probe.host_key(), "gemm_gflops": 50.0, "conv3d_gflops": 60.0, "peak_gflops": 60.0}
-    probe.cache_path().write_text(json.dumps(record))
-    assert probe.cached() == record
-    assert probe.probe() == record  # no new measurement
-    probe.cache_path().write_text(json.dumps(record | {"tensorflow": "0.0.1"}))
-    assert probe.cached() is None
+    record = {**monitor.host_key(), "gemm_gflops": 50.0, "conv3d_gflops": 60.0, "peak_gflops": 60.0}
+    monitor.cache_path().write_text(json.dumps(record))
+    assert monitor.cached() == record
+    assert monitor.probe() == record  # no new measurement
+    monitor.cache_path().write_text(json.dumps(record | {"tensorflow": "0.0.1"}))
+    assert monitor.cached() is None
 
 
 def test_flops_of_a_small_conv3d_network_from_its_layer_shapes():
@@ -141,4 +141,4 @@ def test_flops_of_a_small_conv3d_network_from_its_layer_shapes():
 
 
 def test_peak_rss_is_this_processes_resident_set():
-    assert 10 < system.peak_rss_mb() < (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**20
+    assert 10 < monitor.peak_rss_mb() < (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**20
