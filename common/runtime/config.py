@@ -79,7 +79,7 @@ class DistConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SystemConfig:
-    """summary.json's `system` figures (common/runtime/system.py)."""
+    """summary.json's `system` figures (common/runtime/monitor.py)."""
 
     enabled: bool = True
     probe: bool = True  # measure the node's peak FLOP/s once per host when not cached (common/runtime/probe.py)

@@ -26,7 +26,6 @@ from common.io.datasets import Datasets
 from common.runtime.checkpoint import Progress
 from common.runtime.dist import DistEnv
 from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
-from common.runtime.phases import PhaseClock
 from common.runtime.stopping import StopFlag
 
 STEP_PHASES = ("compute", "allreduce", "update")  # the data-parallel step's phases (make_train_step)
@@ -55,7 +54,7 @@ class Steps:
     evaluate: Callable[[Any, Any], Any]  # (x, y) -> this rank's float32 sums [count, loss sum, metric sums ...]
     close: Callable[[], None] = lambda: None  # after the last step (e.g. closes sessions)
     stop: StopFlag | None = None  # the stop request train() allreduces with its gradients (None: it does not)
-    clock: PhaseClock | None = None  # seconds the training steps spent in each phase (None: not kept)
+    clock: Any = None  # a strategy.PhaseClock: seconds the training steps spent in each phase (None: not kept)
 
 
 @dataclasses.dataclass

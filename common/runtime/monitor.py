@@ -40,7 +40,7 @@ from common.base.files import write_json_atomic
 from common.base.host import cpu_model
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Callback, Loop
-from common.runtime.phases import PhaseClock, device_sync_for
+from common.runtime.strategy import PhaseClock, device_sync_for
 
 
 # === The monitor ======================================================================================================
@@ -184,7 +184,7 @@ def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason:
 #
 # - Input wait and step time: the training loop times every `next()` on the input and every training step
 #   (the history's `input_wait_seconds` and `step_seconds` per epoch).
-# - Collectives: the training steps keep a clock of their phases (common/runtime/phases.py; the data-parallel step
+# - Collectives: the training steps keep a clock of their phases (common/runtime/strategy.py; the data-parallel step
 #   runs its forward and backward pass, the grouped allreduce of its gradients and the update as three calls).
 #   A window of `system.window_steps` steps, opened after `system.warmup_steps` steps (tracing and the first
 #   allocations done) and closed early at an epoch's end or an evaluation, reads it: the seconds the steps were

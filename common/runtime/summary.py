@@ -143,7 +143,7 @@ class Summary:
     samples_per_second_steady: float | None = None
     global_batch_size: int | None = None
     io: dict | None = None  # io_report.json's figures
-    system: dict | None = None  # common/runtime/system.py
+    system: dict | None = None  # common/runtime/monitor.py
     parallel: dict | None = None  # the hybrid strategy's partitioning
     elastic: dict | None = None  # the elastic strategy's resets
     attempt: int | None = None  # a resumed run's attempt

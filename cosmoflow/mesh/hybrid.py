@@ -29,7 +29,7 @@ import numpy as np
 from common.base.errors import BenchError
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Steps, Trainee
-from common.runtime.phases import PhaseClock
+from common.runtime.strategy import PhaseClock
 from common.runtime.strategy import DataParallel, Metric, StepsFactory, batch_sums
 from common.runtime.stopping import StopFlag
 from cosmoflow.data import SampleBlock

@@ -7,7 +7,7 @@ import pytest
 
 from common.runtime import monitor
 from common.runtime.monitor import training_gflop_per_sample
-from common.runtime.phases import PhaseClock
+from common.runtime.strategy import PhaseClock
 
 
 class _Clock:
