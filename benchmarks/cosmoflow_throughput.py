@@ -48,8 +48,7 @@ def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
     import tensorflow as tf
 
     from common.runtime.strategy import make_train_step
-    from cosmoflow.metrics import mse_loss
-    from cosmoflow.model import build_model
+    from cosmoflow.model import build_model, mse_loss
     model = build_model(input_shape=(size, size, size, 4))
     optimizer = keras.optimizers.SGD(0.001, momentum=0.9)
     optimizer.build(model.trainable_variables)

@@ -78,8 +78,7 @@ def build_train_step(cfg, dist):
     import keras
 
     from common.runtime.strategy import make_train_step
-    from deepcam.metrics import WeightedCrossEntropy, class_weights
-    from deepcam.model import build_model
+    from deepcam.model import WeightedCrossEntropy, build_model, class_weights
     from deepcam.optim import StepSchedule, build_optimizer
     keras.utils.set_random_seed(cfg.run.seed + dist.rank)
     model = build_model(**dataclasses.asdict(cfg.model))

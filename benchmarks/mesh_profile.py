@@ -90,8 +90,7 @@ def profile_mesh(model_cfg, spatial: tuple[int, int], batch: int, steps: int) ->
 def profile_keras(model_cfg, batch: int, steps: int) -> dict:
     """The Keras model's forward and backward on one thread: what a data-parallel rank computes per step."""
     import tensorflow as tf
-    from cosmoflow.metrics import mse_loss
-    from cosmoflow.model import build_model
+    from cosmoflow.model import build_model, mse_loss
     model = build_model(**dataclasses.asdict(model_cfg))
     x, y = (tf.constant(a) for a in _batch(model_cfg, batch))
 

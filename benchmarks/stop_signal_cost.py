@@ -48,8 +48,7 @@ def worker(steps: int, repeats: int, out: str) -> None:
 
     from common.runtime.strategy import make_train_step
     from common.runtime.stopping import StopRequests
-    from cosmoflow.metrics import mse_loss
-    from cosmoflow.model import build_model
+    from cosmoflow.model import build_model, mse_loss
     keras.utils.set_random_seed(0)
     model = build_model(**MINI)
     optimizer = keras.optimizers.SGD(0.001, momentum=0.9)

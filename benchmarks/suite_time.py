@@ -5,7 +5,8 @@
 
 For each commit (default: 10755c2, the commit before issue 46's work, then HEAD) a clean checkout is made with
 `git worktree add` in a temporary directory, this checkout's .venv is linked into it, and `python -m pytest tests`
-runs there with a JUnit XML report: the wall-clock seconds of the whole run, the tests passed, failed, skipped
+runs there (the worktree first on PYTHONPATH: .venv holds this checkout as an editable install) with a JUnit
+XML report: the wall-clock seconds of the whole run, the tests passed, failed, skipped
 and errored, and every test's seconds (setup, call and teardown together, as JUnit reports them). The commits run
 one after the other, never together, so that they share the host's state; the result says which CPU ran them.
 Set-up (.venv, the Horovod and DALI builds) is not timed: both checkouts use the one already built.
@@ -73,7 +74,9 @@ def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path)
                "-p", "no:cacheprovider", *pytest_args]
         print(f"== {commit[:7]}: {shlex.join(cmd)} (in {tree})", flush=True)
         start = time.monotonic()
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        # The project is installed editable: without the worktree first on the path, a script it starts
+        # (python cosmoflow/train.py) would import this checkout's packages.
+        env = {**os.environ, "PYTHONPATH": str(tree)}
         try:
             proc = subprocess.run(cmd, cwd=tree, env=env, timeout=timeout_s)
             code = proc.returncode

@@ -4,12 +4,15 @@ Five blocks of [Conv3D k 'same' -> LeakyReLU -> MaxPool3D 2], then Flatten, two
 [Dense (L2 on the kernel) -> LeakyReLU -> Dropout] layers and a Dense output with tanh scaled by 1.2
 (targets live in [-1, 1]). Every size comes from the arguments, which are the config's
 `model:` section. Channels-last: inputs are (B, D, H, W, C).
+
+The loss (`mse_loss`) and the validation metric (`MeanAbsoluteError`) are here too.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import keras
+import numpy as np
 from keras import layers
 
 POOLING = {"max": layers.MaxPooling3D, "avg": layers.AveragePooling3D}
@@ -68,3 +71,43 @@ def _check_pooling(input_shape: Sequence[int], blocks: int, pool_size: int) -> N
     if any(s < smallest for s in input_shape[:3]):
         raise ValueError(f"input_shape {list(input_shape)}: {blocks} poolings of {pool_size} "
                          f"need spatial sizes of at least {smallest}")
+
+
+# ---------------------------------------------------------------------------- loss and metric
+# CosmoFlow's loss (mean squared error) and validation metric (mean absolute error).
+
+
+def mse_loss(y_true, y_pred):
+    """Mean squared error over the batch and the 4 parameters (a scalar)."""
+    return keras.ops.mean(keras.ops.square(y_pred - y_true))
+
+
+PARAMETERS = ("Omega_m", "sigma_8", "n_s", "H_0")
+
+
+class MeanAbsoluteError:
+    """MAE over all validation samples and parameters, from sums that add across ranks.
+
+    The sums are [count of values, sum of |error| per parameter ...], so the per-parameter
+    MAE is reported too.
+    """
+
+    name = "mae"
+    mlperf_key = "eval_error"
+    higher_is_better = False
+
+    def batch_sums(self, y_true, y_pred):
+        per_param = keras.ops.sum(keras.ops.abs(y_pred - y_true), axis=0)  # (P,)
+        count = keras.ops.cast(keras.ops.size(y_true), "float32")
+        return keras.ops.concatenate([keras.ops.reshape(count, (1,)), per_param])
+
+    def result(self, sums) -> float:
+        sums = np.asarray(sums, dtype=np.float64)
+        return float(sums[1:].sum() / sums[0])
+
+    def details(self, sums) -> dict:
+        """MAE of each parameter."""
+        sums = np.asarray(sums, dtype=np.float64)
+        per_sample = sums[0] / len(sums[1:])
+        names = PARAMETERS if len(sums) - 1 == len(PARAMETERS) else range(len(sums) - 1)
+        return {f"mae_{n}": float(v / per_sample) for n, v in zip(names, sums[1:])}

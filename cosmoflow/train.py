@@ -49,8 +49,7 @@ def strategy_for(cfg: CosmoConfig, dist: DistEnv) -> DataParallel:
 def build(cfg: CosmoConfig, strategy: DataParallel) -> Trainee:
     """The Keras model, SGD and the schedule for a global batch of `strategy.replicas` local batches."""
     import keras
-    from cosmoflow.metrics import MeanAbsoluteError, mse_loss
-    from cosmoflow.model import build_model
+    from cosmoflow.model import MeanAbsoluteError, build_model, mse_loss
     keras.utils.set_random_seed(strategy.model_seed(cfg.run.seed))
     set_precision(cfg.train.precision)  # the Keras policy the model is built under
     model = build_model(**dataclasses.asdict(cfg.model), l2=cfg.optimizer.weight_decay)

@@ -60,8 +60,7 @@ def train_steps(cfg: DeepCamConfig, ranks: int) -> int:
 def build(cfg: DeepCamConfig, strategy: DataParallel) -> Trainee:
     """Model, optimizer, step-based schedule, weighted loss and IoU metric for this rank."""
     import keras
-    from deepcam.metrics import MeanIoU, WeightedCrossEntropy, class_weights
-    from deepcam.model import build_model
+    from deepcam.model import MeanIoU, WeightedCrossEntropy, build_model, class_weights
     from deepcam.optim import StepSchedule, build_optimizer
     keras.utils.set_random_seed(strategy.model_seed(cfg.run.seed))
     set_precision(cfg.train.precision)  # the Keras policy the model is built under

@@ -10,6 +10,9 @@ NP=${NP:-2}
 DEMO_DIR=${DEMO_DIR:-demo}
 HOROVODRUN="$(dirname "$PY")/horovodrun"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+# This checkout's code first: a .venv shared with another checkout (a git worktree) holds that one as its
+# editable install, which `python cosmoflow/train.py` would otherwise import.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 STAMP=$(date +%Y%m%d-%H%M%S)
 # Node-local directory below which each run stages its data (before init_start, untimed) into a directory of
 # its own, removed after the run (STAGE_DIR itself is left alone).

@@ -66,8 +66,7 @@ def keras_reference(cfg: CosmoModelConfig, batch: int, seed: int) -> Reference:
     """The Keras model (random kernels and biases) on a random batch: outputs, MSE loss and gradients."""
     import keras
     import tensorflow as tf
-    from cosmoflow.metrics import mse_loss
-    from cosmoflow.model import build_model
+    from cosmoflow.model import build_model, mse_loss
     keras.utils.set_random_seed(seed)
     model = build_model(**dataclasses.asdict(cfg))
     rng = np.random.default_rng(seed)

@@ -321,7 +321,7 @@ def _forward(mesh, model: CosmoModelConfig, layout: MeshLayout, source, targets,
             x = mtf.dropout(x, is_training=True, rate=model.dropout)
     outputs = mtf.tanh(_dense(x, model.target_size, "output")) * model.output_scale
     y = mtf.import_tf_tensor(mesh, targets, outputs.shape)
-    loss = mtf.reduce_mean(mtf.square(outputs - y))  # as cosmoflow.metrics.mse_loss
+    loss = mtf.reduce_mean(mtf.square(outputs - y))  # as cosmoflow.model.mse_loss
     return outputs, loss
 
 

@@ -27,8 +27,7 @@ import numpy as np
 from common.runtime.config import DistConfig
 from common.runtime.dist import DistEnv, init_distributed
 from common.runtime.strategy import make_train_step
-from cosmoflow.metrics import mse_loss
-from cosmoflow.model import build_model
+from cosmoflow.model import build_model, mse_loss
 
 MODEL = dict(input_shape=(16, 16, 16, 4), conv_filters=(4, 8, 8, 16), dense_units=(16, 8), dropout=0.0)
 DEEPCAM = dict(input_shape=(32, 48, 16), width=0.0625, middle_blocks=2)
@@ -55,7 +54,7 @@ def build(kind: str):
         from deepcam import model as deepcam_model
         from deepcam.config import DeepCamOptimizerConfig
         from deepcam.lamb import ApexLamb
-        from deepcam.metrics import WeightedCrossEntropy, class_weights
+        from deepcam.model import WeightedCrossEntropy, class_weights
         from deepcam.optim import build_optimizer
         optimizer = build_optimizer(DeepCamOptimizerConfig(name="LAMB"), initial_lr=0.01)
         assert isinstance(optimizer, ApexLamb), type(optimizer)

@@ -19,7 +19,7 @@ from common.runtime.loop import Loop, Trainee, fit
 from common.runtime.strategy import data_parallel_steps
 from common.runtime.mllog import MLPerfLog
 from common.runtime.stopping import StopRequests
-from cosmoflow.metrics import MeanAbsoluteError, mse_loss
+from cosmoflow.model import MeanAbsoluteError, mse_loss
 
 STEPS, BATCH = 4, 2
 

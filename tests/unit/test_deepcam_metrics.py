@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from deepcam.metrics import MeanIoU, WeightedCrossEntropy, class_weights, per_sample_iou
+from deepcam.model import MeanIoU, WeightedCrossEntropy, class_weights, per_sample_iou
 
 
 def reference_iou(pred: np.ndarray, gt: np.ndarray, classes: int) -> float:

@@ -263,7 +263,7 @@ def test_rates_the_optimizer_used_in_training_follow_the_reference(tmp_path):
     from common.runtime.strategy import data_parallel_steps
     from common.runtime.mllog import MLPerfLog
     from deepcam.lamb import ApexLamb
-    from deepcam.metrics import MeanIoU, WeightedCrossEntropy, class_weights
+    from deepcam.model import MeanIoU, WeightedCrossEntropy, class_weights
 
     steps_per_epoch, epochs = 5, 3
 

@@ -11,7 +11,7 @@ from common.runtime.config import TrainConfig
 from common.runtime.loop import Loop, Trainee, fit
 from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
 from common.runtime.strategy import data_parallel_steps
-from cosmoflow.metrics import MeanAbsoluteError, mse_loss
+from cosmoflow.model import MeanAbsoluteError, mse_loss
 
 
 def _data(steps=4, batch=2):

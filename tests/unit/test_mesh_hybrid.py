@@ -16,7 +16,7 @@ from common.runtime.dist import DistEnv
 from common.runtime.loop import Trainee
 from common.runtime.strategy import data_parallel_steps
 from cosmoflow.config import CosmoModelConfig
-from cosmoflow.metrics import MeanAbsoluteError, mse_loss
+from cosmoflow.model import MeanAbsoluteError, mse_loss
 from cosmoflow.mesh.groups import GroupLayout
 from cosmoflow.mesh.model import keras_weights
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from cosmoflow.metrics import MeanAbsoluteError, mse_loss
+from cosmoflow.model import MeanAbsoluteError, mse_loss
 
 
 def test_mse():

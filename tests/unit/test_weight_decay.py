@@ -4,8 +4,7 @@ import pytest
 
 from common.runtime.dist import DistEnv
 from common.runtime.strategy import make_train_step
-from cosmoflow.metrics import mse_loss
-from cosmoflow.model import build_model
+from cosmoflow.model import build_model, mse_loss
 
 SMALL = dict(input_shape=(16, 16, 16, 2), conv_filters=(4, 8), dense_units=(8, 4), dropout=0.0)
 
