@@ -2,14 +2,14 @@
 
     python benchmarks/core_size.py [--data DIR] [--out benchmarks/results/core_size.json]
 
-One single-process, one-epoch CosmoFlow mini run (cosmoflow/configs/cosmo_mini.yaml, no staging) under a
-tracer gives the suite's files whose code it runs, their lines in all (`file_lines`) and the distinct lines of
-them that ran (`executed_lines`, as coverage counts them); the stack at the first
-`GradientTape.gradient` gives the suite's frames from `train()` to the frame that asks for the gradient; an AST
-walk gives the types (classes) defined in common/runtime/loop.py and in common/runtime/. Without --data a tiny
-dataset (16 + 4 synthetic 64^3 universes cut into 32^3 samples) is generated in a temporary directory.
-"""
-from __future__ import annotations
+One single-process, one-epoch CosmoFlow mini run (cosmoflow/configs/cosmo_mini.yaml, no staging) under a tracer
+gives the suite's files whose code runs once train() is called (`files`), their lines in all (`file_lines`) and the
+distinct lines of them that ran (`executed_lines`, as coverage counts them), and the same of every suite file the
+run imports (`imported_*`: module top levels count, as under coverage); the stack at the first
+`GradientTape.gradient` gives the suite's frames from `train()` to the frame that asks for the gradient; an AST walk
+gives the types (classes) defined in common/runtime/loop.py and in common/runtime/. Without --data a tiny dataset
+(16 + 4 synthetic 64^3 universes cut into 32^3 samples) is generated in a temporary directory. """ from __future__
+import annotations
 
 import argparse
 import ast
@@ -42,11 +42,9 @@ class CallTracer:
 
     def __init__(self):
         self.lines: dict[str, set[int]] = {}
+        self.called: set[str] = set()  # files a function of which ran once `training` was set (imports done)
+        self.training = False
         self.where: dict = {}  # code object -> its repository-relative path, or None
-
-    @property
-    def files(self) -> set[str]:
-        return set(self.lines)
 
     def _trace(self, frame, event, _arg):
         code = frame.f_code
@@ -56,6 +54,8 @@ class CallTracer:
         if rel is None:
             return None
         self.lines.setdefault(rel, set()).add(frame.f_lineno)
+        if self.training:
+            self.called.add(rel)
         return self._line
 
     def _line(self, frame, event, _arg):
@@ -108,18 +108,24 @@ def classes(path: Path) -> list[str]:
 
 
 def measure(data: Path, out_dir: Path) -> dict:
-    from common.runtime.stopping import StopRequests
-    from cosmoflow.train import train
+    """The run imports the suite under the tracer (as coverage would see it): `imported_*` count the files whose
+    code ran at all, module top levels included; `files` those whose code ran once train() was called."""
     chain = frames_to_gradient()
     overrides = [f"data.dir={data}", f"run.output_dir={out_dir}", "train.max_epochs=1", "train.target=0.0",
                  "mlperf.platform=core-size"]
     with CallTracer() as tracer:
+        from common.runtime.stopping import StopRequests
+        from cosmoflow.train import train
+        tracer.training = True
         code = train(str(REPO / "cosmoflow/configs/cosmo_mini.yaml"), overrides, StopRequests())
-    files = {rel: len((REPO / rel).read_text().splitlines()) for rel in sorted(tracer.files)}
+    lines = {rel: len((REPO / rel).read_text().splitlines()) for rel in sorted(tracer.lines)}
+    files = {rel: n for rel, n in lines.items() if rel in tracer.called}
+    executed = {rel: len(tracer.lines[rel]) for rel in lines}
     runtime = {p.name: classes(p) for p in sorted((REPO / "common/runtime").glob("*.py"))}
-    executed = {rel: len(tracer.lines[rel]) for rel in files}
     return {"exit_code": code, "files": len(files), "file_lines": sum(files.values()),
-            "executed_lines": sum(executed.values()), "per_file": files, "executed_per_file": executed,
+            "executed_lines": sum(executed[rel] for rel in files), "imported_files": len(lines),
+            "imported_file_lines": sum(lines.values()), "imported_executed_lines": sum(executed.values()),
+            "per_file": files, "executed_per_file": executed,
             "frames_to_gradient": len(chain.get("chain", [])) - 1, "gradient_chain": chain.get("chain", []),
             "loop_types": classes(REPO / "common/runtime/loop.py"),
             "runtime_types": sum(len(v) for v in runtime.values()), "runtime_types_by_file": runtime}
