@@ -8,8 +8,9 @@ distinct lines of them that ran (`executed_lines`, as coverage counts them), and
 run imports (`imported_*`: module top levels count, as under coverage); the stack at the first
 `GradientTape.gradient` gives the suite's frames from `train()` to the frame that asks for the gradient; an AST walk
 gives the types (classes) defined in common/runtime/loop.py and in common/runtime/. Without --data a tiny dataset
-(16 + 4 synthetic 64^3 universes cut into 32^3 samples) is generated in a temporary directory. """ from __future__
-import annotations
+(16 + 4 synthetic 64^3 universes cut into 32^3 samples) is generated in a temporary directory.
+"""
+from __future__ import annotations
 
 import argparse
 import ast
