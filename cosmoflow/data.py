@@ -3,7 +3,7 @@
 `build_datasets` checks the dataset against its manifest up front (sample shape, the files
 this rank reads, sizes, counts that divide across ranks and batches), shards files by rank
 (rank r reads files r, r+size, ...; with data.stage_mode=node_share the node's share, divided
-between its ranks afresh every epoch, see common/io/sharding.py), and returns repeated batched
+between its ranks afresh every epoch, see common/io/input.py), and returns repeated batched
 datasets of (B, D, H, W, 4) float32 log(1 + counts) and (B, 4) float32 targets. Both loaders
 give the same tensors. A rank of a spatial group (the hybrid Mesh-TF path) passes its `SampleBlock`: it then
 decodes and hands on only its block (B, D/pd, H/ph, W, 4) of every sample, cut from the raw bytes.
@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from common.base.errors import BenchError
-from common.io.datasets import Datasets
 from common.io.formats import TRAIN, VALIDATION
 from common.io.formats import cosmoflow as record_format
 from common.io.formats.cosmoflow import FORMAT
-from common.io.loader import checksums_wanted, resolve_loader
-from common.io.manifest import (MANIFEST_NAME, Manifest, check_shard_files, check_split_counts, load_manifest,
-                                record_bytes, sha256_file)
-from common.io.sharding import dali_reader_sharding, local_files_dataset, node_share
+from common.io.input import (Datasets, Shard, dali_reader_sharding, local_files_dataset, open_input,
+                             rank_shards)
+from common.io.manifest import MANIFEST_NAME, Manifest, check_split_counts, load_manifest, sha256_file
 from common.runtime.dist import DistEnv
 from cosmoflow.config import CosmoDataConfig
 
@@ -57,50 +56,45 @@ class SampleBlock:
                                  f"{name} {size} (shape {list(sample_shape)})")
 
 
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """The files one rank reads from one split."""
-
-    split: str
-    files: tuple[str, ...]
-    index_files: tuple[str | None, ...]
-    samples: int  # on this rank
-    global_samples: int
-    # node_share: `files` are the node's share, divided between its ranks every epoch; (local rank,
-    # ranks per node, the run seed every rank of the node draws the division from). None: files are this rank's.
-    local: tuple[int, int, int] | None = None
-
-
 def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batch: int,
                    dist: DistEnv, seed: int, block: SampleBlock | None = None) -> Datasets:
     """Datasets for training and validation on this rank, checked against the manifest.
 
     block: decode and give only this block of every sample (a rank of a spatial group).
     """
-    manifest = load_manifest(cfg.dir, expected_format=FORMAT)
-    _check_manifest(manifest, sample_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
-    whole_shape, own, mine = manifest.sample_shape, None, block  # `block` is what the pipeline cuts, if anything
-    if block is not None:
-        block.check(manifest.sample_shape, str(manifest.root / "manifest.json"))
-        own = block_records(cfg.blocks, manifest, block)
-        if own is not None:  # the block's own records: read whole, they hold only the block
-            manifest, block = own, None
-    shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
-    if dist.rank == 0:
-        _report_dropped(manifest, shards, dist.size)
-    paths = shard_paths(manifest, shards)
-    loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION), files=paths)
-    check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
-    make = _dali_dataset if loader == "dali" else _tfdata_dataset
-    preprocess = _preprocess(cfg, manifest)
-    pipe = Pipe(manifest, cfg, local_batch, dist, preprocess, block)
-    train = make(pipe, shards[TRAIN], cfg.shuffle, seed + dist.rank)
-    val = make(pipe, shards[VALIDATION], False, seed)
-    datasets = Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch,
-                                    record_bytes(manifest, only=paths), loader)
-    if mine is None:
+    drop = cfg.uneven_files == "drop"
+
+    def split(manifest: Manifest) -> tuple[Shard, Shard]:
+        shards = split_between_ranks(manifest, dist, local_batch, drop)
+        if dist.rank == 0:
+            _report_dropped(manifest, shards, dist.size)
+        return shards
+
+    rank_input = open_input(cfg, FORMAT, dist, local_batch, shard=split,
+                            check=lambda manifest: _records_read(manifest, cfg, sample_shape, block))
+    # The block's own records (data_prep cosmo-blocks) are a dataset of their own, read whole.
+    own = rank_input.manifest.root != Path(cfg.dir)
+    make = _dali_dataset if rank_input.loader == "dali" else _tfdata_dataset
+    preprocess = _preprocess(cfg, rank_input.manifest)
+    pipe = Pipe(rank_input.manifest, cfg, local_batch, dist, seed, preprocess, None if own else block)
+    train = make(pipe, rank_input.train, cfg.shuffle, seed + dist.rank)
+    val = make(pipe, rank_input.val, False, seed)
+    datasets = rank_input.datasets(train, val)
+    if block is None:
         return datasets
-    return dataclasses.replace(datasets, decoded_fraction=mine.fraction(whole_shape), block_records=own is not None)
+    # the samples' shape is the model's (checked)
+    return dataclasses.replace(datasets, decoded_fraction=block.fraction(tuple(sample_shape)), block_records=own)
+
+
+def _records_read(manifest: Manifest, cfg: CosmoDataConfig, sample_shape: Sequence[int],
+                  block: SampleBlock | None) -> Manifest:
+    """Check the dataset's manifest against the model; the manifest of the records this rank reads: the dataset's,
+    or on a spatial group its block's own records when data.blocks finds them."""
+    _check_manifest(manifest, sample_shape)
+    if block is None:
+        return manifest
+    block.check(manifest.sample_shape, str(manifest.root / "manifest.json"))
+    return block_records(cfg.blocks, manifest, block) or manifest
 
 
 def block_records(mode: str, manifest: Manifest, block: SampleBlock) -> Manifest | None:
@@ -147,12 +141,13 @@ def check_block_manifest(own: Manifest, whole: Manifest, block: SampleBlock) -> 
 
 @dataclasses.dataclass(frozen=True)
 class Pipe:
-    """What both loaders' pipelines are built from, beside the shard, shuffling and seed."""
+    """What both loaders' pipelines are built from, beside the shard, its shuffling and its seed."""
 
     manifest: Manifest
     cfg: CosmoDataConfig
     batch: int
     dist: DistEnv
+    seed: int  # the run seed, from which the ranks of a node draw their division of its files (node_share)
     preprocess: object  # (x, y) -> (x, y): int16 counts to the model's float32 input
     block: SampleBlock | None = None
 
@@ -163,31 +158,18 @@ class Pipe:
         return self.block.shape(shape) if self.block else shape
 
 
-def shard_paths(manifest: Manifest, shards: dict[str, Shard]) -> set[str]:
-    """The dataset paths of the record files the shards read (a staged copy of a rank or node holds only these,
-    and a copy staged with data.stage_decompress describes only these as staged)."""
-    root = str(manifest.root)
-    return {os.path.relpath(f, root) for shard in shards.values() for f in shard.files}
+def split_between_ranks(manifest: Manifest, dist: DistEnv, local_batch: int, drop: bool) -> tuple[Shard, Shard]:
+    """This rank's files of the train and validation splits (`shard_split`)."""
+    return tuple(shard_split(manifest, split, dist.rank, dist.size, local_batch, drop=drop)
+                 for split in (TRAIN, VALIDATION))
 
 
-def rank_shard(manifest: Manifest, cfg: CosmoDataConfig, split: str, dist: DistEnv, local_batch: int,
-               seed: int) -> Shard:
-    """What this rank reads of `split`: its files, or its node's share when staged with node_share."""
-    if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
-        return shard_split(manifest, split, dist.rank, dist.size, local_batch, drop=cfg.uneven_files == "drop")
-    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
-    return Shard(split=split, files=tuple(str(manifest.root / e.path) for e in share.files),
-                 index_files=tuple(str(manifest.root / e.index) if e.index else None for e in share.files),
-                 samples=share.samples_per_rank, global_samples=share.global_samples,
-                 local=(dist.local_rank, dist.local_size, seed))
-
-
-def _report_dropped(manifest: Manifest, shards: dict[str, Shard], size: int) -> None:
+def _report_dropped(manifest: Manifest, shards: tuple[Shard, Shard], size: int) -> None:
     """Say which files data.uneven_files=drop leaves out (nothing when it leaves out none)."""
-    for split, shard in shards.items():
-        files = len(manifest.splits[split].files)
+    for shard in shards:
+        split, files = shard.split, len(manifest.splits[shard.split].files)
         left = files - len(shard.files) * size
-        if left > 0 and shard.local is None:
+        if left > 0:
             print(f"note: data.uneven_files=drop: the {split} split's last {left} of {files} files are not read "
                   f"at {size} ranks ({shard.global_samples} of {manifest.splits[split].samples} samples)",
                   flush=True)
@@ -201,7 +183,7 @@ def files_read(manifest: Manifest, rank: int, size: int, local_batch: int, drop:
     return [p for e in entries for p in (e.path, e.index) if p]
 
 
-def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: dict[str, int]) -> None:
+def _check_manifest(manifest: Manifest, sample_shape: Sequence[int]) -> None:
     where = manifest.root / "manifest.json"
     if tuple(manifest.sample_shape) != tuple(sample_shape):
         raise BenchError(f"{where}: samples have shape {list(manifest.sample_shape)}, but the model expects "
@@ -210,7 +192,6 @@ def _check_manifest(manifest: Manifest, sample_shape: Sequence[int], expected: d
     problem = record_format.layout_problem(manifest)
     if problem:
         raise BenchError(f"{where}: {problem[0]}, expected {problem[1]}; reconvert with cosmo-convert")
-    check_split_counts(manifest, {split: expected[split] for split in (TRAIN, VALIDATION)}, where)
 
 
 def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int,
@@ -239,7 +220,7 @@ def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batc
     root = str(manifest.root)  # joined as strings: a Path per file cost 12 ms of a 1,000-file split
     return Shard(split=split, files=tuple(os.path.join(root, e.path) for e in mine),
                  index_files=tuple(os.path.join(root, e.index) if e.index else None for e in mine),
-                 samples=counts[rank], global_samples=total)
+                 runs=tuple((0, e.records) for e in mine), samples=counts[rank], global_samples=total)
 
 
 def _rank_entries(manifest: Manifest, split: str, rank: int, size: int, drop: bool) -> list:
@@ -259,7 +240,7 @@ def _tfdata_dataset(pipe: Pipe, shard: Shard, shuffle: bool, seed: int):
     files = tf.data.Dataset.from_tensor_slices(list(shard.files))
     if shard.local:
         # Every epoch, this rank's part of a new division of the node's files (already endless).
-        records = local_files_dataset(list(shard.files), *shard.local, shuffle=shuffle).interleave(
+        records = local_files_dataset(list(shard.files), *shard.local, pipe.seed, shuffle=shuffle).interleave(
             lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
             cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -367,7 +348,8 @@ def _dali_pipeline(pipe: Pipe, shard: Shard, shuffle: bool, seed: int, device_id
         record = fn.readers.tfrecord(
             path=list(shard.files), index_path=list(shard.index_files),
             features=record_format.dali_features(manifest.target_size),
-            initial_fill=cfg.shuffle_buffer, name="reader", **dali_reader_sharding(shard.local, shuffle))
+            initial_fill=cfg.shuffle_buffer, name="reader",
+            **dali_reader_sharding(shard.local, pipe.seed, shuffle))
         if block is None:
             x, y = record_format.dali_decode(record, manifest.sample_shape)  # (D, H, W, C) int16, (target,) float32
         else:  # (d, h, W, C) int16: only this rank's block is decoded
@@ -411,6 +393,8 @@ def diagnose_read_error(files: Sequence[str], compression: str, sample_shape: Se
 def read_error(cfg: CosmoDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
     """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
-    files = [f for s in (TRAIN, VALIDATION) for f in rank_shard(manifest, cfg, s, dist, local_batch, 0).files]
+    drop = cfg.uneven_files == "drop"
+    shards = rank_shards(manifest, cfg, dist, local_batch, lambda m: split_between_ranks(m, dist, local_batch, drop))
+    files = [f for shard in shards.values() for f in shard.files]
     compression = "GZIP" if manifest.compression == "gzip" else ""
     return BenchError(diagnose_read_error(files, compression, manifest.sample_shape, manifest.target_size, err))

@@ -9,7 +9,7 @@ shuffling. Validation covers every sample: the first N mod ranks ranks read one 
 others, and a rank's last batch is partial when its block is not a whole number of batches, so every
 evaluation reads each of the N samples once (the `eval_samples` logged). With data.stage_mode=node_share
 a rank reads instead its part of its node's share of the files, divided afresh every epoch
-(common/io/sharding.py). The datasets repeat and yield
+(common/io/input.py). The datasets repeat and yield
 (B, H, W, 16) float32 fields normalised per channel from the dataset's stats.h5, and (B, H, W)
 int32 labels. Both loaders give the same tensors when shuffling is off.
 """
@@ -25,43 +25,14 @@ from typing import Sequence
 import numpy as np
 
 from common.base.errors import BenchError
-from common.io.datasets import Datasets
 from common.io.formats import TRAIN, VALIDATION
 from common.io.formats import deepcam as record_format
 from common.io.formats.deepcam import CHANNELS, FORMAT, STATS_AUX, STATS_NAME, read_stats
-from common.io.loader import checksums_wanted, resolve_loader
-from common.io.manifest import (MANIFEST_NAME, Manifest, check_aux_file, check_shard_files, check_split_counts,
-                                load_manifest, record_bytes)
-from common.io.sharding import dali_reader_sharding, local_files_dataset, node_share
+from common.io.input import (Datasets, RankInput, Shard, dali_reader_sharding, local_files_dataset, open_input,
+                             rank_shards)
+from common.io.manifest import MANIFEST_NAME, Manifest, check_aux_file, check_split_counts, load_manifest
 from common.runtime.dist import DistEnv
 from deepcam.config import DeepCamDataConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Piece:
-    """Consecutive records of one file: `count` of them from record `start`."""
-
-    path: str
-    index: str | None
-    start: int
-    count: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """What one rank reads from one split in an epoch."""
-
-    split: str
-    pieces: tuple[Piece, ...]
-    samples: int  # on this rank per epoch (training: a multiple of the local batch)
-    global_samples: int  # training: in the split; validation: evaluated by all ranks together
-    # node_share: `pieces` are the node's files, divided between its ranks every epoch; (local rank, ranks
-    # per node, the run seed every rank of the node draws the division from). None: pieces are this rank's.
-    local: tuple[int, int, int] | None = None
-
-    @property
-    def files(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p.path for p in self.pieces))
 
 
 def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_batch: int, dist: DistEnv,
@@ -74,37 +45,22 @@ def build_datasets(cfg: DeepCamDataConfig, image_shape: Sequence[int], local_bat
         Datasets whose train_samples and val_samples are the sizes of the splits (what the
         reference logs); an epoch reads ranks x train_steps x local_batch of them.
     """
-    manifest = load_manifest(cfg.dir, expected_format=FORMAT)
-    _check_manifest(manifest, image_shape, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples})
-    stats_path = check_aux_file(manifest, STATS_AUX)
+    rank_input = open_input(cfg, FORMAT, dist, local_batch, whole_dataset=True,
+                            check=lambda manifest: _check_manifest(manifest, image_shape),
+                            shard=lambda manifest: split_between_ranks(manifest, dist, local_batch))
+    stats_path = check_aux_file(rank_input.manifest, STATS_AUX)
     shift, divisor = normalization_constants(read_stats(stats_path), cfg.normalization, stats_path)
-    loader = resolve_loader(cfg.loader, manifest, (TRAIN, VALIDATION))
-    shards = {split: rank_shard(manifest, cfg, split, dist, local_batch, seed) for split in (TRAIN, VALIDATION)}
-    _report_unevaluated(manifest, shards[VALIDATION], dist)
-    check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
-    make = _dali_dataset if loader == "dali" else _tfdata_dataset
+    make = _dali_dataset if rank_input.loader == "dali" else _tfdata_dataset
     preprocess = _preprocess(shift, divisor)
-    train = make(shards[TRAIN], manifest, cfg, local_batch, dist, preprocess, cfg.shuffle, seed + dist.rank)
-    val = make(shards[VALIDATION], manifest, cfg, local_batch, dist, preprocess, False, seed)
-    return Datasets.from_shards(train, val, shards[TRAIN], shards[VALIDATION], local_batch, record_bytes(manifest),
-                                loader)
+    train = make(rank_input.train, rank_input, cfg, dist, preprocess, cfg.shuffle, seed + dist.rank, seed)
+    val = make(rank_input.val, rank_input, cfg, dist, preprocess, False, seed, seed)
+    return rank_input.datasets(train, val)
 
 
-def rank_shard(manifest: Manifest, cfg: DeepCamDataConfig, split: str, dist: DistEnv, local_batch: int,
-               seed: int) -> Shard:
-    """What this rank reads of `split`: its block, or its node's share when staged with node_share."""
-    if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
-        if split == VALIDATION:
-            return validation_block(manifest, dist.rank, dist.size)
-        return shard_split(manifest, split, dist.rank, dist.size, local_batch)
-    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
-    pieces = tuple(Piece(str(manifest.root / e.path), str(manifest.root / e.index) if e.index else None, 0, e.records)
-                   for e in share.files)
-    # node_share divides whole batches of each node's files afresh every epoch: an evaluation reads
-    # samples_per_rank on every rank, which is what eval_samples says.
-    evaluated = share.samples_per_rank * dist.size if split == VALIDATION else share.global_samples
-    return Shard(split=split, pieces=pieces, samples=share.samples_per_rank, global_samples=evaluated,
-                 local=(dist.local_rank, dist.local_size, seed))
+def split_between_ranks(manifest: Manifest, dist: DistEnv, local_batch: int) -> tuple[Shard, Shard]:
+    """This rank's blocks of the train split (`shard_split`) and of the validation split (`validation_block`)."""
+    return (shard_split(manifest, TRAIN, dist.rank, dist.size, local_batch),
+            validation_block(manifest, dist.rank, dist.size))
 
 
 def validation_block(manifest: Manifest, rank: int, size: int) -> Shard:
@@ -116,26 +72,18 @@ def validation_block(manifest: Manifest, rank: int, size: int) -> Shard:
                          f"ranks; every rank needs at least one: use fewer ranks or a larger dataset")
     base, extra = divmod(total, size)
     first, count = rank * base + min(rank, extra), base + (rank < extra)
-    return Shard(split=VALIDATION, pieces=_pieces(manifest, VALIDATION, first, count), samples=count,
-                 global_samples=total)
-
-
-def _report_unevaluated(manifest: Manifest, shard: Shard, dist: DistEnv) -> None:
-    left = manifest.splits[VALIDATION].samples - shard.global_samples
-    if left and dist.is_root:
-        print(f"note: data.stage_mode=node_share evaluates {shard.global_samples} of the "
-              f"{manifest.splits[VALIDATION].samples} validation samples (whole batches per rank); the log's "
-              f"eval_samples says {shard.global_samples}", flush=True)
+    return _records(manifest, VALIDATION, first, count)
 
 
 def files_read(manifest: Manifest, rank: int, size: int, local_batch: int) -> list[str]:
     """The dataset paths (records and indexes) rank `rank` of `size` reads: what data.stage_mode=rank stages."""
-    pieces = [p for split in (TRAIN, VALIDATION) for p in shard_split(manifest, split, rank, size, local_batch).pieces]
-    paths = [q for p in pieces for q in (p.path, p.index) if q]
+    shards = [shard_split(manifest, split, rank, size, local_batch) for split in (TRAIN, VALIDATION)]
+    paths = [q for shard in shards for pair in zip(shard.files, shard.index_files) for q in pair if q]
     return list(dict.fromkeys(str(Path(q).relative_to(manifest.root)) for q in paths))
 
 
-def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: dict[str, int]) -> None:
+def _check_manifest(manifest: Manifest, image_shape: Sequence[int]) -> Manifest:
+    """`manifest`, checked against the model's input shape (H, W, 16)."""
     where = manifest.root / MANIFEST_NAME
     if len(image_shape) != 3 or image_shape[2] != CHANNELS:
         raise BenchError(f"image shape {list(image_shape)}: expected [H, W, {CHANNELS}] (channels last)")
@@ -145,7 +93,7 @@ def _check_manifest(manifest: Manifest, image_shape: Sequence[int], expected: di
     problem = record_format.layout_problem(manifest)
     if problem:
         raise BenchError(f"{where}: {problem[0]}, expected {problem[1]}; reconvert with deepcam-convert")
-    check_split_counts(manifest, {split: expected[split] for split in (TRAIN, VALIDATION)}, where)
+    return manifest
 
 
 def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batch: int) -> Shard:
@@ -158,20 +106,21 @@ def shard_split(manifest: Manifest, split: str, rank: int, size: int, local_batc
                          f"ranks x local batch = {size} x {local_batch} = {size * local_batch}; every rank needs "
                          f"at least one full batch: use fewer ranks, a smaller batch or a larger dataset")
     samples = per_rank - per_rank % local_batch
-    return Shard(split=split, pieces=_pieces(manifest, split, rank * samples, samples), samples=samples,
-                 global_samples=total)
+    return _records(manifest, split, rank * samples, samples)
 
 
-def _pieces(manifest: Manifest, split: str, first: int, count: int) -> tuple[Piece, ...]:
-    """The runs of records [first, first + count) of a split, file by file."""
-    pieces, offset, end = [], 0, first + count
+def _records(manifest: Manifest, split: str, first: int, count: int) -> Shard:
+    """The shard of records [first, first + count) of a split: a run of records of each file it reaches."""
+    files, offset, end = [], 0, first + count
     for entry in manifest.splits[split].files:
         lo, hi = max(first, offset), min(end, offset + entry.records)
         if lo < hi:
             index = str(manifest.root / entry.index) if entry.index else None
-            pieces.append(Piece(str(manifest.root / entry.path), index, lo - offset, hi - lo))
+            files.append((str(manifest.root / entry.path), index, (lo - offset, hi - lo)))
         offset += entry.records
-    return tuple(pieces)
+    paths, indexes, runs = (tuple(column) for column in zip(*files)) if files else ((), (), ())
+    return Shard(split=split, files=paths, index_files=indexes, runs=runs, samples=count,
+                 global_samples=manifest.splits[split].samples)
 
 
 # ---------------------------------------------------------------------------- normalisation
@@ -209,29 +158,30 @@ def _preprocess(shift: np.ndarray, divisor: np.ndarray):
 
 
 # ---------------------------------------------------------------------------- tf.data
-def _tfdata_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batch: int, dist: DistEnv,
-                    preprocess, shuffle: bool, seed: int):
+def _tfdata_dataset(shard: Shard, rank_input: RankInput, cfg: DeepCamDataConfig, dist: DistEnv, preprocess,
+                    shuffle: bool, seed: int, run_seed: int):
+    """run_seed: what the ranks of a node draw their division of its files from (data.stage_mode=node_share)."""
     import tensorflow as tf
+    manifest, batch = rank_input.manifest, rank_input.local_batch
     compression = "GZIP" if manifest.compression == "gzip" else ""
-    pieces = tf.data.Dataset.from_tensor_slices(([p.path for p in shard.pieces],
-                                                 np.int64([p.start for p in shard.pieces]),
-                                                 np.int64([p.count for p in shard.pieces])))
+    # (path, first record, records) of every file the shard reads
+    columns = (list(shard.files), np.int64([start for start, _ in shard.runs]), np.int64([n for _, n in shard.runs]))
+    pieces = tf.data.Dataset.from_tensor_slices(columns)
 
     def read(path, start, count):
         return tf.data.TFRecordDataset(path, compression_type=compression).skip(start).take(count)
 
     if shard.local:
         # Every epoch, this rank's part of a new division of the node's files (already endless).
-        pieces = local_files_dataset(([p.path for p in shard.pieces], np.int64([p.start for p in shard.pieces]),
-                                      np.int64([p.count for p in shard.pieces])), *shard.local, shuffle=shuffle)
-        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.pieces)), block_length=1,
+        pieces = local_files_dataset(columns, *shard.local, run_seed, shuffle=shuffle)
+        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
                                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if shuffle:
             records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     elif shuffle:
         # The pipeline is re-iterated by repeat() below, so both shuffles draw a new order every epoch.
-        pieces = pieces.shuffle(len(shard.pieces), seed=seed, reshuffle_each_iteration=True)
-        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.pieces)), block_length=1,
+        pieces = pieces.shuffle(len(shard.files), seed=seed, reshuffle_each_iteration=True)
+        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
                                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     else:
@@ -255,14 +205,16 @@ def _record_parser(sample_shape: Sequence[int]):
 
 
 # ---------------------------------------------------------------------------- DALI
-def _dali_dataset(shard: Shard, manifest: Manifest, cfg: DeepCamDataConfig, batch: int, dist: DistEnv,
-                  preprocess, shuffle: bool, seed: int):
+def _dali_dataset(shard: Shard, rank_input: RankInput, cfg: DeepCamDataConfig, dist: DistEnv, preprocess,
+                  shuffle: bool, seed: int, run_seed: int):
     """A DALIDataset on the CPU, or on this rank's GPU when one is present."""
     import tensorflow as tf
+    manifest, batch = rank_input.manifest, rank_input.local_batch
     dali_tf = _dali_plugin()
     index_dir, index_files = _block_indexes(shard)
     device_id = dist.gpu_index  # the GPU TensorFlow uses (0 with one visible GPU per rank), None on CPU
-    pipe = _dali_pipeline(shard, index_files, manifest.sample_shape, cfg, batch, shuffle, seed, device_id)
+    sharding = dali_reader_sharding(shard.local, run_seed, shuffle)
+    pipe = _dali_pipeline(shard, index_files, manifest.sample_shape, cfg, batch, sharding, seed, device_id)
     height, width, channels = manifest.sample_shape
     with tf.device("/gpu:0" if dist.gpu else "/cpu:0"):
         dataset = dali_tf.DALIDataset(pipeline=pipe, batch_size=batch, device_id=device_id,
@@ -299,14 +251,15 @@ def _dali_plugin():
 
 
 def _block_indexes(shard: Shard) -> tuple[str, list[str]]:
-    """Index files listing only each piece's records, so that DALI reads exactly this rank's block.
+    """Index files listing only the records of each file the shard reads, so that DALI reads exactly this
+    rank's block.
 
     They go to a temporary directory (the dataset may be read-only); returns it and the files.
     """
     directory = tempfile.mkdtemp(prefix=f"deepcam-{shard.split}-index-")
     files = []
-    for i, piece in enumerate(shard.pieces):
-        lines = Path(piece.index).read_text().splitlines()[piece.start:piece.start + piece.count]
+    for i, (index, (start, count)) in enumerate(zip(shard.index_files, shard.runs)):
+        lines = Path(index).read_text().splitlines()[start:start + count]
         path = Path(directory) / f"{i:06d}.idx"
         path.write_text("".join(line + "\n" for line in lines))
         files.append(str(path))
@@ -314,7 +267,8 @@ def _block_indexes(shard: Shard) -> tuple[str, list[str]]:
 
 
 def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[int], cfg: DeepCamDataConfig,
-                   batch: int, shuffle: bool, seed: int, device_id: int | None):
+                   batch: int, sharding: dict, seed: int, device_id: int | None):
+    """sharding: the reader's shuffling and division arguments (`dali_reader_sharding`)."""
     import nvidia.dali.fn as fn
     from nvidia.dali import pipeline_def
 
@@ -322,9 +276,9 @@ def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[
                   prefetch_queue_depth=cfg.prefetch)
     def pipeline():
         record = fn.readers.tfrecord(
-            path=[p.path for p in shard.pieces], index_path=index_files, features=record_format.dali_features(),
+            path=list(shard.files), index_path=index_files, features=record_format.dali_features(),
             initial_fill=cfg.shuffle_buffer, name="reader", pad_last_batch=shard.local is None,
-            **dali_reader_sharding(shard.local, shuffle))
+            **sharding)
         x, y = record_format.dali_decode(record, sample_shape)  # (H, W, C) float32, (H, W) uint8
         if device_id is not None:
             x, y = x.gpu(), y.gpu()
@@ -337,8 +291,8 @@ def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[
 def read_error(cfg: DeepCamDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
     """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
-    paths = list(dict.fromkeys(path for split in (TRAIN, VALIDATION)
-                               for path in rank_shard(manifest, cfg, split, dist, local_batch, 0).files))
+    shards = rank_shards(manifest, cfg, dist, local_batch, lambda m: split_between_ranks(m, dist, local_batch))
+    paths = list(dict.fromkeys(path for shard in shards.values() for path in shard.files))
     problem = find_bad_record(paths, manifest)
     if problem:
         return BenchError(problem)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.base.files import write_json_atomic
-from common.io.datasets import Datasets
+from common.io.input import Datasets
 
 if TYPE_CHECKING:
     from common.io.staging import StageResult

@@ -22,7 +22,7 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
-from common.io.datasets import Datasets
+from common.io.input import Datasets
 from common.runtime.checkpoint import Progress
 from common.runtime.dist import DistEnv
 from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog

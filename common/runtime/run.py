@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from common.base.cli import guarded
-from common.io.datasets import Datasets
+from common.io.input import Datasets, dali_plugin_available
 from common.io.iostats import IOCounters, io_report, write_io_report
-from common.io.loader import dali_plugin_available
 from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
 from common.runtime.checkpoint import Checkpointer, InputPlan, InputPosition, Resume, find_resume, plan_input

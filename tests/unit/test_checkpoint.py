@@ -11,7 +11,7 @@ from common.runtime.checkpoint import (Checkpointer, Resume, check_checkpoint, l
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from common.base.errors import BenchError
-from common.io.datasets import Datasets
+from common.io.input import Datasets
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
 from common.runtime.checkpoint import InputPlan
 from common.runtime.config import TrainConfig

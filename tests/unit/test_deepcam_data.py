@@ -152,7 +152,7 @@ def test_blocks_cut_across_files(records):
 
     def pieces(rank, size, batch):
         shard = shard_split(manifest, "train", rank, size, batch)
-        return shard.samples, [(Path(p.path).stem, p.start, p.count) for p in shard.pieces]
+        return shard.samples, [(Path(path).stem, start, count) for path, (start, count) in zip(shard.files, shard.runs)]
 
     assert pieces(1, 2, 2) == (6, [("part_000001", 1, 4), ("part_000002", 0, 2)])
     # 6 per rank rounded down to batches of 4: records 0-3 and 4-7, the last 4 left out

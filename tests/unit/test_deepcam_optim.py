@@ -300,7 +300,7 @@ def test_rates_the_optimizer_used_in_training_follow_the_reference(tmp_path):
 def _segmentation_data(steps, batch=2):
     import tensorflow as tf
 
-    from common.io.datasets import Datasets
+    from common.io.input import Datasets
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * batch, 4, 6, 2)).astype(np.float32)
     y = rng.integers(0, 3, size=(steps * batch, 4, 6)).astype(np.int32)

@@ -9,7 +9,7 @@ from common.runtime.checkpoint import Progress
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv
 from common.runtime.hvd_settings import from_config as horovod_environment
-from common.io.datasets import Datasets
+from common.io.input import Datasets
 from common.runtime.loop import Loop, Trainee
 from common.runtime.elastic import (ElasticCommits, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
                             state_variables)

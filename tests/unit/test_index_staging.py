@@ -71,7 +71,7 @@ def test_a_rank_stages_and_describes_only_its_files(indexed, tmp_path):
     mine = set(files_read(manifest, 1, 2, 4))
     assert result.files == len(mine) == 20
     assert {e.path for s in staged.splits.values() for e in s.files if e.index} == mine
-    from common.io.loader import resolve_loader
+    from common.io.input import resolve_loader
     assert resolve_loader("dali", staged, ("train", "validation"), files=mine) == "dali"
 
 

@@ -1,10 +1,10 @@
-"""common.io.loader: data.loader=auto picks DALI only where DALI can read the records."""
+"""common.io.input's loader choice: data.loader=auto picks DALI only where DALI can read the records."""
 import dataclasses
 
 import pytest
 
 from common.base.errors import BenchError
-from common.io.loader import resolve_loader
+from common.io.input import resolve_loader
 from tests.unit.test_sharding import manifest
 
 
@@ -27,7 +27,7 @@ def test_auto_falls_back_to_tf_data_for_gzip_or_unindexed_records():
 
 
 def test_checksums_are_checked_for_dali_unless_the_config_says_otherwise():
-    from common.io.loader import checksums_wanted
+    from common.io.input import checksums_wanted
     assert checksums_wanted(None, "dali") and not checksums_wanted(None, "tfdata")
     assert checksums_wanted(True, "tfdata") and not checksums_wanted(False, "dali")
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from common.runtime.dist import DistEnv
-from common.io.datasets import Datasets
+from common.io.input import Datasets
 from common.runtime.callbacks import EvalEverySteps
 from common.runtime.config import TrainConfig
 from common.runtime.loop import Loop, Trainee, fit

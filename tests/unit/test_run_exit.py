@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from common.base.errors import BenchError
-from common.io.datasets import Datasets
+from common.io.input import Datasets
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv
 from common.runtime.loop import FitResult

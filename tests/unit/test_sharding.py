@@ -6,7 +6,7 @@ import pytest
 
 from common.base.errors import BenchError
 from common.io.manifest import FileEntry, Manifest, SplitEntry
-from common.io.sharding import epoch_file_indices, local_files_dataset, node_share
+from common.io.input import epoch_file_indices, local_files_dataset, node_share
 
 
 def manifest(files: int, records: int = 4, val_files: int = 4) -> Manifest:
@@ -116,9 +116,9 @@ def test_deepcam_rank_blocks_read_each_sample_at_most_once_and_leave_out_less_th
         for r in range(ranks):
             shard = shard_split(m, split, r, ranks, local_batch=2)
             offsets = {e.path: 4 * i for i, e in enumerate(m.splits[split].files)}
-            for piece in shard.pieces:
-                name = str(Path(piece.path).relative_to(m.root))
-                seen.update(range(offsets[name] + piece.start, offsets[name] + piece.start + piece.count))
+            for path, (start, count) in zip(shard.files, shard.runs):
+                name = str(Path(path).relative_to(m.root))
+                seen.update(range(offsets[name] + start, offsets[name] + start + count))
             assert shard.samples % 2 == 0
         total = m.splits[split].samples
         assert set(seen.values()) == {1} and total - len(seen) < ranks * 2
@@ -159,10 +159,10 @@ def _dali_epochs(paths, indexes, reader_args: dict, batch: int, epochs: int) -> 
 @pytest.mark.parametrize("local_size", [1, 2])
 def test_dali_reader_reads_every_sample_once_per_epoch_in_a_new_order(tmp_path, local_size):
     pytest.importorskip("nvidia.dali")
-    from common.io.sharding import dali_reader_sharding
+    from common.io.input import dali_reader_sharding
     paths, indexes = _numbered_records(tmp_path, files=4, per_file=8)
     runs = [_dali_epochs(paths, indexes, dali_reader_sharding(
-        None if local_size == 1 else (rank, local_size, 5), shuffle=True), batch=4, epochs=4)
+        None if local_size == 1 else (rank, local_size), 5, shuffle=True), batch=4, epochs=4)
         for rank in range(local_size)]
     for epoch in range(4):
         read = [n for run in runs for n in run[epoch]]

@@ -3,7 +3,7 @@ import signal
 
 import numpy as np
 
-from common.io.datasets import Datasets
+from common.io.input import Datasets
 from common.runtime.callbacks import StopSignal
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Loop, Steps

@@ -1,0 +1,325 @@
+"""This rank's input, in one call: `open_input` reads a dataset's manifest and checks it, cuts this rank's shards
+of both splits, picks the loader that reads them and checks their files; the application builds its two datasets
+from the `RankInput` it returns, and hands the training loop their `Datasets`. The application gives what is its
+format's own: the checks of its manifest, how a split is divided between ranks (`shard`), its decoding and its
+tf.data and DALI pipelines.
+
+Loader: data.loader tfdata, dali, or auto. `auto` picks DALI when its TensorFlow plugin imports and the records
+can be read by DALI's TFRecord reader (uncompressed, with index files); otherwise tf.data. Both loaders give the
+same tensors (tested), so the choice changes speed, not results; docs/performance.md has the figures.
+
+Node shares (data.stage_mode=node_share): node n of N holds files n, n+N, n+2N, ... of each split (so each node
+stages only its share). Every epoch the ranks of a node draw one permutation of the node's files from the run
+seed and the epoch number (the same on every rank of the node), cut it into L equal blocks (L ranks per node) and
+local rank l reads block l. Across the job every file is read exactly once per epoch, while the samples a rank
+sees change from epoch to epoch. Validation files are divided the same way, without the permutation (so block l
+is the one DALI's reader gives shard l of L).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Any, Callable, Collection, Sequence
+
+from common.base.errors import BenchError
+from common.io.formats import SPLITS, TRAIN, VALIDATION
+from common.io.manifest import (MANIFEST_NAME, FileEntry, Manifest, check_shard_files, check_split_counts,
+                                load_manifest, record_bytes)
+
+LOADERS = ("auto", "tfdata", "dali")
+
+
+@dataclasses.dataclass(frozen=True)
+class Datasets:
+    """Infinite (repeated) batched datasets and how many steps make one epoch on each rank."""
+
+    train: Any
+    val: Any
+    train_steps: int
+    val_steps: int
+    train_samples: int  # over all ranks, per epoch
+    val_samples: int
+    local_batch_size: int
+    # For the I/O report: the dataset's mean on-disk bytes per record, and the record files one pass
+    # over this rank's training and validation shards opens.
+    record_bytes: float = 0.0
+    train_files: int = 0
+    val_files: int = 0
+    loader: str = ""  # the input pipeline that reads them: tfdata or dali
+    val_rank_samples: int = 0  # this rank's samples per evaluation (its last batch may be partial)
+    decoded_fraction: float = 1.0  # the share of every sample this rank decodes (its block on a spatial group)
+    block_records: bool = False  # its block's own records (data_prep cosmo-blocks): bytes read fall with the split
+
+    @classmethod
+    def from_shards(cls, train, val, train_shard, val_shard, local_batch: int, record_bytes: float = 0.0,
+                    loader: str = "") -> "Datasets":
+        """From the two datasets and the shards they read (`samples` on this rank, `global_samples` in all,
+        `files` the record files of one pass)."""
+        return cls(train=train, val=val, train_steps=train_shard.samples // local_batch,
+                   val_steps=-(-val_shard.samples // local_batch),  # a partial last batch counts
+                   train_samples=train_shard.global_samples,
+                   val_samples=val_shard.global_samples, local_batch_size=local_batch, record_bytes=record_bytes,
+                   train_files=len(train_shard.files), val_files=len(val_shard.files), loader=loader,
+                   val_rank_samples=val_shard.samples)
+
+    def without_input(self) -> "Datasets":
+        """The same step counts for a rank that reads no data: endless (None, None) batches, no files."""
+        nothing = itertools.repeat((None, None))
+        return dataclasses.replace(self, train=nothing, val=nothing, record_bytes=0.0, train_files=0,
+                                   val_files=0, loader="", decoded_fraction=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """What one rank reads of one split in an epoch: record files, each with its DALI index and the run of its
+    records the rank reads."""
+
+    split: str
+    files: tuple[str, ...]  # paths, each file once, in the order they are read unshuffled
+    index_files: tuple[str | None, ...]
+    runs: tuple[tuple[int, int], ...]  # per file: (first record, records read)
+    samples: int  # on this rank per epoch
+    global_samples: int  # what the ranks read together per epoch (DeepCAM's training: the split's samples)
+    # node_share: `files` are the node's share, divided between its ranks afresh every epoch from the run seed;
+    # (local rank, ranks per node). None: the files are this rank's.
+    local: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInput:
+    """This rank's input, checked: the manifest of the records it reads, the loader and its shards."""
+
+    manifest: Manifest
+    loader: str  # tfdata or dali
+    train: Shard
+    val: Shard
+    local_batch: int
+    record_bytes: float  # mean on-disk bytes per record (for the I/O report)
+
+    def datasets(self, train, val) -> Datasets:
+        """The training loop's `Datasets` of the two datasets built from `self.train` and `self.val`."""
+        return Datasets.from_shards(train, val, self.train, self.val, self.local_batch, self.record_bytes,
+                                    self.loader)
+
+
+def open_input(cfg, fmt: str, dist, local_batch: int, check: Callable[[Manifest], Manifest],
+               shard: Callable[[Manifest], tuple[Shard, Shard]], whole_dataset: bool = False) -> RankInput:
+    """This rank's input from data section `cfg` (data.dir, data.train_samples and data.val_samples, staging,
+    data.loader, data.verify_checksums), checked: the format id, the format's `check`, the sample counts, the
+    shards (each split's division), the loader (before the shards with `whole_dataset`), the files the shards read
+    (their sizes, indexes and, when `checksums_wanted`, their xxh3-128).
+
+    Args:
+        fmt: the format id the manifest must have.
+        check: the format's own checks of the manifest (sample shape, layout), made before the sample counts;
+            returns the manifest of the records this rank reads (the dataset's, or e.g. a spatial block's own).
+        shard: this rank's (train, validation) shards of that manifest: the application's division between
+            ranks. Not called with data.stage_mode=node_share, whose node shares are cut here.
+        whole_dataset: judge the loader and the mean record size on every file of the dataset, before the
+            shards are cut (DeepCAM), rather than on the files this rank reads.
+    """
+    dataset = load_manifest(cfg.dir, expected_format=fmt)
+    manifest = check(dataset)
+    check_split_counts(dataset, {TRAIN: cfg.train_samples, VALIDATION: cfg.val_samples},
+                       str(dataset.root / MANIFEST_NAME))
+    loader = resolve_loader(cfg.loader, manifest, SPLITS) if whole_dataset else None
+    shards = rank_shards(manifest, cfg, dist, local_batch, shard)
+    if shards[VALIDATION].local is not None:
+        _report_unevaluated(manifest, shards[VALIDATION], dist)
+    paths = None if whole_dataset else shard_paths(manifest, shards)
+    if loader is None:
+        loader = resolve_loader(cfg.loader, manifest, SPLITS, files=paths)
+    check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
+    return RankInput(manifest=manifest, loader=loader, train=shards[TRAIN], val=shards[VALIDATION],
+                     local_batch=local_batch, record_bytes=record_bytes(manifest, only=paths))
+
+
+def rank_shards(manifest: Manifest, cfg, dist, local_batch: int,
+                shard: Callable[[Manifest], tuple[Shard, Shard]]) -> dict[str, Shard]:
+    """This rank's shards of both splits: the application's (`shard`), or with data.stage_mode=node_share its
+    node's share of each, divided between the node's ranks every epoch."""
+    if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
+        train, val = shard(manifest)
+        return {TRAIN: train, VALIDATION: val}
+    return {split: node_share_shard(manifest, split, dist, local_batch) for split in SPLITS}
+
+
+def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int) -> Shard:
+    """This rank's node's share of `split` (`node_share`), whole files."""
+    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
+    # Every rank evaluates samples_per_rank of the node's share: that is what eval_samples says.
+    together = share.samples_per_rank * dist.size if split == VALIDATION else share.global_samples
+    root = manifest.root
+    return Shard(split=split, files=tuple(str(root / e.path) for e in share.files),
+                 index_files=tuple(str(root / e.index) if e.index else None for e in share.files),
+                 runs=tuple((0, e.records) for e in share.files), samples=share.samples_per_rank,
+                 global_samples=together, local=(dist.local_rank, dist.local_size))
+
+
+def _report_unevaluated(manifest: Manifest, shard: Shard, dist) -> None:
+    left = manifest.splits[VALIDATION].samples - shard.global_samples
+    if left and dist.is_root:
+        print(f"note: data.stage_mode=node_share evaluates {shard.global_samples} of the "
+              f"{manifest.splits[VALIDATION].samples} validation samples (whole batches per rank); the log's "
+              f"eval_samples says {shard.global_samples}", flush=True)
+
+
+def shard_paths(manifest: Manifest, shards: dict[str, Shard]) -> set[str]:
+    """The dataset paths of the record files the shards read (a staged copy of a rank or node holds only these,
+    and a copy staged with data.stage_decompress describes only these as staged)."""
+    root = str(manifest.root)
+    return {os.path.relpath(f, root) for shard in shards.values() for f in shard.files}
+
+
+# ---------------------------------------------------------------------------- the loader
+def dali_problem(manifest: Manifest, splits: Sequence[str], files: Collection[str] | None = None) -> str | None:
+    """Why DALI cannot read these splits of the dataset (only the paths in `files`, when given: what one rank
+    reads), or None when it can."""
+    where = manifest.root / MANIFEST_NAME
+    if manifest.compression != "none":
+        return (f"{where}: records are {manifest.compression}-compressed, but DALI's TFRecord reader needs "
+                f"uncompressed records with index files; set data.loader=tfdata, stage them uncompressed "
+                f"(data.stage_dir with data.stage_decompress=true), or convert with --compression none")
+    missing = [e.path for s in splits for e in manifest.splits[s].files
+               if e.index is None and (files is None or e.path in files)]
+    if missing:
+        return (f"{where}: {len(missing)} record file(s) have no DALI index (first: {missing[0]}); reconvert the "
+                f"dataset or set data.loader=tfdata")
+    return None
+
+
+def checksums_wanted(setting: bool | None, loader: str) -> bool:
+    """Whether a rank checks the checksums of the files it reads: data.verify_checksums, or when unset, for
+    DALI (its reader checks no record CRC, and one changed byte in a record can kill the process)."""
+    return loader == "dali" if setting is None else setting
+
+
+def resolve_loader(requested: str, manifest: Manifest, splits: Sequence[str],
+                   files: Collection[str] | None = None) -> str:
+    """"tfdata" or "dali" for data.loader = `requested`; raises BenchError when DALI was asked for but cannot read
+    (the `files` of the splits, when given)."""
+    if requested not in LOADERS:
+        raise BenchError(f"data.loader {requested!r}: expected one of {list(LOADERS)}")
+    problem = dali_problem(manifest, splits, files) if requested != "tfdata" else None
+    if requested == "dali" and problem:
+        raise BenchError(problem)
+    if requested == "auto":
+        return "dali" if problem is None and dali_plugin_available() else "tfdata"
+    return requested
+
+
+def dali_plugin_available() -> bool:
+    try:
+        import nvidia.dali.plugin.tf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- node shares
+@dataclasses.dataclass(frozen=True)
+class NodeShare:
+    """One node's files of one split and what each of its ranks reads per epoch."""
+
+    split: str
+    files: tuple[FileEntry, ...]  # the node's share, in manifest order
+    local_rank: int
+    local_size: int
+    samples_per_rank: int  # records one rank reads per epoch
+    global_samples: int  # records in the split
+
+
+def node_share_files(manifest: Manifest, split: str, node: int, nodes: int) -> tuple[FileEntry, ...]:
+    """Files node, node+nodes, ... of a split."""
+    return tuple(manifest.splits[split].files[node::nodes])
+
+
+def node_share(manifest: Manifest, split: str, node: int, nodes: int, local_rank: int, local_size: int,
+               local_batch: int) -> NodeShare:
+    """The node's share of `split`, checked so that every rank reads the same whole number of batches.
+
+    Raises BenchError when the split's files cannot be dealt evenly: every node must get the same number
+    of files with the same records each, a multiple of local_size files, and whole batches per rank.
+    """
+    entries = manifest.splits[split].files
+    where = manifest.root / MANIFEST_NAME
+    per_node = [node_share_files(manifest, split, n, nodes) for n in range(nodes)]
+    counts = [len(files) for files in per_node]
+    records = sorted({e.records for e in entries})
+    if len(set(counts)) != 1 or len(records) != 1:
+        raise BenchError(f"{where}: the {split} split's {len(entries)} files (records per file {records}) do not "
+                         f"divide evenly between {nodes} nodes in data.stage_mode=node_share (files per node "
+                         f"{counts}); it needs a file count that is a multiple of the node count and files of "
+                         f"equal size")
+    if counts[0] % local_size:
+        raise BenchError(f"{where}: each node's share of the {split} split has {counts[0]} files, not a multiple "
+                         f"of the {local_size} ranks per node that divide it in data.stage_mode=node_share")
+    samples = counts[0] // local_size * records[0]
+    if samples % local_batch:
+        raise BenchError(f"{where}: each rank reads {samples} {split} samples per epoch in "
+                         f"data.stage_mode=node_share, not a multiple of the local batch size {local_batch}")
+    return NodeShare(split=split, files=per_node[node], local_rank=local_rank, local_size=local_size,
+                     samples_per_rank=samples, global_samples=sum(e.records for e in entries))
+
+
+def epoch_file_indices(count: int, local_rank: int, local_size: int, seed: int, epoch: int,
+                       shuffle: bool) -> list[int]:
+    """The positions (in the node's share) of the files `local_rank` reads in `epoch` (numpy; for tests
+    and the read plan; the tf.data pipeline computes the same with `local_files_dataset`)."""
+    order = permutation(count, seed, epoch) if shuffle else list(range(count))
+    per_rank = count // local_size
+    return order[local_rank * per_rank:(local_rank + 1) * per_rank]
+
+
+def permutation(count: int, seed: int, epoch: int) -> list[int]:
+    """The node's file order in `epoch`, identical on every rank (and in numpy and TensorFlow)."""
+    import numpy as np
+    keys = np.random.default_rng([seed, epoch]).random(count)
+    return [int(i) for i in np.argsort(keys, kind="stable")]
+
+
+def local_files_dataset(items: Sequence, local_rank: int, local_size: int, seed: int, shuffle: bool):
+    """A tf.data.Dataset of this rank's items, epoch after epoch, endlessly.
+
+    `items`: a list of file paths, or a tuple of equal-length lists (one element per file).
+
+    Epoch e yields the items at `epoch_file_indices(len(items), local_rank, local_size, seed, e, shuffle)`.
+    """
+    import tensorflow as tf
+    count = len(items[0]) if isinstance(items, tuple) else len(items)
+    orders = tf.data.Dataset.counter().map(
+        lambda epoch: tf.numpy_function(lambda e: np_indices(count, local_rank, local_size, seed, int(e), shuffle),
+                                        [epoch], tf.int64, stateful=False))
+    elements = tuple(tf.constant(x) for x in items) if isinstance(items, tuple) else tf.constant(items)
+
+    def pick(indices):
+        chosen = tf.nest.map_structure(lambda t: tf.gather(t, indices), elements)
+        return tf.data.Dataset.from_tensor_slices(chosen)
+
+    return orders.flat_map(pick)
+
+
+def np_indices(count: int, local_rank: int, local_size: int, seed: int, epoch: int, shuffle: bool):
+    import numpy as np
+    return np.asarray(epoch_file_indices(count, local_rank, local_size, seed, epoch, shuffle), dtype=np.int64)
+
+
+def dali_reader_sharding(local: tuple[int, int] | None, seed: int, shuffle: bool) -> dict:
+    """DALI reader arguments: this rank's files (`local` None), or (node_share, `local` = (local rank, ranks
+    per node)) the node's files divided between its ranks, redrawn after every epoch; `seed` the run seed.
+
+    Shuffling takes both of DALI's kinds: `random_shuffle` alone draws from a buffer filled in a fixed file
+    order, which left CosmoFlow's mini demo (8 sub-cubes of one universe per file) short of its target;
+    with `shuffle_after_epoch` too the file order changes every epoch, as on the tf.data path. DALI draws
+    that order from its own fixed seed and the reader's epoch count, not from `seed` (which seeds only the
+    `random_shuffle` buffer): every rank of a node therefore gets the same order and a disjoint shard, and the
+    division is the same whatever the run seed (not the one `epoch_file_indices` plans for tf.data). Every
+    epoch still reads each of the reader's samples exactly once (tests/unit/test_sharding.py, and through the
+    applications' builders tests/unit/test_dali_ranks.py).
+    """
+    if local is None:
+        return {"random_shuffle": shuffle, "shuffle_after_epoch": shuffle}
+    local_rank, local_size = local
+    return {"shard_id": local_rank, "num_shards": local_size, "shuffle_after_epoch": shuffle,
+            "random_shuffle": shuffle, "seed": seed, "stick_to_shard": False}
