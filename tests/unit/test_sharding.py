@@ -182,3 +182,23 @@ def test_files_read_names_a_missing_split(app):
     del m.splits["validation"]
     with pytest.raises(BenchError, match="no 'validation' split \\(found \\['train'\\]\\)"):
         files_read(m, 0, 2, 2)
+
+
+def test_node_share_shards_are_cut_by_the_io_layer_not_the_applications_split():
+    from types import SimpleNamespace
+    from common.io.input import rank_shards
+    from common.runtime.dist import DistEnv
+    m = manifest(files=8, val_files=4)
+    cfg = SimpleNamespace(stage_dir="/stage", stage_mode="node_share")
+
+    def split(_):
+        raise AssertionError("data.stage_mode=node_share does not call the application's split")
+
+    shards = rank_shards(m, cfg, DistEnv(rank=1, size=2, local_rank=1, local_size=2), 4, split)
+    train, val = shards["train"], shards["validation"]
+    assert train.files == tuple(f"/data/train/f{i:03d}.tfrecord" for i in range(8)) and train.local == (1, 2)
+    assert train.runs == ((0, 4),) * 8 and (train.samples, train.global_samples) == (16, 32)
+    assert (val.samples, val.global_samples) == (8, 16)  # what the two ranks evaluate together
+    rank_mode = rank_shards(m, SimpleNamespace(stage_dir="", stage_mode="node_share"), DistEnv(), 4,
+                            lambda _: ("mine", "also mine"))
+    assert rank_mode == {"train": "mine", "validation": "also mine"}
