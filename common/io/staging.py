@@ -7,7 +7,7 @@ and compressed tar archives made by `python -m data_prep pack`). Three modes say
   directory; nothing is shared between the ranks of a node.
 - `node`: local rank 0 of every node stages the whole dataset once; the node's other ranks wait.
 - `node_share`: local rank 0 of node n stages the node's share (files n, n+N, ... of each split, see
-  common/io/sharding.py); the node's ranks divide it between them afresh every epoch.
+  common/io/input.py); the node's ranks divide it between them afresh every epoch.
 
 Files are copied (or unpacked, streaming, one archive per thread) under temporary names beside
 their final ones by the copier (common/io/pycopy.py: plain files, and the byte ranges of the members of
