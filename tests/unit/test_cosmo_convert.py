@@ -18,6 +18,7 @@ from common.base.errors import BenchError
 from common.io.manifest import check_split_files, load_manifest, xxh3_128_file
 from common.io import tfrecord
 from data_prep import cosmo_convert, tfrecords
+from tests.conftest import require_dali
 
 
 def make_universe(path: Path, size: int = 8, seed: int = 0, dtype="int16", channels: int = 4,
@@ -102,7 +103,7 @@ def test_index_matches_the_framing(inputs, tmp_path):
 
 
 def test_dali_reads_the_records_with_the_index(inputs, tmp_path):
-    pytest.importorskip("nvidia.dali", reason="nvidia-dali is not installed")
+    require_dali("nvidia.dali")
     import nvidia.dali.fn as fn
     import nvidia.dali.tfrecord as tfrec
     from nvidia.dali import pipeline_def, types

@@ -14,6 +14,7 @@ from common.runtime.checkpoint import (META, InputPlan, InputPosition, Resume, c
                                        restore_rank)
 from common.runtime.dist import DistEnv
 from common.runtime.callbacks import replayed
+from tests.conftest import require_dali
 from tests.unit.test_checkpoint_meta import LAYOUT, SAVED, STEPS, model_and_optimizer, write_checkpoint
 
 SEEDS = (5, 5 + 7919 * 2)  # the run's, and the new one of attempt 3 (SAVED is attempt 2's)
@@ -97,7 +98,7 @@ def test_restore_rank_says_the_dali_input_was_replayed(tmp_path):
 @pytest.fixture(scope="module")
 def dali_records(tmp_path_factory) -> dict:
     """{app: tiny records whose samples carry their numbers} (tests/unit/test_dali_ranks.py)."""
-    pytest.importorskip("nvidia.dali.plugin.tf", reason="the DALI TensorFlow plugin is not installed")
+    require_dali()
     from tests.unit.test_dali_ranks import write_cosmo_records, write_deepcam_records
     root = tmp_path_factory.mktemp("records")
     return {"cosmoflow": write_cosmo_records(root / "cosmo"), "deepcam": write_deepcam_records(root / "deepcam")}

@@ -17,6 +17,7 @@ from deepcam.config import DeepCamDataConfig
 from common.io.manifest import load_manifest
 from common.io.formats.deepcam import read_stats
 from deepcam.data import build_datasets, find_bad_record, normalization_constants, read_error, shard_split
+from tests.conftest import require_dali
 from tests.unit.test_deepcam_convert import convert, make_dataset
 
 SAMPLE = (32, 48, 16)
@@ -164,7 +165,7 @@ def test_blocks_cut_across_files(records):
 # ---------------------------------------------------------------------------- tf.data == DALI
 @pytest.mark.parametrize("rank, size, batch", [(0, 1, 4), (0, 2, 2), (1, 2, 2), (1, 2, 3), (2, 4, 2), (3, 4, 2)])
 def test_tfdata_and_dali_give_identical_batches(records, rank, size, batch):
-    pytest.importorskip("nvidia.dali.plugin.tf", reason="the DALI TensorFlow plugin is not installed")
+    require_dali()
     loaded = {}
     for loader in ("tfdata", "dali"):
         data = datasets(records, rank=rank, size=size, batch=batch, loader=loader)
@@ -177,7 +178,7 @@ def test_tfdata_and_dali_give_identical_batches(records, rank, size, batch):
 
 
 def test_shuffled_dali_reads_only_its_block(raw, records):
-    pytest.importorskip("nvidia.dali.plugin.tf", reason="the DALI TensorFlow plugin is not installed")
+    require_dali()
     reference, _ = snapshots(raw, "train")
     data = datasets(records, rank=1, size=2, batch=2, loader="dali", shuffle=True, shuffle_buffer=4)
     ids = sample_ids(take(data.train, 2 * data.train_steps), reference)

@@ -7,6 +7,7 @@ import pytest
 from common.base.errors import BenchError
 from common.io.manifest import FileEntry, Manifest, SplitEntry
 from common.io.input import epoch_file_indices, local_files_dataset, node_share
+from tests.conftest import require_dali
 
 
 def manifest(files: int, records: int = 4, val_files: int = 4) -> Manifest:
@@ -158,7 +159,7 @@ def _dali_epochs(paths, indexes, reader_args: dict, batch: int, epochs: int) -> 
 
 @pytest.mark.parametrize("local_size", [1, 2])
 def test_dali_reader_reads_every_sample_once_per_epoch_in_a_new_order(tmp_path, local_size):
-    pytest.importorskip("nvidia.dali")
+    require_dali("nvidia.dali")
     from common.io.input import dali_reader_sharding
     paths, indexes = _numbered_records(tmp_path, files=4, per_file=8)
     runs = [_dali_epochs(paths, indexes, dali_reader_sharding(
