@@ -15,7 +15,6 @@ int32 labels. Both loaders give the same tensors when shuffling is off.
 """
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import tempfile
 import weakref
