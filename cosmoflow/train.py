@@ -21,7 +21,7 @@ from common.runtime.stopping import StopRequests
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
 from cosmoflow.config import CosmoConfig
 from cosmoflow.data import build_datasets, files_read, read_error
-from cosmoflow.reference import closed_differences, with_rcp
+from cosmoflow.config import closed_differences, with_rcp
 from cosmoflow.schedule import LRSchedule, sgd_keys
 
 

@@ -18,7 +18,7 @@ from common.runtime.stopping import StopRequests
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
 from deepcam.config import DeepCamConfig
 from deepcam.data import build_datasets, files_read, read_error
-from deepcam.reference import closed_differences, with_rcp
+from deepcam.config import closed_differences, with_rcp
 
 
 def main(argv=None) -> int:

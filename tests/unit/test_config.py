@@ -139,7 +139,7 @@ def test_deepcam_reference_config_is_the_reference():
     assert (cfg.data.train_samples, cfg.data.val_samples) == (121266, 15158)
     assert cfg.optimizer.name == "LAMB" and cfg.optimizer.eps == 1e-6 and cfg.train.target == 0.82
     assert cfg.run.seed > 0 and cfg.mlperf.division == "auto"
-    from deepcam.reference import closed_differences
+    from deepcam.config import closed_differences
     assert closed_differences(cfg) == []  # so it logs closed
 
 

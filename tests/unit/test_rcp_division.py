@@ -5,9 +5,9 @@ import pytest
 
 from common.base.errors import BenchError
 from common.runtime.config import load_config, resolve_division
-from common.runtime.rcp import load_rcp, rcp_file, rcp_names
+from common.runtime.config import load_rcp, rcp_file, rcp_names
 from cosmoflow.config import CosmoConfig
-from cosmoflow.reference import closed_differences, with_rcp
+from cosmoflow.config import closed_differences, with_rcp
 from cosmoflow.schedule import LRSchedule
 from cosmoflow.train import main
 from tests.conftest import REPO
@@ -87,7 +87,7 @@ def test_dry_run_of_a_mismatched_batch_fails_with_the_reason(capsys):
 
 def test_deepcam_rcps_set_optimizer_and_schedule_and_the_mini_config_is_open():
     from deepcam.config import DeepCamConfig
-    from deepcam.reference import closed_differences as deepcam_differences, with_rcp as deepcam_rcp
+    from deepcam.config import closed_differences as deepcam_differences, with_rcp as deepcam_rcp
     reference = REPO / "deepcam/configs/deepcam.yaml"
     for name in rcp_names("deepcam"):
         rcp = load_rcp("deepcam", name)
