@@ -109,7 +109,7 @@ def worker(args: argparse.Namespace, spatial_text: str, mode: str, loader: str) 
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from common.io.iostats import read_proc_io
+    from common.runtime.monitor import read_proc_io
     from common.runtime.config import load_config
     from common.runtime.dist import DistEnv
     from cosmoflow.config import CosmoConfig

@@ -115,7 +115,7 @@ def measure(data: Path, out_dir: Path) -> dict:
     overrides = [f"data.dir={data}", f"run.output_dir={out_dir}", "train.max_epochs=1", "train.target=0.0",
                  "mlperf.platform=core-size"]
     with CallTracer() as tracer:
-        from common.runtime.stopping import StopRequests
+        from common.runtime.dist import StopRequests
         from cosmoflow.train import train
         tracer.training = True
         code = train(str(REPO / "cosmoflow/configs/cosmo_mini.yaml"), overrides, StopRequests())

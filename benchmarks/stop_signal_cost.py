@@ -47,7 +47,7 @@ def worker(steps: int, repeats: int, out: str) -> None:
     import keras
 
     from common.runtime.strategy import make_train_step
-    from common.runtime.stopping import StopRequests
+    from common.runtime.dist import StopRequests
     from cosmoflow.model import build_model, mse_loss
     keras.utils.set_random_seed(0)
     model = build_model(**MINI)

@@ -15,13 +15,11 @@ import sys
 
 from common.base.errors import BenchError
 from common.runtime import run
-from common.runtime.dist import DistEnv
+from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import Trainee
-from common.runtime.stopping import StopRequests
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
-from cosmoflow.config import CosmoConfig
+from cosmoflow.config import CosmoConfig, closed_differences, with_rcp
 from cosmoflow.data import build_datasets, files_read, read_error
-from cosmoflow.config import closed_differences, with_rcp
 from cosmoflow.schedule import LRSchedule, sgd_keys
 
 

@@ -14,11 +14,10 @@ import sys
 from common.base.errors import BenchError
 from common.runtime import run
 from common.runtime.loop import Trainee
-from common.runtime.stopping import StopRequests
+from common.runtime.dist import StopRequests
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
-from deepcam.config import DeepCamConfig
+from deepcam.config import DeepCamConfig, closed_differences, with_rcp
 from deepcam.data import build_datasets, files_read, read_error
-from deepcam.config import closed_differences, with_rcp
 
 
 def main(argv=None) -> int:

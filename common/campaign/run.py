@@ -51,7 +51,7 @@ from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, Camp
                                    load_spec, open_campaign, run_dir)
 
 PROGRESS_SECONDS = 60  # how often a running training's newest epoch line is shown
-EXIT_STOPPED = 75  # as a training stopped by a signal (common/runtime/stopping.py): go on in a later job
+EXIT_STOPPED = 75  # as a training stopped by a signal (common/runtime/dist.py): go on in a later job
 
 
 class CampaignStopped(Exception):

@@ -16,8 +16,8 @@ import time
 
 from common.runtime.checkpoint import Checkpointer, InputPlan, Progress, Resume, restore_rank, restore_shared
 from common.runtime.loop import Callback, Loop, shared_variables
-from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS
-from common.runtime.stopping import StopRequests
+from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS
+from common.runtime.dist import StopRequests
 
 
 class Resumed(Callback):

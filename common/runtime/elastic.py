@@ -40,7 +40,8 @@ import numpy as np
 from common.base.errors import BenchError
 from common.runtime.checkpoint import Progress
 from common.runtime.dist import DistEnv, current_layout
-from common.runtime.loop import Callback, FitResult, Loop, Trainee
+from common.runtime.loop import Callback, Loop, Trainee
+from common.runtime.summary import FitResult
 from common.runtime.strategy import DataParallel
 
 # (the rank layout of this (re)start, its input seed offset, the commits' callback) -> the attempt's FitResult

@@ -13,7 +13,8 @@ brings steps that run a Mesh-TF graph, and its ranks that read no data take part
 with (None, None) batches). Everything else a run adds is a `Callback` (common/runtime/callbacks.py: resuming,
 checkpoints, stop signals, in-epoch evaluation; common/runtime/monitor.py: the system window and TensorBoard;
 common/runtime/elastic.py: elastic commits). Callbacks read and steer the `Loop`: where training starts
-(`start_at`), `evaluate()`, `end_epoch`, and `result`, which ends the run when set.
+(`start_at`), `evaluate()`, `end_epoch`, and `result` (a common/runtime/summary.py `FitResult`), which ends the run
+when set.
 """
 from __future__ import annotations
 
@@ -24,9 +25,8 @@ from typing import Any, Callable, Sequence
 
 from common.io.input import Datasets
 from common.runtime.checkpoint import Progress
-from common.runtime.dist import DistEnv
-from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
-from common.runtime.stopping import StopFlag
+from common.runtime.dist import DistEnv, StopFlag
+from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS, FitResult, MLPerfLog
 
 STEP_PHASES = ("compute", "allreduce", "update")  # the data-parallel step's phases (make_train_step)
 PROGRESS_SECONDS = 30.0  # rank 0 prints a line this often inside long epochs
@@ -55,18 +55,6 @@ class Steps:
     close: Callable[[], None] = lambda: None  # after the last step (e.g. closes sessions)
     stop: StopFlag | None = None  # the stop request train() allreduces with its gradients (None: it does not)
     clock: Any = None  # a strategy.PhaseClock: seconds the training steps spent in each phase (None: not kept)
-
-
-@dataclasses.dataclass
-class FitResult:
-    status: str  # RUN_SUCCESS or RUN_ABORTED
-    reason: str
-    epochs: int
-    metric: float | None
-    history: list[dict]
-    train_seconds: float
-    stopped: bool = False  # by a stop signal (exit code 75)
-    checkpoint: str = ""  # the checkpoint written when it stopped
 
 
 class Callback:

@@ -39,20 +39,18 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from common.base.cli import guarded
 from common.io.input import Datasets, dali_plugin_available
-from common.io.iostats import IOCounters, io_report, write_io_report
+from common.runtime.monitor import IOCounters, RunMonitor, io_report, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
 from common.runtime.checkpoint import Checkpointer, InputPlan, InputPosition, Resume, find_resume, plan_input
 from common.runtime.config import load_config, resolve, save_config
-from common.runtime.dist import DistEnv, describe, init_distributed
+from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
-from common.runtime.loop import Callback, FitResult, Loop, Trainee, fit
-from common.runtime.mllog import RUN_ABORTED, MLPerfLog, dataset_keys, scale_keys
+from common.runtime.loop import Callback, Loop, Trainee, fit
+from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code, failure_summary,
+                                    run_summary, scale_keys, throughput, write_summary)
 from common.runtime.plan import Plan, planned_dist, print_plan
-from common.runtime.stopping import EXIT_STOPPED, StoppedBeforeStart, StopRequests
 from common.runtime.strategy import DataParallel, reseeded
-from common.runtime.monitor import RunMonitor
-from common.runtime.summary import exit_code, failure_summary, run_summary, throughput, write_summary
 
 if TYPE_CHECKING:
     from common.io.staging import StageResult

@@ -23,9 +23,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol, Sequence
 
-from common.runtime.dist import DistEnv
+from common.runtime.dist import DistEnv, StopFlag
 from common.runtime.loop import STEP_PHASES, Steps, Trainee
-from common.runtime.stopping import StopFlag
 
 RESEED = 7919  # a prime: the input seed of the n-th restart is seed + RESEED * n
 

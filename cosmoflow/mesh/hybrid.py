@@ -27,11 +27,9 @@ from typing import Any, Callable
 import numpy as np
 
 from common.base.errors import BenchError
-from common.runtime.dist import DistEnv
+from common.runtime.dist import DistEnv, StopFlag
 from common.runtime.loop import Steps, Trainee
-from common.runtime.strategy import PhaseClock
-from common.runtime.strategy import DataParallel, Metric, StepsFactory, batch_sums
-from common.runtime.stopping import StopFlag
+from common.runtime.strategy import DataParallel, Metric, PhaseClock, StepsFactory, batch_sums
 from cosmoflow.data import SampleBlock
 from cosmoflow.mesh.blocks import OwnBlocks
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server

@@ -7,18 +7,15 @@ import time
 import numpy as np
 import pytest
 
-from common.runtime.checkpoint import (Checkpointer, Resume, check_checkpoint, list_checkpoints, newest_valid)
-from common.runtime.config import CheckpointConfig
-from common.runtime.dist import DistEnv
+from common.runtime.checkpoint import Checkpointer, InputPlan, Resume, check_checkpoint, list_checkpoints, newest_valid
+from common.runtime.config import CheckpointConfig, TrainConfig
+from common.runtime.dist import DistEnv, StopRequests
 from common.base.errors import BenchError
 from common.io.input import Datasets
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
-from common.runtime.checkpoint import InputPlan
-from common.runtime.config import TrainConfig
 from common.runtime.loop import Loop, Trainee, fit
 from common.runtime.strategy import data_parallel_steps
-from common.runtime.mllog import MLPerfLog
-from common.runtime.stopping import StopRequests
+from common.runtime.summary import MLPerfLog
 from cosmoflow.model import MeanAbsoluteError, mse_loss
 
 STEPS, BATCH = 4, 2

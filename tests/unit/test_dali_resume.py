@@ -127,7 +127,7 @@ def _run(tmp_path, *overrides):
     """A Run resuming the DALI checkpoint of `_dali_checkpoint(tmp_path)`, after init_stop."""
     from common.runtime.config import load_config
     from common.runtime.run import Run
-    from common.runtime.stopping import StopRequests
+    from common.runtime.dist import StopRequests
     from common.runtime.strategy import DataParallel
     from cosmoflow.config import CosmoConfig
     from tests.conftest import REPO

@@ -261,7 +261,7 @@ def test_rates_the_optimizer_used_in_training_follow_the_reference(tmp_path):
     from common.runtime.config import TrainConfig
     from common.runtime.loop import Loop, Trainee, fit
     from common.runtime.strategy import data_parallel_steps
-    from common.runtime.mllog import MLPerfLog
+    from common.runtime.summary import MLPerfLog
     from deepcam.lamb import ApexLamb
     from deepcam.model import MeanIoU, WeightedCrossEntropy, class_weights
 

@@ -9,7 +9,7 @@ from common.io.input import Datasets
 from common.runtime.callbacks import EvalEverySteps
 from common.runtime.config import TrainConfig
 from common.runtime.loop import Loop, Trainee, fit
-from common.runtime.mllog import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
+from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS, MLPerfLog
 from common.runtime.strategy import data_parallel_steps
 from cosmoflow.model import MeanAbsoluteError, mse_loss
 
@@ -77,7 +77,7 @@ def test_steps_from_outside_and_a_rank_that_reads_nothing(tmp_path):
     schedule, and its empty evaluation sums add nothing."""
     import keras
     import tensorflow as tf
-    from common.io.iostats import planned_reads
+    from common.runtime.monitor import planned_reads
     from common.runtime.loop import Steps
     from common.runtime.strategy import batch_sums
     metric, calls = MeanAbsoluteError(), {"train": [], "evaluate": [], "closed": 0}

@@ -2,7 +2,7 @@
 
 from common.base.mlperf_log import read_events
 from common.runtime.config import MlperfConfig
-from common.runtime.mllog import MLPerfLog, dataset_keys, scale_keys
+from common.runtime.summary import MLPerfLog, dataset_keys, scale_keys
 from cosmoflow.config import OptimizerConfig, ScheduleConfig
 from cosmoflow.schedule import LRSchedule, sgd_keys
 
@@ -30,7 +30,7 @@ def test_root_writes_events(tmp_path):
     assert by_key["submission_benchmark"]["value"] == "cosmoflow"
     assert by_key["opt_learning_rate_decay_boundary_epochs"]["value"] == [2]
     assert by_key["epoch_stop"]["metadata"]["epoch_num"] == 3
-    assert by_key["init_start"]["metadata"]["file"].endswith("test_mllog.py")  # the caller, not common/runtime/mllog.py
+    assert by_key["init_start"]["metadata"]["file"].endswith("test_mllog.py")  # the caller, not common/runtime/summary.py
 
 
 def test_other_ranks_write_nothing(tmp_path):

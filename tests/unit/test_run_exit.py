@@ -11,10 +11,9 @@ import pytest
 from common.base.errors import BenchError
 from common.io.input import Datasets
 from common.runtime.config import load_config
-from common.runtime.dist import DistEnv
+from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart
 from common.runtime.loop import FitResult
 from common.runtime.run import Run, guarded_run, reading_as
-from common.runtime.stopping import EXIT_STOPPED, StoppedBeforeStart, StopRequests
 from common.runtime.strategy import DataParallel
 from cosmoflow.config import CosmoConfig
 from tests.conftest import REPO

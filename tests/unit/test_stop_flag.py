@@ -7,7 +7,7 @@ from common.io.input import Datasets
 from common.runtime.callbacks import StopSignal
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Loop, Steps
-from common.runtime.stopping import StopRequests
+from common.runtime.dist import StopRequests
 from common.runtime.strategy import make_train_step
 
 
