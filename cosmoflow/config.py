@@ -125,7 +125,7 @@ class ScheduleConfig:
     """Linear warm-up from base_lr to the scaled peak, then step decays (factors of the peak).
 
     granularity: `epoch` is the reference's rule (the rate set at the start of each epoch, a decay at
-    boundary b from epoch b + 1 on); `step` is the suite's per-step variant (cosmoflow/schedule.py)."""
+    boundary b from epoch b + 1 on); `step` is the suite's per-step variant (cosmoflow/train.py `LRSchedule`)."""
 
     warmup_epochs: int = 0
     decay_epochs: tuple[int, ...] = ()

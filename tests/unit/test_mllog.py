@@ -4,7 +4,7 @@ from common.base.mlperf_log import read_events
 from common.runtime.config import MlperfConfig
 from common.runtime.summary import MLPerfLog, dataset_keys, scale_keys
 from cosmoflow.config import OptimizerConfig, ScheduleConfig
-from cosmoflow.schedule import LRSchedule, sgd_keys
+from cosmoflow.train import LRSchedule, sgd_keys
 
 SCHEDULE = ScheduleConfig(decay_epochs=(2,), decay_factors=(0.5,))
 

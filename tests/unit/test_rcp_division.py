@@ -8,7 +8,7 @@ from common.runtime.config import load_config, resolve_division
 from common.runtime.config import load_rcp, rcp_file, rcp_names
 from cosmoflow.config import CosmoConfig
 from cosmoflow.config import closed_differences, with_rcp
-from cosmoflow.schedule import LRSchedule
+from cosmoflow.train import LRSchedule
 from cosmoflow.train import main
 from tests.conftest import REPO
 

@@ -7,7 +7,7 @@ decay boundary b with b < e (strictly), 1 before the first.
 import pytest
 
 from cosmoflow.config import OptimizerConfig, ScheduleConfig
-from cosmoflow.schedule import LRSchedule, sgd_keys
+from cosmoflow.train import LRSchedule, sgd_keys
 
 
 def reference_rule(e: int, base: float, peak: float, warmup: int, decays: dict) -> float:
