@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING, Callable
 
-from common.runtime.checkpoint import Checkpointer, InputPlan, Progress, Resume, restore_rank, restore_shared
+from common.io.input import InputPlan
 from common.runtime.loop import Callback, Loop, shared_variables
-from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS
+from common.runtime.config import CheckpointConfig
+from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS, Progress
 from common.runtime.dist import StopRequests
+
+if TYPE_CHECKING:  # checkpoint.py is imported only by a run that writes or reads a checkpoint
+    from common.runtime.checkpoint import Checkpointer, Resume
 
 
 class Resumed(Callback):
@@ -27,6 +32,7 @@ class Resumed(Callback):
         self.resume, self.plan = resume, plan
 
     def start(self, loop: Loop) -> None:
+        from common.runtime.checkpoint import restore_rank, restore_shared
         model, optimizer, dist = loop.trainee.model, loop.trainee.optimizer, loop.dist
         restore_shared(self.resume, model, optimizer, dist)  # rank 0 reads them, then every rank takes them
         dist.broadcast_variables(shared_variables(model) + optimizer.variables)
@@ -59,21 +65,31 @@ class EvalEverySteps(Callback):
 class Checkpoints(Callback):
     """Checkpoints on the schedule of the checkpoint section, each with this attempt's time and number."""
 
-    def __init__(self, checkpointer: Checkpointer, input_state: bool, run_start: float):
-        """`input_state`: save each rank's tf.data iterator; `run_start`: time.time() at this attempt's start."""
-        self.checkpointer, self.input_state, self.run_start = checkpointer, input_state, run_start
+    def __init__(self, cfg: CheckpointConfig, writer: Callable[[], Checkpointer], input_state: bool,
+                 run_start: float):
+        """`writer` makes the Checkpointer when the first checkpoint is written (a run that writes none never
+        imports checkpoint.py); `input_state`: save each rank's tf.data iterator; `run_start`: time.time() at this
+        attempt's start."""
+        self.cfg, self.writer, self.input_state, self.run_start = cfg, writer, input_state, run_start
+        self.checkpointer: Checkpointer | None = None
         self.attempt = Progress()  # where this attempt began: its number and the earlier attempts' seconds
+        self.last_time = time.monotonic()  # of the last checkpoint (every_minutes)
 
     @property
     def scheduled(self) -> bool:
-        cfg = self.checkpointer.cfg
-        return bool(cfg.every_epochs or cfg.every_minutes)
+        return bool(self.cfg.every_epochs or self.cfg.every_minutes)
+
+    def due(self, epoch: int) -> bool:
+        """Whether the end of `epoch` is a periodic checkpoint (every_epochs, or every_minutes since the last)."""
+        by_epochs = self.cfg.every_epochs and epoch % self.cfg.every_epochs == 0
+        by_time = self.cfg.every_minutes and time.monotonic() - self.last_time >= 60 * self.cfg.every_minutes
+        return bool(by_epochs or by_time)
 
     def start(self, loop: Loop) -> None:
         self.attempt = loop.start
 
     def after_epoch(self, loop: Loop) -> None:
-        if self.checkpointer.due(loop.epoch):
+        if self.due(loop.epoch):
             self.save(loop, Progress(loop.epoch + 1, 0, loop.history))
 
     def end(self, loop: Loop) -> None:
@@ -92,8 +108,11 @@ class Checkpoints(Callback):
         progress = dataclasses.replace(progress, earlier_seconds=self.attempt.earlier_seconds + time.time()
                                        - self.run_start, attempt=self.attempt.attempt, history=list(progress.history))
         step = progress.global_step(loop.data.train_steps)
-        return str(self.checkpointer.save(progress, step, loop.trainee.model, loop.trainee.optimizer,
-                                          loop.train_iter, self.input_state))
+        self.checkpointer = self.checkpointer or self.writer()
+        path = self.checkpointer.save(progress, step, loop.trainee.model, loop.trainee.optimizer, loop.train_iter,
+                                      self.input_state)
+        self.last_time = time.monotonic()
+        return str(path)
 
 
 class StopSignal(Callback):

@@ -27,108 +27,24 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, TypedDict
+from typing import Any, Callable, Literal
 
 import numpy as np
 
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from common.base import documents
-from common.base.documents import Figure, check
+from common.base.documents import check
 from common.base.errors import BenchError
+from common.io.input import InputPlan, InputPosition
 from common.io.manifest import xxh3_128_file
+from common.runtime.summary import Partial, Progress
 
 FORMAT = "hpc-sciml-checkpoint"
 VERSION = 1
 META = "meta.json"
 MODEL_FILE = "model.npz"
 _NAME = re.compile(r"^ckpt-(\d{9})$")
-
-
-class Partial(TypedDict, total=False):
-    """The running sums of the epoch in progress."""
-
-    loss_sum: float
-    seconds: float
-
-
-@dataclasses.dataclass
-class Progress:
-    """Where a run stands: `epoch` is the epoch to run next (or the one in progress when `step` > 0)."""
-
-    epoch: int = 1
-    step: int = 0  # optimizer steps of `epoch` already done
-    # the epochs' figures, each with its "epoch" (NaN is a figure too: an evaluation can give one)
-    history: list[dict[str, int | Figure]] = dataclasses.field(default_factory=list)
-    partial: Partial = dataclasses.field(default_factory=dict)  # the epoch's running sums: loss_sum, seconds
-    earlier_seconds: float = 0.0  # training time (run_start .. run_stop) of the attempts before this one
-    attempt: int = 1  # 1 for a run that starts from scratch; +1 for each resume
-
-    def __post_init__(self):
-        for key in ("epoch", "attempt"):
-            check(getattr(self, key) >= 1, key, getattr(self, key), "an integer >= 1")
-        check(self.step >= 0, "step", self.step, "an integer >= 0")
-        check(self.earlier_seconds >= 0, "earlier_seconds", self.earlier_seconds, "a number >= 0")
-        check(self.partial.get("seconds", 0) >= 0, "partial.seconds", self.partial.get("seconds"), "a number >= 0")
-        for i, record in enumerate(self.history):
-            epoch = record.get("epoch")
-            check(type(epoch) is int and epoch >= 1, f"history[{i}].epoch", epoch, "an integer >= 1")
-
-    def global_step(self, steps_per_epoch: int) -> int:
-        return (self.epoch - 1) * steps_per_epoch + self.step
-
-
-class Layout(TypedDict):
-    """What a DALI stream's order depends on beside its loader and seed (LAYOUT_KEYS). ranks_per_node: the ranks
-    of a node that share its files under data.stage_mode=node_share (0 otherwise, where a rank's files follow from
-    ranks alone)."""
-
-    run_seed: int
-    ranks: int
-    ranks_per_node: int
-    node_share: bool
-    local_batch_size: int
-    shuffle: bool
-    shuffle_buffer: int
-    strategy: str
-
-
-@dataclasses.dataclass(frozen=True)
-class InputPosition:
-    """What a rank's training stream depends on, saved in meta.json as "input": rebuilt with the same loader,
-    seed and layout it gives the same batches, and the run has taken `global_step - start_step` of them."""
-
-    loader: Literal["tfdata", "dali", ""]  # the input pipeline ("" for a rank layout whose position cannot be replayed)
-    seed: int  # the input seed the datasets were built with (the run's, or a reseeded one)
-    start_step: int  # the global step at which this stream began (0, or where a reseeded attempt began)
-    layout: Layout  # LAYOUT_KEYS: the rank layout and the settings the stream's order depends on
-
-    def __post_init__(self):
-        check(self.start_step >= 0, "start_step", self.start_step, "an integer >= 0")
-        for key, minimum in (("ranks", 1), ("ranks_per_node", 0), ("local_batch_size", 1), ("shuffle_buffer", 1)):
-            value = self.layout.get(key)
-            check(value is None or value >= minimum, f"layout.{key}", value, f"an integer >= {minimum}")
-
-    def to_meta(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def layout_change(self, layout: dict) -> str:
-        """How `layout` differs from the saved one ("" when it does not), for the log."""
-        changed = [f"{key} {self.layout.get(key)!r} -> {layout.get(key)!r}" for key in LAYOUT_KEYS
-                   if self.layout.get(key) != layout.get(key)]
-        return ", ".join(changed)
-
-
-@dataclasses.dataclass(frozen=True)
-class InputPlan:
-    """Where a run's training input starts: the seed its datasets are built with, the global step its stream
-    begins at, and how a resumed run reaches the checkpoint's position."""
-
-    seed: int
-    start_step: int = 0
-    restore: str = ""  # "iterator": tf.data's saved state; "replay": skip `skip` batches; "": starts afresh
-    skip: int = 0  # batches of the rebuilt stream already consumed (restore "replay")
-    why_afresh: str = ""  # a resumed run's reason for starting afresh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +174,6 @@ def find_resume(cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark
 PROGRESS_KEYS = tuple(f.name for f in dataclasses.fields(Progress))
 PARTIAL_KEYS = tuple(Partial.__annotations__)
 INPUT_KEYS = tuple(f.name for f in dataclasses.fields(InputPosition))
-LAYOUT_KEYS = tuple(Layout.__annotations__)
 INPUT_LOADERS = ("tfdata", "dali", "")
 _FILE_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.-]{1,255}")  # as the writers name them: model.npz, rank_00000.npz
 _XXH3 = re.compile(r"[0-9a-f]{32}")
@@ -376,7 +291,8 @@ def _load_arrays(path: Path, variables: list, listed: list[list], what: str) -> 
 
 # ---------------------------------------------------------------------------- writing
 class Checkpointer:
-    """Writes a run's checkpoints on the schedule of its config; all ranks call `save` together."""
+    """Writes a run's checkpoints (when: common/runtime/callbacks.py `Checkpoints`); all ranks call `save`
+    together."""
 
     def __init__(self, cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark: str,
                  log: Callable[[str], None], input_position: InputPosition | None = None):
@@ -384,13 +300,6 @@ class Checkpointer:
         self.cfg, self.dist, self.benchmark, self.log = cfg, dist, benchmark, log
         self.input_position = input_position
         self.directory = checkpoint_dir(cfg, output_dir)
-        self.last_time = time.monotonic()
-
-    def due(self, epoch: int) -> bool:
-        """Whether the end of `epoch` is a periodic checkpoint (every_epochs, or every_minutes since the last)."""
-        by_epochs = self.cfg.every_epochs and epoch % self.cfg.every_epochs == 0
-        by_time = self.cfg.every_minutes and time.monotonic() - self.last_time >= 60 * self.cfg.every_minutes
-        return bool(by_epochs or by_time)
 
     def save(self, progress: Progress, global_step: int, model, optimizer, train_iter, input_state: bool) -> Path:
         """Write checkpoint `ckpt-<global_step>` (collective); returns its path."""
@@ -417,7 +326,6 @@ class Checkpointer:
             _fsync_dir(self.directory)
             self._prune()
         self.dist.barrier()
-        self.last_time = time.monotonic()
         self.log(f"checkpoint {final} written in {time.perf_counter() - t0:.2f} s")
         return final
 

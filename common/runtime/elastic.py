@@ -38,10 +38,9 @@ from typing import Any, Callable
 import numpy as np
 
 from common.base.errors import BenchError
-from common.runtime.checkpoint import Progress
+from common.runtime.summary import FitResult, Progress
 from common.runtime.dist import DistEnv, current_layout
 from common.runtime.loop import Callback, Loop, Trainee
-from common.runtime.summary import FitResult
 from common.runtime.strategy import DataParallel
 
 # (the rank layout of this (re)start, its input seed offset, the commits' callback) -> the attempt's FitResult

@@ -24,9 +24,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from common.io.input import Datasets
-from common.runtime.checkpoint import Progress
+from common.runtime.summary import FitResult, MLPerfLog, Progress, RUN_ABORTED, RUN_SUCCESS
 from common.runtime.dist import DistEnv, StopFlag
-from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS, FitResult, MLPerfLog
 
 STEP_PHASES = ("compute", "allreduce", "update")  # the data-parallel step's phases (make_train_step)
 PROGRESS_SECONDS = 30.0  # rank 0 prints a line this often inside long epochs

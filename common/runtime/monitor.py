@@ -11,10 +11,10 @@
 
 Its sections, in this order:
 - The monitor: RunMonitor, the loop callback that drives the rest, and the reasons for null figures.
-- The system window and figures: the step window (StepWindow, Window), the allreduce timed on its own, memory,
+- The system window and figures: the step window (StepWindow), the allreduce timed on its own, memory,
   the step breakdown, input wait and FLOP/s figures.
 - FLOPs: training GFLOP per sample from a Keras model's layer shapes (training_gflop_per_sample).
-- Energy: RAPL and NVML counters between run_start and run_stop (EnergyMeter, job_energy).
+- Energy: RAPL and NVML counters between run_start and run_stop (energy_start, energy_stop, job_energy).
 - The peak cache: this host's probed peak, read on every run (cached, cache_path, host_key) and probed once
   when missing (probe; the kernels and the CLI are common/runtime/probe.py).
 - TensorBoard: rank 0's event files (EventWriter) and reading them back (read_scalars).
@@ -57,7 +57,7 @@ class RunMonitor(Callback):
         steps = cfg.system.window_steps if cfg.system.enabled and not cfg.dist.elastic.enabled else 0
         self.window = StepWindow(cfg.system.warmup_steps, steps)
         self.elastic = cfg.dist.elastic.enabled
-        self.energy = EnergyMeter(dist)
+        self.energy: tuple = (None, None, "energy counters not read")  # energy_start's answer
         self.readings: tuple | None = None
         self.board = EventWriter(out, cfg.tensorboard.every_steps) if cfg.tensorboard.enabled and dist.is_root \
             else None
@@ -79,11 +79,11 @@ class RunMonitor(Callback):
 
     def started(self) -> None:
         if self.cfg.enabled:
-            self.energy.start()
+            self.energy = energy_start(self.dist)
 
     def stopped(self) -> None:
         if self.cfg.enabled:
-            self.readings = self.energy.stop()
+            self.readings = energy_stop(*self.energy)
 
     def start(self, loop: Loop) -> None:
         """The phase clock of the steps the loop is about to train (None: steps that keep none)."""
@@ -135,7 +135,7 @@ class RunMonitor(Callback):
     def _collectives(self, model: Any) -> dict:
         """The window's figures on rank 0 (a collective: every rank's window is gathered, and with more than one
         rank the gradients' allreduce is timed on its own)."""
-        w = self.window.window if self.window.closed else None
+        w = self.window if self.window.closed else None
         timed = w is not None and w.steps > 0
         exchanged = self.dist.horovod and self.dist.size > 1
         none = None if exchanged else 0.0  # one rank: nothing to wait for or exchange
@@ -158,7 +158,7 @@ class RunMonitor(Callback):
     def _window_reason(self) -> str:
         if self.dist.size == 1 or not self.dist.horovod:
             return "one rank: no allreduce"
-        if self.window.closed and self.window.window.steps:
+        if self.window.closed and self.window.steps:
             return ("the gradients' allreduce on its own took no longer than a one-element one: too small to "
                     "time beside Horovod's coordination")
         if self.elastic:
@@ -208,34 +208,25 @@ def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason:
 EXCHANGE_REPEATS = 10  # runs of the gradients' allreduce on its own, and of a one-element one (median of each)
 
 
-@dataclasses.dataclass
-class Window:
-    """The steps the system window timed: where they start, and the loop's totals and the step phases' seconds
-    inside them."""
-
-    first_step: int = 0
-    steps: int = 0
-    start: float = 0.0
-    seconds: float = 0.0
-    totals_at_start: dict = dataclasses.field(default_factory=dict)
-    totals: dict = dataclasses.field(default_factory=dict)  # what the loop timed inside the window
-    phases_at_start: dict = dataclasses.field(default_factory=dict)
-    phases: dict = dataclasses.field(default_factory=dict)  # the steps' phase seconds inside the window
-
-
 class StepWindow:
-    """Times a window of `steps` training steps after `warmup` (closed early at a boundary): the loop's totals
-    and the phases of the steps' clock (on a GPU the clock waits for the device inside the window only)."""
+    """Times a window of `length` training steps after `warmup` (closed early at a boundary): the loop's totals
+    and the phases of the steps' clock inside it (on a GPU the clock waits for the device inside the window only).
+    Once closed: `first_step`, `steps` and `seconds` are what it timed, `totals` and `phases` the loop's totals and
+    the steps' phase seconds inside it."""
 
-    def __init__(self, warmup: int, steps: int):
-        self.warmup, self.steps = warmup, steps
+    def __init__(self, warmup: int, length: int):
+        self.warmup, self.length = warmup, length
         self.clock: PhaseClock | None = None
-        self.window: Window | None = None
-        self.closed = False
+        self.opened = self.closed = False
+        self.first_step, self.steps, self.start, self.seconds = 0, 0, 0.0, 0.0
+        self.totals_at_start: dict = {}
+        self.totals: dict = {}
+        self.phases_at_start: dict = {}
+        self.phases: dict = {}
 
     @property
     def enabled(self) -> bool:
-        return self.steps > 0
+        return self.length > 0
 
     def attach(self, clock: PhaseClock | None) -> None:
         """The clock of the steps about to be trained (None: steps that keep none)."""
@@ -246,33 +237,31 @@ class StepWindow:
         evaluation follows, which the window must not span; `totals`: the loop's running totals."""
         if not self.enabled or self.closed:
             return
-        if self.window is None:
+        if not self.opened:
             if done >= self.warmup and not boundary:
                 self._open(done, totals)
             return
-        if done - self.window.first_step >= self.steps or boundary:
+        if done - self.first_step >= self.length or boundary:
             self._close(done, totals)
 
     def finish(self, done: int, totals: dict) -> None:
         """Close the window if the run ended inside it."""
-        if self.window is not None and not self.closed:
+        if self.opened and not self.closed:
             self._close(done, totals)
 
     def _open(self, done: int, totals: dict) -> None:
-        phases = {}
         if self.clock is not None:
             self.clock.sync = True
-            phases = self.clock.snapshot()
-        self.window = Window(first_step=done, start=time.perf_counter(), totals_at_start=dict(totals),
-                             phases_at_start=phases)
+            self.phases_at_start = self.clock.snapshot()
+        self.opened, self.first_step, self.start = True, done, time.perf_counter()
+        self.totals_at_start = dict(totals)
 
     def _close(self, done: int, totals: dict) -> None:
-        w = self.window
-        w.steps, w.seconds = done - w.first_step, time.perf_counter() - w.start
-        w.totals = {k: totals[k] - w.totals_at_start.get(k, 0.0) for k in totals}
+        self.steps, self.seconds = done - self.first_step, time.perf_counter() - self.start
+        self.totals = {k: totals[k] - self.totals_at_start.get(k, 0.0) for k in totals}
         if self.clock is not None:
             self.clock.sync = False
-            w.phases = {k: v - w.phases_at_start.get(k, 0.0) for k, v in self.clock.snapshot().items()}
+            self.phases = {k: v - self.phases_at_start.get(k, 0.0) for k, v in self.clock.snapshot().items()}
         self.closed = True
 
 
@@ -461,36 +450,29 @@ def rapl_joules(before: dict, after: dict) -> float:
     return total / 1e6
 
 
-class EnergyMeter:
-    """This rank's share of the job's energy counters between start() and stop()."""
+def energy_start(dist: DistEnv) -> tuple[str | None, Any, str]:
+    """At run_start: (source, this rank's counter reading, reason when none). A node's local rank 0 reads its
+    package counters (RAPL) for the node; every GPU rank reads its GPU's (NVML)."""
+    if dist.gpu:
+        start, reason = _nvml_millijoules()
+        return ("NVML" if start is not None else None), start, reason
+    if dist.local_rank == 0:
+        start, reason = read_rapl()
+        return ("RAPL" if start is not None else None), start, reason
+    return "none needed", None, ""
 
-    def __init__(self, dist: DistEnv):
-        self.dist = dist
-        self.source, self.reason = None, ""
-        self.rapl_start: dict | None = None
-        self.nvml_start: float | None = None
 
-    def start(self) -> None:
-        if self.dist.gpu:
-            self.nvml_start, self.reason = _nvml_millijoules()
-            self.source = "NVML" if self.nvml_start is not None else None
-        elif self.dist.local_rank == 0:
-            self.rapl_start, self.reason = read_rapl()
-            self.source = "RAPL" if self.rapl_start is not None else None
-        else:
-            self.source, self.reason = "none needed", ""  # its node's local rank 0 reads the package counters
-
-    def stop(self) -> tuple[float | None, str | None, str]:
-        """(joules this rank accounts for, source, reason when None)."""
-        if self.source == "none needed":
-            return 0.0, None, ""
-        if self.source == "NVML":
-            end, reason = _nvml_millijoules()
-            return (None, None, reason) if end is None else ((end - self.nvml_start) / 1e3, "NVML", "")
-        if self.source == "RAPL":
-            end, reason = read_rapl()
-            return (None, None, reason) if end is None else (rapl_joules(self.rapl_start, end), "RAPL", "")
-        return None, None, self.reason
+def energy_stop(source: str | None, start: Any, reason: str) -> tuple[float | None, str | None, str]:
+    """At run_stop, given energy_start's answer: (joules this rank accounts for, source, reason when None)."""
+    if source == "none needed":
+        return 0.0, None, ""
+    if source == "NVML":
+        end, reason = _nvml_millijoules()
+        return (None, None, reason) if end is None else ((end - start) / 1e3, "NVML", "")
+    if source == "RAPL":
+        end, reason = read_rapl()
+        return (None, None, reason) if end is None else (rapl_joules(start, end), "RAPL", "")
+    return None, None, reason
 
 
 def _nvml_millijoules() -> tuple[float | None, str]:

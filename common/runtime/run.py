@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from common.base.cli import guarded
-from common.io.input import Datasets, dali_plugin_available
+from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
 from common.runtime.monitor import IOCounters, RunMonitor, io_report, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
-from common.runtime.checkpoint import Checkpointer, InputPlan, InputPosition, Resume, find_resume, plan_input
 from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
@@ -52,8 +51,9 @@ from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_k
 from common.runtime.plan import Plan, planned_dist, print_plan
 from common.runtime.strategy import DataParallel, reseeded
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: by a run that stages, or that writes or reads a checkpoint
     from common.io.staging import StageResult
+    from common.runtime.checkpoint import Checkpointer, Resume
 
 # What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
 ATTEMPT_FILES = ("summary.json", "io_report.json")
@@ -235,8 +235,10 @@ class Run:
         `stop`: the process's stop signals, already handled."""
         out = Path(cfg.run.output_dir)
         # (An elastic run resumes no checkpoint, and a worker joining it must not wait in a collective here.)
-        resume = None if cfg.dist.elastic.enabled else find_resume(cfg.checkpoint, cfg.run.output_dir, dist,
-                                                                    benchmark, root_log(dist))
+        resume = None
+        if cfg.checkpoint.resume and not cfg.dist.elastic.enabled:
+            from common.runtime.checkpoint import find_resume
+            resume = find_resume(cfg.checkpoint, cfg.run.output_dir, dist, benchmark, root_log(dist))
         if dist.is_root:
             if resume:
                 archive_attempt(out, cfg.mlperf.log_file, resume.progress.attempt)
@@ -305,7 +307,10 @@ class Run:
         the run's seed; a resumed run's checkpoint's, when its position is restored (tf.data's iterator state)
         or replayed (a DALI stream of the same seed and layout); else a new one per attempt, so that it does
         not replay the first epochs' order (`plan_input`)."""
-        attempt = self.resume.progress.attempt if self.resume else 0
+        if self.resume is None:
+            return InputPlan(self.cfg.run.seed)
+        from common.runtime.checkpoint import plan_input
+        attempt = self.resume.progress.attempt
         return plan_input(self.resume, (self.cfg.run.seed, reseeded(self.cfg.run.seed, attempt)), loader,
                           input_layout(self.cfg, self.dist, strategy))
 
@@ -332,11 +337,16 @@ class Run:
         checkpoints = None
         if ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal:
             input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
-            checkpointer = Checkpointer(ckpt, cfg.run.output_dir, self.dist, self.benchmark, self.log, position)
-            checkpoints = Checkpoints(checkpointer, input_state, self.run_start)
+            checkpoints = Checkpoints(ckpt, lambda: self.checkpointer(position), input_state, self.run_start)
             callbacks.append(checkpoints)
         callbacks.append(StopSignal(self.stop, checkpoints if ckpt.on_signal else None))
         return callbacks
+
+    def checkpointer(self, position: InputPosition) -> Checkpointer:
+        """The writer of this run's checkpoints; `position`: what its training input's position depends on."""
+        from common.runtime.checkpoint import Checkpointer
+        return Checkpointer(self.cfg.checkpoint, self.cfg.run.output_dir, self.dist, self.benchmark, self.log,
+                            position)
 
     def stopped(self, result: FitResult, strategy: DataParallel) -> None:
         """run_stop after training, and the training phase's I/O counters."""

@@ -1,5 +1,6 @@
-"""What a run records of itself: its MLPerf log (`MLPerfLog`, the last section), the run summary (summary.json)
-that campaigns and reports read, and its exit code.
+"""What a run records of itself: where it stands (`Progress`, which checkpoints save), how it ended (`FitResult`),
+the run summary (summary.json) that campaigns and reports read, its exit code, and its MLPerf log (`MLPerfLog`,
+the last section).
 
 `python -m common.runtime.summary RUN_DIR [RUN_DIR ...]` prints a table of finished runs.
 """
@@ -14,15 +15,48 @@ import os
 import sys
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from common.base import documents
 from common.base.cli import guarded
-from common.base.documents import Figure
+from common.base.documents import Figure, check
 from common.base.files import write_json_atomic
 from common.runtime.config import MlperfConfig, to_dict
 from common.base.errors import BenchError
 from common.runtime.dist import EXIT_STOPPED
+
+
+class Partial(TypedDict, total=False):
+    """The running sums of the epoch in progress."""
+
+    loss_sum: float
+    seconds: float
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a run stands: `epoch` is the epoch to run next (or the one in progress when `step` > 0)."""
+
+    epoch: int = 1
+    step: int = 0  # optimizer steps of `epoch` already done
+    # the epochs' figures, each with its "epoch" (NaN is a figure too: an evaluation can give one)
+    history: list[dict[str, int | Figure]] = dataclasses.field(default_factory=list)
+    partial: Partial = dataclasses.field(default_factory=dict)  # the epoch's running sums: loss_sum, seconds
+    earlier_seconds: float = 0.0  # training time (run_start .. run_stop) of the attempts before this one
+    attempt: int = 1  # 1 for a run that starts from scratch; +1 for each resume
+
+    def __post_init__(self):
+        for key in ("epoch", "attempt"):
+            check(getattr(self, key) >= 1, key, getattr(self, key), "an integer >= 1")
+        check(self.step >= 0, "step", self.step, "an integer >= 0")
+        check(self.earlier_seconds >= 0, "earlier_seconds", self.earlier_seconds, "a number >= 0")
+        check(self.partial.get("seconds", 0) >= 0, "partial.seconds", self.partial.get("seconds"), "a number >= 0")
+        for i, record in enumerate(self.history):
+            epoch = record.get("epoch")
+            check(type(epoch) is int and epoch >= 1, f"history[{i}].epoch", epoch, "an integer >= 1")
+
+    def global_step(self, steps_per_epoch: int) -> int:
+        return (self.epoch - 1) * steps_per_epoch + self.step
 
 
 @dataclasses.dataclass

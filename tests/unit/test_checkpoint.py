@@ -54,7 +54,7 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, targ
                               keras.layers.Dropout(0.3), keras.layers.Dense(4)])
     cfg = CheckpointConfig(dir=str(out / "ckpt"), every_epochs=every_epochs, keep=keep, resume=resume)
     found = newest_valid(out / "ckpt", warn=lambda _m: None) if resume else None
-    checkpoints = Checkpoints(Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
+    checkpoints = Checkpoints(cfg, lambda: Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
                               input_state=True, run_start=time.time())
     callbacks = ([Resumed(found, InputPlan(0, restore="iterator"))] if found else []) + (
         [EvalEverySteps(eval_every_steps)] if eval_every_steps else []) + [checkpoints] + (
@@ -105,7 +105,7 @@ def test_a_stop_without_checkpoints_on_signal_writes_none(tmp_path):
     import keras
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
     cfg = CheckpointConfig(dir=str(tmp_path / "ckpt"), on_signal=False)
-    checkpoints = Checkpoints(Checkpointer(cfg, str(tmp_path), DistEnv(), "cosmoflow", lambda _m: None),
+    checkpoints = Checkpoints(cfg, lambda: Checkpointer(cfg, str(tmp_path), DistEnv(), "cosmoflow", lambda _m: None),
                               input_state=True, run_start=time.time())
     stop = StopAt(2)
     callbacks = [checkpoints, StopSignal(stop, None)]  # checkpoint.on_signal=false: the run passes no checkpoints
