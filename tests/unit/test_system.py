@@ -21,7 +21,7 @@ class _Clock:
 
 
 def test_step_window_reads_the_phases_of_its_steps_only_and_syncs_inside_it():
-    window, clock = monitor.StepWindow(warmup=2, steps=3), _Clock()
+    window, clock = monitor.StepWindow(warmup=2, length=3), _Clock()
     window.attach(clock)
     totals = {"step_seconds": 0.0, "input_wait_seconds": 0.0}
     for done in range(1, 8):
@@ -29,18 +29,18 @@ def test_step_window_reads_the_phases_of_its_steps_only_and_syncs_inside_it():
         totals["step_seconds"] += 1.0
         window.tick(done, boundary=False, totals=totals)
         assert clock.sync == (2 <= done < 5)  # on from the opening (after step 2) to the closing (after step 5)
-    w = window.window
+    w = window
     assert window.closed and (w.first_step, w.steps) == (2, 3)
     assert w.phases["allreduce"] == pytest.approx(1.5) and w.totals["step_seconds"] == pytest.approx(3.0)
 
 
 def test_step_window_does_not_open_before_a_boundary_and_closes_at_one():
-    window = monitor.StepWindow(warmup=1, steps=10)
+    window = monitor.StepWindow(warmup=1, length=10)
     window.tick(1, boundary=True, totals={})
-    assert window.window is None
+    assert not window.opened
     window.tick(2, boundary=False, totals={})
     window.tick(4, boundary=True, totals={})
-    assert window.closed and window.window.steps == 2 and window.window.phases == {}  # no clock attached
+    assert window.closed and window.steps == 2 and window.phases == {}  # no clock attached
 
 
 def test_collective_figures_split_the_blocked_time_into_waiting_and_the_exchange():
