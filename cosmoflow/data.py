@@ -5,8 +5,9 @@ this rank reads, sizes, counts that divide across ranks and batches), shards fil
 (rank r reads files r, r+size, ...; with data.stage_mode=node_share the node's share, divided
 between its ranks afresh every epoch, see common/io/input.py), and returns repeated batched
 datasets of (B, D, H, W, 4) float32 log(1 + counts) and (B, 4) float32 targets. Both loaders
-give the same tensors. A rank of a spatial group (the hybrid Mesh-TF path) passes its `SampleBlock`: it then
-decodes and hands on only its block (B, D/pd, H/ph, W, 4) of every sample, cut from the raw bytes.
+give the same tensors. A rank of a spatial group (the hybrid Mesh-TF path) passes its `SampleBlock` (cosmoflow/mesh/groups.py): it
+then decodes and hands on only its block (B, D/pd, H/ph, W, 4) of every sample, cut from the raw bytes, or reads
+the block's own records (`block_records`).
 """
 from __future__ import annotations
 
@@ -23,37 +24,10 @@ from common.io.formats import cosmoflow as record_format
 from common.io.formats.cosmoflow import FORMAT
 from common.io.input import (Datasets, Shard, dali_reader_sharding, local_files_dataset, open_input,
                              rank_shards)
-from common.io.manifest import MANIFEST_NAME, Manifest, check_split_counts, load_manifest, sha256_file
+from common.io.manifest import Manifest, check_split_counts, load_manifest
 from common.runtime.dist import DistEnv
 from cosmoflow.config import CosmoDataConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleBlock:
-    """The part of every sample one rank of a spatial group decodes: depth rows depth[0]:depth[1] and height rows
-    height[0]:height[1], the whole width and every channel."""
-
-    depth: tuple[int, int]
-    height: tuple[int, int]
-
-    def shape(self, sample_shape: Sequence[int]) -> tuple[int, ...]:
-        """(d, h, W, C) of the block of a sample of `sample_shape` (D, H, W, C)."""
-        return (self.depth[1] - self.depth[0], self.height[1] - self.height[0], *sample_shape[2:])
-
-    def fraction(self, sample_shape: Sequence[int]) -> float:
-        """The share of each sample the block holds (1 / (pd * ph) for a group's equal blocks)."""
-        return float(np.prod(self.shape(sample_shape)) / np.prod(sample_shape))
-
-    def cut(self, batch: np.ndarray) -> np.ndarray:
-        """The block of every sample of a batch (B, D, H, W, C)."""
-        return batch[:, self.depth[0]:self.depth[1], self.height[0]:self.height[1]]
-
-    def check(self, sample_shape: Sequence[int], where: str) -> None:
-        for name, (start, stop), size in (("depth", self.depth, sample_shape[0]), ("height", self.height,
-                                                                                   sample_shape[1])):
-            if not 0 <= start < stop <= size:
-                raise BenchError(f"{where}: the block's {name} rows {start}:{stop} do not lie in the samples' "
-                                 f"{name} {size} (shape {list(sample_shape)})")
+from cosmoflow.mesh.groups import SampleBlock, block_records
 
 
 def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batch: int,
@@ -95,48 +69,6 @@ def _records_read(manifest: Manifest, cfg: CosmoDataConfig, sample_shape: Sequen
         return manifest
     block.check(manifest.sample_shape, str(manifest.root / "manifest.json"))
     return block_records(cfg.blocks, manifest, block) or manifest
-
-
-def block_records(mode: str, manifest: Manifest, block: SampleBlock) -> Manifest | None:
-    """The manifest of `block`'s own records (python -m data_prep cosmo-blocks), checked against the whole
-    dataset's `manifest`; None when `mode` (data.blocks) is "whole", or "auto" and they were not written."""
-    if mode == "whole":
-        return None
-    shape = manifest.sample_shape
-    d, h = block.shape(shape)[:2]
-    spatial, (i, j) = (shape[0] // d, shape[1] // h), (block.depth[0] // d, block.height[0] // h)
-    root = record_format.block_dir(manifest.root, spatial, i, j)
-    if not (root / MANIFEST_NAME).is_file():
-        if mode == "records":
-            raise BenchError(f"data.blocks=records: no {root / MANIFEST_NAME}; write the per-block records with "
-                             f"`python -m data_prep cosmo-blocks --data {manifest.root} --spatial "
-                             f"{spatial[0]}x{spatial[1]}`, or set data.blocks=auto to cut blocks from the whole records")
-        return None
-    own = load_manifest(root, expected_format=FORMAT)
-    check_block_manifest(own, manifest, block)
-    return own
-
-
-def check_block_manifest(own: Manifest, whole: Manifest, block: SampleBlock) -> None:
-    """Refuse block records that are not `block` of the samples of `whole` in the same files and order."""
-    where, src = own.root / MANIFEST_NAME, own.source or {}
-    digest = sha256_file(whole.root / MANIFEST_NAME)
-    facts = [("source.kind", src.get("kind"), record_format.BLOCKS_KIND),
-             ("source.manifest_sha256", src.get("manifest_sha256"), digest),
-             ("source.depth", src.get("depth"), list(block.depth)),
-             ("source.height", src.get("height"), list(block.height)),
-             ("sample_shape", list(own.sample_shape), list(block.shape(whole.sample_shape)))]
-    for key, found, expected in facts:
-        if found != expected:
-            raise BenchError(f"{where}: {key} is {found!r}, expected {expected!r} for this rank's block of "
-                             f"{whole.root} (the blocks of another dataset, version or partitioning: rerun "
-                             f"python -m data_prep cosmo-blocks, or set data.blocks=whole)")
-    for name, split in whole.splits.items():
-        mine = own.splits.get(name)
-        layout = [(f.path, f.records) for f in split.files]
-        if mine is None or [(f.path, f.records) for f in mine.files] != layout:
-            raise BenchError(f"{where}: split {name!r} does not list {whole.root}'s {len(layout)} files with their "
-                             f"record counts in the same order; rerun python -m data_prep cosmo-blocks")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from common.base.errors import BenchError
-from cosmoflow.data import SampleBlock
+from cosmoflow.mesh.groups import SampleBlock
 
 QUEUE_CAPACITY = 2
 

@@ -30,7 +30,7 @@ from common.base.errors import BenchError
 from common.runtime.dist import DistEnv, StopFlag
 from common.runtime.loop import Steps, Trainee
 from common.runtime.strategy import DataParallel, Metric, PhaseClock, StepsFactory, batch_sums
-from cosmoflow.data import SampleBlock
+from cosmoflow.mesh.groups import SampleBlock
 from cosmoflow.mesh.blocks import OwnBlocks
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
 from cosmoflow.mesh.groups import GroupLayout, data_view, group_layout, sample_block

@@ -128,7 +128,8 @@ def test_each_rank_of_a_group_decodes_only_its_block_with_either_loader(indexed,
 def test_a_block_outside_the_samples_is_refused_naming_the_rows(indexed):
     from common.runtime.dist import DistEnv
     from cosmoflow.config import CosmoDataConfig
-    from cosmoflow.data import SampleBlock, build_datasets
+    from cosmoflow.data import build_datasets
+    from cosmoflow.mesh.groups import SampleBlock
     with pytest.raises(BenchError, match=r"depth rows 2:6 do not lie in the samples' depth 4"):
         build_datasets(CosmoDataConfig(dir=str(indexed), loader="tfdata"), SHAPE, 4, DistEnv(), seed=0,
                        block=SampleBlock((2, 6), (0, 4)))
