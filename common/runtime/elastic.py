@@ -158,19 +158,6 @@ class _StateMethods:
 
 
 # ---------------------------------------------------------------------------- the driver
-@dataclasses.dataclass
-class Reset:
-    """One membership change as rank 0 saw it."""
-
-    size: int
-    epoch: int
-    step: int  # the step of `epoch` the run rolled back to, in steps of the new layout
-    seconds_lost: float  # from the failure's detection (or the host change's notice) to the first step after
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 class ElasticCommits(Callback):
     """The loop's callback of one elastic (re)start: it starts from the state's last commit (in steps of this
     layout), and commits every `every` steps and at every epoch's end; `on_first_step(start)` runs after the
@@ -209,7 +196,8 @@ class ElasticCommits(Callback):
 
 class ElasticStrategy(DataParallel):
     """Data parallel under hvd.elastic.run: the runner's `fit_attempt` trains each (re)start, rebuilding what
-    depends on the rank layout."""
+    depends on the rank layout; with dist.elastic.hang_timeout_s > 0 a watchdog process kills this worker when it
+    stops sending heartbeats that long."""
 
     name = "elastic"
     elastic = True
@@ -217,40 +205,22 @@ class ElasticStrategy(DataParallel):
     def __init__(self, cfg: Any, dist: DistEnv):
         check_elastic(cfg, dist)
         super().__init__(dist)
+        self.first = dist  # the layout the run began with (`self.dist`: the last (re)start's)
         self.every = cfg.dist.elastic.commit_every_steps
         self.hang_timeout_s = cfg.dist.elastic.hang_timeout_s
-        self.driver: Driver | None = None
-
-    def run(self, fit_attempt: FitAttempt, mlperf) -> FitResult:
-        """Train under hvd.elastic.run; `mlperf`: the run's MLPerf log (its writer follows rank 0)."""
-        self.driver = Driver(self.dist, self.every, fit_attempt, mlperf, functools.partial(print, flush=True),
-                             hang_timeout_s=self.hang_timeout_s)
-        result = self.driver.run()
-        self.dist = self.driver.now
-        return result
-
-    def summary(self, trainee: Trainee) -> dict:
-        return {"elastic": self.driver.summary()} if self.driver else {}
-
-
-class Driver:
-    """Runs the attempts under hvd.elastic.run; with `hang_timeout_s` > 0 a watchdog process kills this worker
-    when it stops sending heartbeats that long."""
-
-    def __init__(self, dist: DistEnv, every: int, fit_attempt: FitAttempt, mlperf,
-                 log: Callable[[str], None] = print, hang_timeout_s: float = 0.0):
-        self.dist, self.every, self.fit_attempt, self.mlperf, self.log = dist, every, fit_attempt, mlperf, log
-        self.now = dist  # the layout of the last (re)start (`dist`: the one the run began with)
-        self.hang_timeout_s = hang_timeout_s
+        self.fit_attempt: FitAttempt | None = None
+        self.mlperf = None
+        self.log: Callable[[str], None] = functools.partial(print, flush=True)
         self.heartbeat: Heartbeat | None = None
         self.detected: float | None = None
         self.started = False
         self.resets: list[dict] = []  # this process's record (the state's may lose one in a rollback)
         self.state = None
 
-    def run(self):
-        """The FitResult of the elastic run (every rank); `self.now` is the last (re)start's layout."""
-        self.state = new_state()
+    def run(self, fit_attempt: FitAttempt, mlperf) -> FitResult:
+        """Train under hvd.elastic.run (every rank); `mlperf`: the run's MLPerf log (its writer follows rank 0).
+        Afterwards `self.dist` is the last (re)start's layout."""
+        self.fit_attempt, self.mlperf, self.state = fit_attempt, mlperf, new_state()
         if self.hang_timeout_s:
             # The host name as the launcher knows it (its blacklist, the discovery script's lines).
             host = os.environ.get("HOROVOD_HOSTNAME", os.uname().nodename)
@@ -262,7 +232,7 @@ class Driver:
                 self.heartbeat.close()
 
     def _train(self, state):
-        dist = self.now = current_layout(self.dist)
+        dist = self.dist = current_layout(self.first)
         if self.heartbeat is not None:
             self.heartbeat.rank = dist.rank  # the rank its watchdog names
         self.mlperf.follow_root(dist.is_root)
@@ -281,22 +251,27 @@ class Driver:
         detected = self.detected or time.time()
 
         def note(start: Progress):
-            reset = Reset(dist.size, start.epoch, start.step, round(time.time() - detected, 3))
-            state.resets = list(state.resets) + [reset.as_dict()]
-            self.resets.append(reset.as_dict())
-            self.mlperf.event("elastic_reset", reset.as_dict())
+            # one membership change as rank 0 saw it: the new size, the epoch and step (in steps of the new
+            # layout) it rolled back to, the seconds from the failure's detection (or the host change's notice)
+            reset = {"size": dist.size, "epoch": start.epoch, "step": start.step,
+                     "seconds_lost": round(time.time() - detected, 3)}
+            state.resets = list(state.resets) + [reset]
+            self.resets.append(dict(reset))
+            self.mlperf.event("elastic_reset", reset)
             if dist.is_root:
                 self.log(f"elastic reset: {dist.size} ranks, rolled back to epoch {start.epoch} step "
-                         f"{start.step}; {reset.seconds_lost:.2f} s from the failure to this step")
+                         f"{start.step}; {reset['seconds_lost']:.2f} s from the failure to this step")
         return note
 
-    def summary(self) -> dict:
-        """summary.json's `elastic` field: the resets this process saw, or the state's when it saw fewer
-        (a rank 0 that took over from a dead one)."""
-        resets = max(self.resets, list(self.state.resets if self.state else []), key=len)
-        return {"resets": len(resets), "sizes": [self.dist.size] + [r["size"] for r in resets],
-                "seconds_lost": [r["seconds_lost"] for r in resets], "events": resets,
-                "hang_timeout_s": self.hang_timeout_s}
+    def summary(self, trainee: Trainee) -> dict:
+        """summary.json's `elastic` field: the resets this process saw, or the state's when it saw fewer (a rank 0
+        that took over from a dead one)."""
+        if self.state is None:
+            return {}
+        resets = max(self.resets, list(self.state.resets), key=len)
+        return {"elastic": {"resets": len(resets), "sizes": [self.first.size] + [r["size"] for r in resets],
+                            "seconds_lost": [r["seconds_lost"] for r in resets], "events": resets,
+                            "hang_timeout_s": self.hang_timeout_s}}
 
 
 def _global_step(state) -> int:
