@@ -60,9 +60,9 @@ def worker(steps: int, repeats: int, out: str) -> None:
     rng = np.random.default_rng(dist.rank)
     x = np.log1p(rng.poisson(20, (4, 32, 32, 32, 4))).astype(np.float32)
     y = rng.uniform(-1, 1, (4, 4)).astype(np.float32)
-    ways = {"separate": lambda: (float(plain(x, y)), requests.agreed(dist)),
+    ways = {"separate": lambda: (float(plain(x, y)), requests.agreed_now(dist)),
             "riding": lambda: (float(riding(x, y)), requests.flag().stop_agreed()),
-            "collective_alone": lambda: requests.agreed(dist)}
+            "collective_alone": lambda: requests.agreed_now(dist)}
     for fn in ways.values():
         for _ in range(5):
             fn()  # tracing, allocation

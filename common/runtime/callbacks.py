@@ -129,7 +129,7 @@ class StopSignal(Callback):
         if loop.end_epoch:
             return
         flag = loop.steps.stop
-        if not (flag.stop_agreed() if flag is not None else self.requests.agreed(loop.dist) > 0):
+        if not (flag.stop_agreed() if flag is not None else self.requests.agreed_now(loop.dist) > 0):
             if loop.step < loop.data.train_steps:
                 self.requests.arm()  # (after the epoch's last step: after_epoch arms, past its evaluation)
             return

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from common.io.input import Datasets
 from common.runtime.summary import FitResult, MLPerfLog, Progress, RUN_ABORTED, RUN_SUCCESS
-from common.runtime.dist import DistEnv, StopFlag
+from common.runtime.dist import DistEnv, StopRequests
 
 STEP_PHASES = ("compute", "allreduce", "update")  # the data-parallel step's phases (make_train_step)
 PROGRESS_SECONDS = 30.0  # rank 0 prints a line this often inside long epochs
@@ -52,7 +52,7 @@ class Steps:
     train: Callable[[Any, Any], Any]  # (x, y) -> the step's loss, averaged over the data-parallel replicas
     evaluate: Callable[[Any, Any], Any]  # (x, y) -> this rank's float32 sums [count, loss sum, metric sums ...]
     close: Callable[[], None] = lambda: None  # after the last step (e.g. closes sessions)
-    stop: StopFlag | None = None  # the stop request train() allreduces with its gradients (None: it does not)
+    stop: StopRequests | None = None  # the stop request train() allreduces with its gradients (None: it does not)
     clock: Any = None  # a strategy.PhaseClock: seconds the training steps spent in each phase (None: not kept)
 
 

@@ -386,7 +386,7 @@ class Run:
     def _stop_if_asked(self, before: str) -> None:
         """Before the event `before`: end the run (StoppedBeforeStart) when a stop signal arrived in start-up on
         any rank (collective; in elastic runs, whose late workers meet no one here, this rank's signal only)."""
-        asked = self.stop.signum if self.cfg.dist.elastic.enabled else self.stop.agreed(self.dist)
+        asked = self.stop.signum if self.cfg.dist.elastic.enabled else self.stop.agreed_now(self.dist)
         if asked:
             raise StoppedBeforeStart(f"{self.stop.describe()} during start-up, before {before}: no run_start "
                                      f"logged, nothing trained, no checkpoint written")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol, Sequence
 
-from common.runtime.dist import DistEnv, StopFlag
+from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import STEP_PHASES, Steps, Trainee
 
 RESEED = 7919  # a prime: the input seed of the n-th restart is seed + RESEED * n
@@ -52,7 +52,7 @@ class Metric(Protocol):
 
 
 # (trainee, dist, stop flag or None) -> Steps: built after the initial state is broadcast.
-StepsFactory = Callable[[Trainee, DistEnv, "StopFlag | None"], Steps]
+StepsFactory = Callable[[Trainee, DistEnv, "StopRequests | None"], Steps]
 
 
 class DataParallel:
@@ -104,7 +104,7 @@ class DataParallel:
         return {}
 
 
-def data_parallel_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None) -> Steps:
+def data_parallel_steps(trainee: Trainee, dist: DistEnv, stop: StopRequests | None = None) -> Steps:
     """The Keras model in `tf.function` steps, gradients (and the stop flag) averaged over all ranks in one
     grouped allreduce."""
     clock = PhaseClock(STEP_PHASES, device_sync_for(dist.gpu))
@@ -113,7 +113,7 @@ def data_parallel_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None =
                  evaluate=_make_eval_step(trainee.model, trainee.loss, trainee.metric), stop=stop, clock=clock)
 
 
-def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopFlag | None = None,
+def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopRequests | None = None,
                     jit_compile: bool = False, clock: PhaseClock | None = None):
     """One data-parallel training step: (x, y) -> the loss averaged over the ranks; with `stop`, the ranks'
     stop requests ride in the same allreduce into `stop.agreed`. Three `tf.function`s, each timed on `clock`:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from common.base.errors import BenchError
-from common.runtime.dist import DistEnv, StopFlag
+from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import Steps, Trainee
 from common.runtime.strategy import DataParallel, Metric, PhaseClock, StepsFactory, batch_sums
 from cosmoflow.mesh.groups import SampleBlock
@@ -85,7 +85,7 @@ class HybridStrategy(DataParallel):
 
     @property
     def make_steps(self) -> StepsFactory:
-        def make(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None) -> Steps:
+        def make(trainee: Trainee, dist: DistEnv, stop: StopRequests | None = None) -> Steps:
             slices = own_slices(trainee.model, self.cluster, dist.threads)
             if self.mesh is not None and self.mesh.train.weight_names != slices.names:
                 raise BenchError(f"the Keras model's weights {slices.names} are not the mesh's "
@@ -226,7 +226,7 @@ class GroupMesh:
 
 
 # ---------------------------------------------------------------------------- steps
-def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopFlag | None = None, *, layout: GroupLayout,
+def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopRequests | None = None, *, layout: GroupLayout,
                  mesh: GroupMesh | None, slices: OwnSlices, blocks: OwnBlocks, queues: tuple[str, str],
                  handoff: Handoff | None = None) -> Steps:
     """The loop's steps on the hybrid path (`mesh` on the leaders, None on the other ranks; `slices` this
@@ -246,7 +246,7 @@ class _HybridSteps:
             model, loss_fn, metric, dist, layout, mesh)
         self.version = 0  # bumped by every update: the slices are written again when they are behind
         self.written = -1  # the version the slices hold
-        self.stop: StopFlag | None = None
+        self.stop: StopRequests | None = None
         self.slices: OwnSlices | None = None
         self.blocks: OwnBlocks | None = None
         self.handoff: Handoff | None = None

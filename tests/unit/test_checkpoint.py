@@ -178,9 +178,9 @@ def test_stop_requests_catch_the_scheduler_signals_and_restore_the_handlers():
     previous = signal.getsignal(signal.SIGUSR1)
     stop = StopRequests().install()
     try:
-        assert stop.agreed(DistEnv()) == 0
+        assert stop.agreed_now(DistEnv()) == 0
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert stop.agreed(DistEnv()) == 1 and stop.describe() == "SIGUSR1"
+        assert stop.agreed_now(DistEnv()) == 1 and stop.describe() == "SIGUSR1"
     finally:
         stop.uninstall()
     assert signal.getsignal(signal.SIGUSR1) is previous
