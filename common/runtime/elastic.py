@@ -1,7 +1,7 @@
 """Elastic Horovod training: ranks may die or join, the others roll back to the last commit and go on.
 
 With `dist.elastic.enabled=true`, under `horovodrun --min-np/--max-np --host-discovery-script`, the run's
-fit() goes under `hvd.elastic.run`. The in-memory state (`ElasticState`) holds numpy snapshots of the model
+fit() goes under `hvd.elastic.run`. The in-memory state (`new_state`) holds numpy snapshots of the model
 and optimizer variables (the learning rate left out: it is set from the schedule every step), each rank's
 non-trainable variables (after a reset every rank takes rank 0's) and the training `Progress`; it is
 committed every `dist.elastic.commit_every_steps` steps and at every epoch end. Each (re)start rebuilds
@@ -120,41 +120,31 @@ def _horovod_elastic():
     return hvd_elastic
 
 
-def new_state(bcast_object: Callable | None = None, get_rank: Callable | None = None) -> "ElasticState":
-    """The state of a fresh run, synchronised through Horovod's broadcast_object (or the functions given)."""
+def new_state(bcast_object: Callable | None = None, get_rank: Callable | None = None) -> Any:
+    """The state of a fresh run: an `hvd.elastic.ObjectState` (Horovod imported here, on first use) synchronised
+    through Horovod's broadcast_object (or the functions given). Its attributes are `weights` (numpy snapshot or
+    None), `progress` (a Progress as a dict, or None), `steps_per_epoch` (of the layout that committed it) and
+    `resets` (one dict each); save/restore/sync are ObjectState's: copies on commit, rollback on a failure, rank 0's
+    by broadcast_object."""
     if bcast_object is None:
         import horovod.tensorflow as hvd
         bcast_object, get_rank = hvd.broadcast_object, hvd.rank
-    return _state_class()(bcast_object, get_rank, weights=None, progress=None, steps_per_epoch=0, resets=[])
+    return _horovod_elastic().ObjectState(bcast_object, get_rank, weights=None, progress=None, steps_per_epoch=0,
+                                          resets=[])
 
 
-_STATE_CLASS = None
+def record(state: Any, weights: list[np.ndarray], progress: Progress, steps_per_epoch: int) -> None:
+    """Set the attributes a commit saves (then call state.commit())."""
+    state.weights = weights
+    state.progress = dataclasses.asdict(progress)
+    state.steps_per_epoch = steps_per_epoch
 
 
-def _state_class() -> type:
-    """ElasticState, defined on first use so that importing this module does not import Horovod."""
-    global _STATE_CLASS
-    if _STATE_CLASS is None:
-        _STATE_CLASS = type("ElasticState", (_horovod_elastic().ObjectState, _StateMethods), {})
-    return _STATE_CLASS
-
-
-class _StateMethods:
-    """An `hvd.elastic.ObjectState` whose attributes are `weights` (numpy snapshot or None), `progress` (a Progress
-    as a dict, or None), `steps_per_epoch` (of the layout that committed it) and `resets` (one dict each);
-    save/restore/sync are ObjectState's: copies on commit, rollback on a failure, rank 0's by broadcast_object."""
-
-    def record(self, weights: list[np.ndarray], progress: Progress, steps_per_epoch: int) -> None:
-        """Set the attributes a commit saves (then call commit())."""
-        self.weights = weights
-        self.progress = dataclasses.asdict(progress)
-        self.steps_per_epoch = steps_per_epoch
-
-    def start(self, steps_per_epoch: int) -> Progress:
-        """Where a (re)start with `steps_per_epoch` steps per epoch begins."""
-        if self.progress is None:
-            return Progress()
-        return convert_progress(Progress(**self.progress), self.steps_per_epoch, steps_per_epoch)
+def start_of(state: Any, steps_per_epoch: int) -> Progress:
+    """Where a (re)start with `steps_per_epoch` steps per epoch begins."""
+    if state.progress is None:
+        return Progress()
+    return convert_progress(Progress(**state.progress), state.steps_per_epoch, steps_per_epoch)
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -172,7 +162,7 @@ class ElasticCommits(Callback):
         self.model, self.optimizer = loop.trainee.model, loop.trainee.optimizer
         if self.state.weights is not None:  # every rank holds rank 0's after the state's sync
             assign(state_variables(self.model, self.optimizer), self.state.weights)
-        self.begin = self.state.start(loop.data.train_steps)
+        self.begin = start_of(self.state, loop.data.train_steps)
         loop.start_at(self.begin)
 
     def after_step(self, loop: Loop) -> None:
@@ -190,7 +180,7 @@ class ElasticCommits(Callback):
         self._commit(Progress(loop.epoch + 1, 0, [dict(h) for h in loop.history]), loop)
 
     def _commit(self, progress: Progress, loop: Loop) -> None:
-        self.state.record(snapshot(state_variables(self.model, self.optimizer)), progress, loop.data.train_steps)
+        record(self.state, snapshot(state_variables(self.model, self.optimizer)), progress, loop.data.train_steps)
         self.state.commit()  # also raises HostsUpdatedInterrupt on every rank when hosts were added or removed
 
 

@@ -12,7 +12,7 @@ from common.runtime.hvd_settings import from_config as horovod_environment
 from common.io.input import Datasets
 from common.runtime.loop import Loop, Trainee
 from common.runtime.elastic import (ElasticCommits, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
-                            state_variables)
+                                    start_of, state_variables)
 from common.base.errors import BenchError
 from cosmoflow.config import CosmoConfig
 
@@ -72,7 +72,7 @@ def test_a_commit_then_a_rollback_restores_the_committed_weights_and_progress():
         _train_once(model, optimizer, lr=0.05)
     state.progress = None  # what a failure leaves behind, rolled back below
     state.restore()
-    assert state.start(8) == Progress(2, 4, [{"epoch": 1, "loss": 0.7}], {"loss_sum": 2.0, "seconds": 1.0})
+    assert start_of(state, 8) == Progress(2, 4, [{"epoch": 1, "loss": 0.7}], {"loss_sum": 2.0, "seconds": 1.0})
     model2, optimizer2 = _model_and_optimizer()  # what a restart builds
     optimizer2.learning_rate.assign(0.123)
     restarted = _loop(model2, optimizer2, 8)
