@@ -18,12 +18,11 @@ Its sections, in this order:
 - The peak cache: this host's probed peak, read on every run (cached, cache_path, host_key); probed once when
   missing (common/runtime/probe.py `probe`, with the kernels and the CLI).
 - TensorBoard: rank 0's event files (EventWriter) and reading them back (read_scalars).
-- The I/O report: what each rank read while training (IOCounters), planned against measured, and what staging did
+- The I/O report: what each rank read while training (io_start, io_stop), planned against measured, and what staging did
   (io_report, write_io_report; docs/staging.md).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -635,27 +634,19 @@ def read_proc_io() -> dict[str, int]:
     return {k: int(fields[k]) for k in PROC_KEYS if k in fields}
 
 
-@dataclasses.dataclass
-class IOCounters:
-    """This rank's reads during training; `start()` at the input pipelines' construction, then `stop()`."""
+def io_start() -> dict:
+    """This rank's read counters when the input pipelines are built (`io_stop` takes them)."""
+    return {"started": time.perf_counter(), "proc": read_proc_io()}
 
-    started: float
-    proc_start: dict
-    seconds: float = 0.0
-    proc: dict = dataclasses.field(default_factory=dict)  # counter deltas
-    planned: dict = dataclasses.field(default_factory=dict)
 
-    @classmethod
-    def start(cls) -> "IOCounters":
-        return cls(started=time.perf_counter(), proc_start=read_proc_io())
-
-    def stop(self, data: Datasets, history: list[dict], reads: bool = True) -> "IOCounters":
-        """The counters at the end of training; `reads` False: a rank that read no input (a Mesh-TF helper)."""
-        end = read_proc_io()
-        self.seconds = time.perf_counter() - self.started
-        self.proc = {k: end[k] - self.proc_start[k] for k in end if k in self.proc_start}
-        self.planned = planned_reads(data, history, reads)
-        return self
+def io_stop(start: dict, data: Datasets, history: list[dict], reads: bool = True) -> dict:
+    """This rank's reads during training, from `io_start`'s counters: `seconds`, the kernel's counter deltas
+    (`measured`) and the read plan's figures (`planned`); `reads` False: a rank that read no input (a Mesh-TF
+    helper)."""
+    end = read_proc_io()
+    return {"seconds": time.perf_counter() - start["started"],
+            "measured": {k: end[k] - start["proc"][k] for k in end if k in start["proc"]},
+            "planned": planned_reads(data, history, reads)}
 
 
 def planned_reads(data: Datasets, history: list[dict], reads: bool = True) -> dict:
@@ -674,11 +665,10 @@ def planned_reads(data: Datasets, history: list[dict], reads: bool = True) -> di
             "block_records": data.block_records if reads else False}
 
 
-def io_report(counters: IOCounters, staging: StageResult | None, history: list[dict], dist) -> dict:
+def io_report(counters: dict, staging: StageResult | None, history: list[dict], dist) -> dict:
     """Every rank's figures, the totals and the staging summary (collective: every rank must call it; `dist`
     is the run's DistEnv: its rank, node and gather_object)."""
-    mine = {"rank": dist.rank, "node": dist.node, "seconds": counters.seconds, "measured": counters.proc,
-            "planned": counters.planned, "staging": staging.figures() if staging else None}
+    mine = {"rank": dist.rank, "node": dist.node, **counters, "staging": staging.figures() if staging else None}
     ranks = dist.gather_object(mine)
     for r in ranks:
         seconds = max(r["seconds"], 1e-9)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from common.base.cli import guarded
 from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
-from common.runtime.monitor import IOCounters, RunMonitor, io_report, write_io_report
+from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
 from common.runtime.config import load_config, resolve, save_config
@@ -221,7 +221,7 @@ class Run:
         self.stop = stop  # installed by the entry point (guarded_run), before anything else
         self.started = self.run_stopped = False  # run_start, run_stop logged
         self.staging: StageResult | None = None
-        self.io: IOCounters | None = None
+        self.io: dict | None = None  # io_start's counters, then io_stop's figures
         self.run_start = 0.0
         self.time_to_train = 0.0
         self.trainee: Trainee | None = None
@@ -270,7 +270,7 @@ class Run:
         elif data.stage_dir and data.stage_timing == timing:
             self.staging = self._stage(rank_files)
         if timing == "in_run":
-            self.io = IOCounters.start()
+            self.io = io_start()
         return staged_data_config(data, self.staging)
 
     def init_start(self) -> None:
@@ -351,7 +351,7 @@ class Run:
     def stopped(self, result: FitResult, strategy: DataParallel) -> None:
         """run_stop after training, and the training phase's I/O counters."""
         self._run_stop(result.status)
-        self.io.stop(self.data, result.history, strategy.reads)
+        self.io = io_stop(self.io, self.data, result.history, strategy.reads)
 
     def finish(self, strategy: DataParallel, result: FitResult) -> int:
         """io_report.json and summary.json (rank 0; collectives on every rank); returns the exit code."""
