@@ -45,13 +45,15 @@ class CallTracer:
         self.lines: dict[str, set[int]] = {}
         self.called: set[str] = set()  # files a function of which ran once `training` was set (imports done)
         self.training = False
-        self.where: dict = {}  # code object -> its repository-relative path, or None
+        # file name -> its repository-relative path, or None (keyed by name: code objects compare by value, so
+        # two empty modules' code objects are equal whatever their files)
+        self.where: dict[str, str | None] = {}
 
     def _trace(self, frame, event, _arg):
-        code = frame.f_code
-        if code not in self.where:
-            self.where[code] = suite_file(code.co_filename)
-        rel = self.where[code]
+        name = frame.f_code.co_filename
+        if name not in self.where:
+            self.where[name] = suite_file(name)
+        rel = self.where[name]
         if rel is None:
             return None
         self.lines.setdefault(rel, set()).add(frame.f_lineno)
@@ -61,7 +63,7 @@ class CallTracer:
 
     def _line(self, frame, event, _arg):
         if event == "line":
-            self.lines[self.where[frame.f_code]].add(frame.f_lineno)
+            self.lines[self.where[frame.f_code.co_filename]].add(frame.f_lineno)
         return self._line
 
     def __enter__(self):
@@ -115,7 +117,10 @@ def measure(data: Path, out_dir: Path) -> dict:
     overrides = [f"data.dir={data}", f"run.output_dir={out_dir}", "train.max_epochs=1", "train.target=0.0",
                  "mlperf.platform=core-size"]
     with CallTracer() as tracer:
-        from common.runtime.dist import StopRequests
+        try:
+            from common.runtime.dist import StopRequests
+        except ImportError:  # a commit before stopping.py joined dist.py (measuring an older commit)
+            from common.runtime.stopping import StopRequests
         from cosmoflow.train import train
         tracer.training = True
         code = train(str(REPO / "cosmoflow/configs/cosmo_mini.yaml"), overrides, StopRequests())
