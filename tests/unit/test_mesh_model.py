@@ -1,7 +1,8 @@
 """Mesh-TF CosmoFlow equals the Keras model: outputs, MSE loss and every gradient, with the cube split in blocks.
 
-The mesh runs in a subprocess (`python -m cosmoflow.mesh.check`) on 4 virtual CPU devices: this pytest
-process has already initialised TensorFlow's devices, and the device count is fixed at that point.
+The mesh runs through `cosmoflow.mesh.check`'s cases on 4 virtual CPU devices, in this process: each case's
+session makes its own devices (`session_config(cpus=4)`); the 16-device case with oneDNN's ops runs the command
+in a process of its own.
 Input 24x16x16x4 with four conv blocks makes the depth split merge before the third pooling
 (blocks of 3) and be cropped at the fourth (3 -> 2, as Keras' 'valid' pooling floors), and the height
 split merge before the fourth; [2, 1] and [1, 2] also split the batch over the 2 remaining devices.
@@ -19,6 +20,7 @@ import pytest
 
 from common.base.errors import BenchError
 from cosmoflow.config import CosmoModelConfig
+from cosmoflow.mesh import check
 from cosmoflow.mesh.model import (build_mesh_model, keras_weights, lowered_convolutions, lowered_faces, plan_layout,
                                   planned_conv_inputs, pooling_splits)
 from tests.conftest import run_cmd, show
@@ -29,15 +31,19 @@ SPATIAL = ([2, 1], [1, 2], [2, 2])
 DEVICES = [f"/cpu:{i}" for i in range(4)]
 
 
+def mesh_check(*argv) -> list[dict]:
+    """The records `python -m cosmoflow.mesh.check --devices N ARGV` writes, computed in this process: each
+    case's session splits this process's CPU into N devices of its own (`session_config(cpus=N)`)."""
+    args = check.parse_args([str(a) for a in argv])
+    records = check.run_cases(args, check.local_devices(args.devices), "", cpus=args.devices)
+    return json.loads(json.dumps(records))  # as the command writes them: tuples become lists
+
+
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("mesh") / "diffs.json"
-    proc = run_cmd([sys.executable, "-m", "cosmoflow.mesh.check", "--devices", 4,
-                    "--spatial", *(f"{d}x{h}" for d, h in SPATIAL), "--pooling", "max", "avg",
-                    "--input-shape", *SHAPE, "--conv-filters", *FILTERS, "--dense-units", 8, 4,
-                    "--batch", 4, "--out", out], timeout=300)
-    assert proc.returncode == 0, show(proc)
-    return {(r["pooling"], tuple(r["spatial"])): r for r in json.loads(out.read_text())}
+def records() -> dict:
+    found = mesh_check("--devices", 4, "--spatial", *(f"{d}x{h}" for d, h in SPATIAL), "--pooling", "max", "avg",
+                       "--input-shape", *SHAPE, "--conv-filters", *FILTERS, "--dense-units", 8, 4, "--batch", 4)
+    return {(r["pooling"], tuple(r["spatial"])): r for r in found}
 
 
 @pytest.mark.parametrize("pooling", ["max", "avg"])
@@ -161,17 +167,36 @@ def split_problems(convolutions: list[dict], planned: list[list[int]], devices: 
 
 
 SPLIT_SHAPE = (32, 32, 16, 4)  # 4 and 4 blocks of 8, halved by each pooling: merges before conv4
+SPLIT_CFG = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
+
+
+def worker_devices(spatial) -> list[str]:
+    """One cluster device per block: the group of a hybrid run with this partitioning."""
+    return [f"/job:worker/task:{i}/cpu:0" for i in range(spatial[0] * spatial[1])]
+
+
+@pytest.fixture(scope="module")
+def training_graphs():
+    """`training_graphs(spatial)`: the graph the hybrid path trains with (SPLIT_CFG, max pooling, batch 2, each
+    device's block from its queue), lowered once per partitioning for every test below that reads it."""
+    built = {}
+
+    def graph(spatial):
+        if spatial not in built:
+            built[spatial] = build_mesh_model(SPLIT_CFG, worker_devices(spatial), spatial, batch_size=2,
+                                              training=True, input_queue="train")
+        return built[spatial]
+    return graph
 
 
 @pytest.mark.parametrize("spatial", [(2, 1), (1, 2), (2, 2), (4, 1), (4, 4)])
-def test_every_split_convolution_runs_on_its_own_device_with_its_block(spatial):
+def test_every_split_convolution_runs_on_its_own_device_with_its_block(training_graphs, spatial):
     """Read from the lowered graph itself: each conv layer has one Conv3D per device, on distinct devices,
     whose input is that device's bare block, e.g. [2, 2] on 32^2 x 16: (batch, 16, 16, 16, 4) (the convolution
     pads it itself, 'SAME'); and one Conv2D per neighbouring block on the same device, whose input is that
-    neighbour's boundary plane (see the next test)."""
-    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
-    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(spatial[0] * spatial[1])]
-    mesh = build_mesh_model(cfg, devices, spatial, batch_size=2, training=True)
+    neighbour's boundary plane (see the next test). (The graphs fed whole images split the same way: the
+    equivalence records below are checked alike.)"""
+    cfg, devices, mesh = SPLIT_CFG, worker_devices(spatial), training_graphs(spatial)
     planned = planned_conv_inputs(cfg, spatial, mesh.layout.batch_splits, 2)
     assert planned[0] == [2, 32 // spatial[0], 32 // spatial[1], 16, 4]
     convolutions = lowered_convolutions(mesh.graph)
@@ -181,14 +206,12 @@ def test_every_split_convolution_runs_on_its_own_device_with_its_block(spatial):
 
 
 @pytest.mark.parametrize("spatial", [(2, 1), (2, 2), (4, 1), (4, 4)])
-def test_each_device_convolves_its_neighbours_boundary_planes_and_nothing_more(spatial):
+def test_each_device_convolves_its_neighbours_boundary_planes_and_nothing_more(training_graphs, spatial):
     """conv1's halo share on each device: one Conv2D per neighbouring block (none beyond the cube's faces), whose
     input is one plane: (batch, height block [+ 2 corner rows when height is split too], width, channels) from a
     depth neighbour, (batch, depth block, width, channels) from a height neighbour."""
-    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
     pd, ph = spatial
-    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(pd * ph)]
-    mesh = build_mesh_model(cfg, devices, spatial, batch_size=2, training=True)
+    devices, mesh = worker_devices(spatial), training_graphs(spatial)
     faces = [f for f in lowered_faces(mesh.graph) if f["layer"] == "conv1"]
     d, h = 32 // pd, 32 // ph
     import tensorflow as tf
@@ -200,13 +223,11 @@ def test_each_device_convolves_its_neighbours_boundary_planes_and_nothing_more(s
         assert shapes == sorted(expected), (device, shapes, expected)
 
 
-def test_no_block_op_is_left_to_the_sessions_default_device():
+def test_no_block_op_is_left_to_the_sessions_default_device(training_graphs):
     """An op without a device runs on the session's default task: a reshape of a block left unplaced sent every
     block to the leader and back (382 MB per 128^3 step under [2,1]). Every op that touches blocks, planes or
     their gradients is placed."""
-    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
-    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(4)]
-    mesh = build_mesh_model(cfg, devices, (2, 2), batch_size=2, training=True, input_queue="train")
+    mesh = training_graphs((2, 2))
     kinds = {"Reshape", "StridedSlice", "ConcatV2", "TensorScatterAdd", "Conv2D", "Conv3D", "Conv2DBackpropInput",
              "Conv2DBackpropFilter", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"}
     ops = [op for op in mesh.graph.get_operations() if op.type in kinds]
@@ -214,14 +235,12 @@ def test_no_block_op_is_left_to_the_sessions_default_device():
     assert [op.name for op in ops if not op.device] == []
 
 
-def test_kernel_5_convolves_whole_halo_planes_and_equals_keras(tmp_path):
+def test_kernel_5_convolves_whole_halo_planes_and_equals_keras():
     """Another kernel than 3 takes the block-plus-halos convolution (two halo planes each side)."""
-    out = tmp_path / "diffs.json"
-    proc = run_cmd([sys.executable, "-m", "cosmoflow.mesh.check", "--devices", 4, "--spatial", "2x1", "2x2",
-                    "--pooling", "avg", "--input-shape", *SPLIT_SHAPE, "--conv-filters", 4, 8, "--dense-units", 8,
-                    "--kernel-size", 5, "--batch", 4, "--out", out], timeout=300)
-    assert proc.returncode == 0, show(proc)
-    for r in json.loads(out.read_text()):
+    found = mesh_check("--devices", 4, "--spatial", "2x1", "2x2", "--pooling", "avg", "--input-shape", *SPLIT_SHAPE,
+                       "--conv-filters", 4, 8, "--dense-units", 8, "--kernel-size", 5, "--batch", 4)
+    assert [r["spatial"] for r in found] == [[2, 1], [2, 2]]
+    for r in found:
         assert r["outputs"]["rel"] <= 1e-5 and max(g["rel"] for g in r["gradients"]) <= 1e-4, r
         assert split_problems(r["convolutions"], r["planned_conv_inputs"], 4) == []
         assert r["planned_conv_inputs"][0][1] == 32 // r["spatial"][0] + 4 * (r["spatial"][0] > 1)
@@ -231,34 +250,28 @@ def test_kernel_5_convolves_whole_halo_planes_and_equals_keras(tmp_path):
 def test_a_layout_that_splits_nothing_fails_the_split_check(rules):
     """The mutation the equivalence tests cannot see (every device computing the whole cube gives the same
     numbers) is caught here."""
-    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
-    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(4)]
-    mesh = build_mesh_model(cfg, devices, (2, 2), batch_size=2, layout_rules=rules)
-    planned = planned_conv_inputs(cfg, (2, 2), mesh.layout.batch_splits, 2)
-    problems = split_problems(lowered_convolutions(mesh.graph), planned, len(devices))
+    mesh = build_mesh_model(SPLIT_CFG, worker_devices((2, 2)), (2, 2), batch_size=2, layout_rules=rules)
+    planned = planned_conv_inputs(SPLIT_CFG, (2, 2), mesh.layout.batch_splits, 2)
+    problems = split_problems(lowered_convolutions(mesh.graph), planned, 4)
     assert any(p.startswith("conv1") for p in problems), problems
 
 
-@pytest.fixture(scope="module")
-def records_4x4(tmp_path_factory) -> list[dict]:
+def test_a_4x4_split_over_16_devices_equals_keras_and_runs_split(tmp_path):
     """Fugaku's partition: 16 virtual devices, depth and height each in 4 blocks of 8. Seed 0 holds near-ties
     in max-pooling windows, where TensorFlow's MaxPool3DGrad gives the gradient to several values (test
     below); the mesh pools each block with the same op, so it agrees with Keras there too. With oneDNN's ops, as
-    training runs (init_distributed sets TF_ENABLE_ONEDNN_OPTS=1): its max-pooling gradient is rewritten in both
-    graphs alike (the other cases run with this machine's default)."""
-    out = tmp_path_factory.mktemp("mesh4x4") / "diffs.json"
+    training runs (init_distributed sets TF_ENABLE_ONEDNN_OPTS=1, which must be set before TensorFlow is
+    imported: hence a process of its own): its max-pooling gradient is rewritten in both graphs alike (the
+    other cases run with this machine's default). Max pooling only: average pooling's blocks are the [2, 2]
+    cases' (`records`), and the merges of 4 blocks per axis are the same for either kind."""
+    out = tmp_path / "diffs.json"
     proc = run_cmd([sys.executable, "-m", "cosmoflow.mesh.check", "--devices", 16, "--spatial", "4x4",
-                    "--pooling", "max", "avg", "--input-shape", *SPLIT_SHAPE, "--conv-filters", 4, 4, 8, 8,
+                    "--pooling", "max", "--input-shape", *SPLIT_SHAPE, "--conv-filters", 4, 4, 8, 8,
                     "--dense-units", 8, 4, "--batch", 2, "--seed", 0, "--out", out], timeout=300,
                    env={"TF_ENABLE_ONEDNN_OPTS": "1"})
     assert proc.returncode == 0, show(proc)
-    return json.loads(out.read_text())
-
-
-@pytest.mark.parametrize("pooling", ["max", "avg"])
-def test_a_4x4_split_over_16_devices_equals_keras_and_runs_split(records_4x4, pooling):
-    (r,) = [r for r in records_4x4 if r["pooling"] == pooling]
-    assert r["spatial"] == [4, 4] and r["batch_splits"] == 1 and len(r["devices"]) == 16
+    (r,) = json.loads(out.read_text())
+    assert r["pooling"] == "max" and r["spatial"] == [4, 4] and r["batch_splits"] == 1 and len(r["devices"]) == 16
     assert r["outputs"]["rel"] <= 1e-5 and r["loss"]["rel"] <= 1e-5, r
     assert max(g["rel"] for g in r["gradients"]) <= 1e-4, r["gradients"]
     assert r["reference"]["loss"] > 1e-3 and min(r["reference"]["gradient_norms"]) > 1e-4
@@ -285,14 +298,13 @@ def test_tensorflow_max_pool_3d_gradient_reaches_near_ties():
 
 
 @pytest.mark.parametrize("pooling", ["max", "avg"])
-def test_the_backward_pass_uses_tensorflows_fused_gradients_on_every_block(pooling):
+def test_the_backward_pass_uses_tensorflows_fused_gradients_on_every_block(training_graphs, pooling):
     """LeakyReLU, the conv layers' bias and pooling get their gradients from TensorFlow's one-tensor ops
     (LeakyReluGrad, BiasAddGrad, MaxPool3DGrad / AvgPool3DGrad) on each device, not from element-wise ops as
     large as the activation or a Sum over four axes."""
-    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0,
-                           pooling=pooling)
-    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(4)]
-    mesh = build_mesh_model(cfg, devices, (2, 2), batch_size=2, training=True)
+    cfg = dataclasses.replace(SPLIT_CFG, pooling=pooling)
+    mesh = (training_graphs((2, 2)) if pooling == SPLIT_CFG.pooling else
+            build_mesh_model(cfg, worker_devices((2, 2)), (2, 2), batch_size=2, training=True, input_queue="train"))
     ops = mesh.graph.get_operations()
     grad_op = "MaxPool3DGrad" if pooling == "max" else "AvgPool3DGrad"
     pools = [op for op in ops if op.type == grad_op]
@@ -315,13 +327,11 @@ def test_the_equivalence_cases_ran_split(records):
 
 # ---------------------------------------------------------------------------- the input as blocks from queues
 @pytest.mark.parametrize("spatial", [(2, 1), (2, 2), (4, 4)])
-def test_the_training_graph_takes_each_block_from_its_own_devices_queue(spatial):
+def test_the_training_graph_takes_each_block_from_its_own_devices_queue(training_graphs, spatial):
     """The graph the hybrid path runs: no whole batch enters it (no placeholder of the images); each
     device dequeues its own block, and every convolution runs split as planned."""
     import tensorflow as tf
-    cfg = CosmoModelConfig(input_shape=SPLIT_SHAPE, conv_filters=(4, 4, 8, 8), dense_units=(8, 4), dropout=0.0)
-    devices = [f"/job:worker/task:{i}/cpu:0" for i in range(spatial[0] * spatial[1])]
-    mesh = build_mesh_model(cfg, devices, spatial, batch_size=2, training=True, input_queue="train")
+    cfg, devices, mesh = SPLIT_CFG, worker_devices(spatial), training_graphs(spatial)
     ops = mesh.graph.get_operations()
     assert mesh.images is None and "targets" in [op.name for op in ops if op.type == "Placeholder"]
     assert not [op for op in ops if op.type == "Placeholder" and op.outputs[0].shape.as_list() == [2, *SPLIT_SHAPE]]
