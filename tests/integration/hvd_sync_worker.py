@@ -1,4 +1,5 @@
-"""Worker for test_horovod_sync: a few training steps on rank-specific data.
+"""Worker for test_horovod_sync: a few training steps on rank-specific data, for each kind named after the
+output directory (cosmoflow, deepcam; both when none is named), one after the other in one Horovod job.
 
 Each rank starts from different weights (seed + rank) and different data, so the test can
 tell that the initial broadcast and the gradient allreduce both happened. Rank 0 then also
@@ -9,11 +10,11 @@ not a CPU generation's choice of convolution kernel or of implicit bfloat16. Wri
 rank<r>.npz with the initial (post-broadcast) weights, its data, the final weights and, on
 rank 0, the reference weights.
 
-With `deepcam` as the second argument it trains a narrow DeepLabv3+ with the suite's LAMB (deepcam/optim.py's
+For `deepcam` it trains a narrow DeepLabv3+ with the suite's LAMB (deepcam/optim.py's
 `build_optimizer` for optimizer.name=LAMB: deepcam/lamb.py's ApexLamb, as DeepCAM runs train) and the weighted
-cross-entropy instead, and writes no reference: batch normalisation normalises each rank's local
-batch, so the union's gradient is not the average of the ranks' (as in the reference code, whose
-batchnorm_group_size is 1); what must still hold is that the ranks' weights stay identical.
+cross-entropy instead, and writes deepcam_rank<r>.npz without a reference: batch normalisation normalises
+each rank's local batch, so the union's gradient is not the average of the ranks' (as in the reference code,
+whose batchnorm_group_size is 1); what must still hold is that the ranks' weights stay identical.
 """
 import os
 import sys
@@ -77,9 +78,12 @@ def train(initial: list | None, xs, ys, dist: DistEnv, kind: str = "cosmoflow") 
     return start, [v.numpy() for v in model.trainable_variables]
 
 
-def main(out_dir: str, kind: str = "cosmoflow") -> None:
+OUTPUT = {"cosmoflow": "rank{rank}.npz", "deepcam": "deepcam_rank{rank}.npz"}
+
+
+def run(out_dir: str, dist: DistEnv, kind: str) -> None:
+    """Train `kind` on this rank's data and write its arrays (initial, final, rank 0's reference) to out_dir."""
     import keras
-    dist = init_distributed(DistConfig(threads_per_rank=1, onednn=False))
     keras.utils.set_random_seed(100 + dist.rank)
     xs, ys = rank_data(dist.rank, kind)
     initial, final = train(None, xs, ys, dist, kind)
@@ -88,7 +92,13 @@ def main(out_dir: str, kind: str = "cosmoflow") -> None:
         union = [np.concatenate(parts, axis=1) for parts in zip(*(rank_data(r) for r in range(dist.size)))]
         _, reference = train(initial, *union, DistEnv())
         arrays |= {f"reference{i}": w for i, w in enumerate(reference)}
-    np.savez(Path(out_dir) / f"rank{dist.rank}.npz", xs=xs, ys=ys, **arrays)
+    np.savez(Path(out_dir) / OUTPUT[kind].format(rank=dist.rank), xs=xs, ys=ys, **arrays)
+
+
+def main(out_dir: str, *kinds: str) -> None:
+    dist = init_distributed(DistConfig(threads_per_rank=1, onednn=False))
+    for kind in kinds or tuple(OUTPUT):
+        run(out_dir, dist, kind)
 
 
 if __name__ == "__main__":

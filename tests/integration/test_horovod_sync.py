@@ -11,10 +11,18 @@ def _weights(npz, prefix):
     return [npz[k] for k in sorted((k for k in npz.files if k.startswith(prefix)), key=lambda k: int(k[len(prefix):]))]
 
 
-def test_two_ranks_identical_and_equal_to_single_process_on_union(tmp_path):
-    proc = horovodrun(2, [REPO / "tests/integration/hvd_sync_worker.py", tmp_path], timeout=300)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The directory of one Horovod job of 2 ranks that trained CosmoFlow (rank<r>.npz), then DeepCAM
+    (deepcam_rank<r>.npz): hvd_sync_worker.py."""
+    out = tmp_path_factory.mktemp("sync")
+    proc = horovodrun(2, [REPO / "tests/integration/hvd_sync_worker.py", out], timeout=300)
     assert proc.returncode == 0, show(proc)
-    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
+    return out
+
+
+def test_two_ranks_identical_and_equal_to_single_process_on_union(trained):
+    r0, r1 = (np.load(trained / f"rank{r}.npz") for r in (0, 1))
     # Broadcast: rank 1 started from rank 0's weights although its own seed differed.
     for a, b in zip(_weights(r0, "initial"), _weights(r1, "initial")):
         np.testing.assert_array_equal(a, b)
@@ -31,12 +39,10 @@ def test_two_ranks_identical_and_equal_to_single_process_on_union(tmp_path):
         assert error < 1e-3, f"update of a {initial.shape} tensor differs by {error:.2e} (relative)"
 
 
-def test_two_deepcam_ranks_keep_identical_weights(tmp_path):
+def test_two_deepcam_ranks_keep_identical_weights(trained):
     """DeepLabv3+ (batch norm, the suite's LAMB of deepcam/lamb.py, weighted cross-entropy): broadcast, then
     identical after every step."""
-    proc = horovodrun(2, [REPO / "tests/integration/hvd_sync_worker.py", tmp_path, "deepcam"], timeout=300)
-    assert proc.returncode == 0, show(proc)
-    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
+    r0, r1 = (np.load(trained / f"deepcam_rank{r}.npz") for r in (0, 1))
     assert not np.allclose(r0["xs"], r1["xs"])
     initial0, initial1 = _weights(r0, "initial"), _weights(r1, "initial")
     final0, final1 = _weights(r0, "final"), _weights(r1, "final")
