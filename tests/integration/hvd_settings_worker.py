@@ -1,5 +1,5 @@
 """Worker for test_horovod_settings: init_distributed with a config (fusion threshold 1 MiB, cycle time 10 ms),
-then 300 fused gradient allreduces of 8 small tensors. Rank 0 writes the run's log line and the settings it
+then STEPS (argv[2], 300 when not given) fused gradient allreduces of 8 small tensors. Rank 0 writes the run's log line and the settings it
 records (DistEnv.settings' values and from_environment, horovod_used) as JSON to the file named by argv[1]
 (a file, not stdout: horovodrun interleaves the ranks' output mid-line)."""
 import json
@@ -18,7 +18,7 @@ def main() -> int:
     def step(x):
         return env.allreduce_gradients([x * i for i in range(8)])
 
-    for _ in range(300):
+    for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 300):
         step(tf.ones((1000,)))
     if env.is_root:
         out = sys.argv[1]

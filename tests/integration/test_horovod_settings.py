@@ -27,9 +27,11 @@ def _cycle_starts_ms(timeline) -> list[float]:
 
 def test_the_settings_a_run_logs_are_the_ones_horovod_used_and_the_users_environment_wins(tmp_path):
     autotune, timeline, out = tmp_path / "autotune.csv", tmp_path / "timeline.json", tmp_path / "settings.json"
-    proc = horovodrun(2, [REPO / "tests/integration/hvd_settings_worker.py", out], timeout=300, env={
+    # 100 steps of at least one 30 ms cycle each; the autotuner logs a sample every 2 steps from the first.
+    proc = horovodrun(2, [REPO / "tests/integration/hvd_settings_worker.py", out, 100], timeout=300, env={
         "HOROVOD_CYCLE_TIME": "30", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
         "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(autotune),
+        "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2",
         "HOROVOD_TIMELINE": str(timeline), "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
     assert proc.returncode == 0, show(proc)
     run = json.loads(out.read_text())
