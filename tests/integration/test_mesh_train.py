@@ -1,12 +1,16 @@
-"""CosmoFlow's hybrid path under real `horovodrun -np 4` with parallel.spatial=[2,1]: 2 groups of 2 ranks;
-and one group of all ranks split [2,2] (4 ranks, each reading its block's own records) or [1,2] (2 ranks,
-staging its data first) against one rank.
+"""CosmoFlow's hybrid path under real `horovodrun -np 4` with parallel.spatial=[2,1]: 2 groups of 2 ranks,
+staging their data first; and one group of all 4 ranks split [2,2], each reading its block's own records,
+against one rank.
 
 The hybrid run and a data-parallel reference with one rank per group (`horovodrun -np 2`) train the same
 steps on the same data from the same initial weights (rank 0's, seeded as group 0), so their losses and
 validation MAE must agree to float32 rounding: the mesh splits every cube in two blocks (halo exchange)
 and sums gradients over 4 ranks, the reference convolves whole cubes and averages over 2. Every rank's final
 weights, saved by mesh_weights_worker.py, are compared here array by array.
+
+The runs read `cosmo_small` (32 training and 16 validation samples in 4 and 2 files): 2 epochs of 4 steps
+on 2 groups, of 8 steps on one. A height-only split ([1, 2]) trains through the same code as [2, 2] (which
+splits height too); tests/unit/test_mesh_model.py compares its numbers with Keras'.
 """
 import json
 import sys
@@ -28,13 +32,16 @@ SECTIONS = {"train": {"max_epochs": 2, "target": 1e-6}, "data": {"loader": "tfda
 
 
 @pytest.fixture(scope="module")
-def runs(cosmo_dataset, tmp_path_factory):
-    """The hybrid run (4 ranks, [2, 1]) and the data-parallel reference (2 ranks): their output directories."""
+def runs(cosmo_small, tmp_path_factory):
+    """The hybrid run (4 ranks, [2, 1], its data staged first: data.stage_mode=node, local rank 0 stages, the
+    other ranks wait) and the data-parallel reference (2 ranks, reading in place): their output directories."""
     root = tmp_path_factory.mktemp("runs")
+    staged = {"stage_dir": str(root / "local"), "stage_mode": "node"}
     outs = {}
-    for name, ranks, spatial in (("hybrid", 4, "[2,1]"), ("reference", 2, "[1,1]")):
+    for name, ranks, spatial, data in (("hybrid", 4, "[2,1]", staged), ("reference", 2, "[1,1]", {})):
         outs[name] = root / name
-        cfg = write_config(root / f"{name}.yaml", cosmo_dataset, outs[name], **SECTIONS)
+        cfg = write_config(root / f"{name}.yaml", cosmo_small, outs[name], train=SECTIONS["train"],
+                           data={**SECTIONS["data"], **data}, optimizer=SECTIONS["optimizer"])
         outs[f"{name}_weights"] = _weights_dir(root, name)
         proc = horovodrun(ranks, [WORKER, outs[f"{name}_weights"], cfg, f"parallel.spatial={spatial}"], timeout=300)
         # The target is out of reach: every run ends with exit 1 after its 2 epochs.
@@ -56,8 +63,8 @@ def test_hybrid_training_equals_data_parallel_training(runs):
     hybrid, reference = _summary(runs["hybrid"]), _summary(runs["reference"])
     assert hybrid["epochs"] == reference["epochs"] == 2
     for mine, theirs in zip(hybrid["history"], reference["history"]):
-        assert mine["steps"] == theirs["steps"] == 8  # 64 samples / (2 replicas x batch 4)
-        assert mine["val_samples_seen"] == theirs["val_samples_seen"] == 32  # the whole validation split
+        assert mine["steps"] == theirs["steps"] == 4  # 32 samples / (2 replicas x batch 4)
+        assert mine["val_samples_seen"] == theirs["val_samples_seen"] == 16  # the whole validation split
         for key in ("loss", "val_loss", "mae", "mae_Omega_m", "mae_H_0", "lr"):
             np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-4, err_msg=key)
     # Training did something: the loss moved between the epochs.
@@ -92,7 +99,7 @@ def test_log_has_the_partitioning_and_passes_the_checker(runs):
     values = {e["key"]: e["value"] for e in log_events(out / "mlperf.log")}
     assert values["spatial_partitions"] == "2x1" and values["data_parallel_groups"] == 2
     # The global batch is the local batch times the groups, not times the ranks.
-    assert values["global_batch_size"] == 8 and values["train_samples"] == 64 and values["eval_samples"] == 32
+    assert values["global_batch_size"] == 8 and values["train_samples"] == 32 and values["eval_samples"] == 16
     reference = {e["key"]: e["value"] for e in log_events(runs["reference"] / "mlperf.log")}
     assert "spatial_partitions" not in reference and reference["global_batch_size"] == 8
     assert [e["key"] for e in log_events(out / "mlperf.log")].count("eval_error") == 2
@@ -104,67 +111,62 @@ def test_log_has_the_partitioning_and_passes_the_checker(runs):
 def test_every_rank_reads_its_groups_shard_and_decodes_only_its_half(runs):
     ranks = json.loads((runs["hybrid"] / "io_report.json").read_text())["ranks"]
     planned = {r["rank"]: r["planned"] for r in ranks}
-    for rank in range(4):  # 2 epochs of 8 steps and 2 evaluations of 4 steps, batch 4
-        assert planned[rank]["train_records"] == 64 and planned[rank]["eval_records"] == 32
+    for rank in range(4):  # 2 epochs of 4 steps and 2 evaluations of 2 steps, batch 4
+        assert planned[rank]["train_records"] == 32 and planned[rank]["eval_records"] == 16
         assert planned[rank]["bytes"] > 0 and planned[rank]["files_opened"] > 0
         assert planned[rank]["decoded_fraction"] == 0.5
     assert planned[1] == planned[0] and planned[3] == planned[2]  # a group's ranks read the same files
 
 
-@pytest.fixture(scope="module")
-def one_group_runs(cosmo_dataset, tmp_path_factory):
-    """One group holding every rank: [2,2] on 4 ranks, and [1,2] on 2 ranks with its data staged first
-    (data.stage_mode=node: local rank 0 stages, the other rank waits), against one data-parallel rank."""
-    root = tmp_path_factory.mktemp("one-group")
-    staged = {"stage_dir": str(root / "local"), "stage_mode": "node"}
-    # [2,2] reads each block's own records (python -m data_prep cosmo-blocks, written into our own copy), the
-    # others cut theirs.
-    data_dir = copy_of(cosmo_dataset, tmp_path_factory)
-    proc = run_cmd([sys.executable, "-m", "data_prep", "cosmo-blocks", "--data", str(data_dir), "--spatial", "2x2",
-                    "--workers", "1"])
-    assert proc.returncode == 0, show(proc)
-    outs = {}
-    for name, ranks, spatial, data in (("2x2", 4, "[2,2]", {"blocks": "records"}), ("1x2", 2, "[1,2]", staged),
-                                       ("reference", 1, "[1,1]", {})):
-        outs[name] = root / name
-        cfg = write_config(root / f"{name}.yaml", data_dir, outs[name], train=SECTIONS["train"],
-                           data={**SECTIONS["data"], **data})
-        outs[f"{name}_weights"] = _weights_dir(root, name)
-        proc = horovodrun(ranks, [WORKER, outs[f"{name}_weights"], cfg, f"parallel.spatial={spatial}"], timeout=300)
-        assert proc.returncode == 1, show(proc)
-    return outs
-
-
-@pytest.mark.parametrize("name,spatial,ranks", [("2x2", [2, 2], 4), ("1x2", [1, 2], 2)])
-def test_one_group_split_in_height_or_both_trains_as_one_rank(one_group_runs, name, spatial, ranks):
-    summary, reference = _summary(one_group_runs[name]), _summary(one_group_runs["reference"])
-    assert summary["epochs"] == reference["epochs"] == 2
-    for mine, theirs in zip(summary["history"], reference["history"]):
-        assert mine["steps"] == theirs["steps"] == 16  # 64 samples / (1 replica x batch 4)
-        for key in ("loss", "val_loss", "mae", "lr"):
-            np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-4, err_msg=f"{name} {key}")
-    parallel = summary["parallel"]
-    assert parallel["spatial"] == spatial and parallel["data_parallel_groups"] == 1
-    assert_same_weights_on_every_rank(one_group_runs[f"{name}_weights"], ranks)
-    assert len(parallel["weights_sha256_per_rank"]) == ranks and parallel["weights_identical"]
-    assert check_log(one_group_runs[name] / "mlperf.log").structural_problems == ()
-
-
-def test_staging_on_the_hybrid_path_is_reported_and_both_ranks_read_the_staged_copy(one_group_runs):
-    out = one_group_runs["1x2"]
+def test_staging_on_the_hybrid_path_is_reported_and_every_rank_reads_the_staged_copy(runs):
+    out = runs["hybrid"]
     report = json.loads((out / "io_report.json").read_text())
     staging = report["staging"]
     assert staging["mode"] == "node" and staging["staging_ranks"] == 1 and staging["files"] > 0
     keys = [e["key"] for e in log_events(out / "mlperf.log")]
     assert keys.index("staging_start") < keys.index("staging_stop") < keys.index("epoch_start")
-    planned = {r["rank"]: r["planned"] for r in report["ranks"]}
-    assert planned[0]["train_records"] == planned[1]["train_records"] == 128  # 2 epochs x 16 steps x 4
-    assert planned[0]["decoded_fraction"] == planned[1]["decoded_fraction"] == 0.5
+    for r in report["ranks"]:  # 2 epochs x 4 steps x 4, each rank's block
+        assert r["planned"]["train_records"] == 32 and r["planned"]["decoded_fraction"] == 0.5
 
 
-def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(cosmo_dataset, tmp_path):
+@pytest.fixture(scope="module")
+def one_group_runs(cosmo_small, tmp_path_factory):
+    """One group holding every rank, [2,2] on 4 ranks reading each block's own records (python -m data_prep
+    cosmo-blocks, written into our own copy), against one data-parallel rank (one process, no horovodrun)."""
+    root = tmp_path_factory.mktemp("one-group")
+    data_dir = copy_of(cosmo_small, tmp_path_factory)
+    proc = run_cmd([sys.executable, "-m", "data_prep", "cosmo-blocks", "--data", str(data_dir), "--spatial", "2x2",
+                    "--workers", "1"])
+    assert proc.returncode == 0, show(proc)
+    outs = {}
+    for name, ranks, spatial, data in (("2x2", 4, "[2,2]", {"blocks": "records"}), ("reference", 1, "[1,1]", {})):
+        outs[name] = root / name
+        cfg = write_config(root / f"{name}.yaml", data_dir, outs[name], train=SECTIONS["train"],
+                           data={**SECTIONS["data"], **data})
+        outs[f"{name}_weights"] = _weights_dir(root, name)
+        args = [WORKER, outs[f"{name}_weights"], cfg, f"parallel.spatial={spatial}"]
+        proc = horovodrun(ranks, args, timeout=300) if ranks > 1 else run_cmd([sys.executable, *args], timeout=300)
+        assert proc.returncode == 1, show(proc)
+    return outs
+
+
+def test_one_group_split_in_depth_and_height_trains_as_one_rank(one_group_runs):
+    summary, reference = _summary(one_group_runs["2x2"]), _summary(one_group_runs["reference"])
+    assert summary["epochs"] == reference["epochs"] == 2
+    for mine, theirs in zip(summary["history"], reference["history"]):
+        assert mine["steps"] == theirs["steps"] == 8  # 32 samples / (1 replica x batch 4)
+        for key in ("loss", "val_loss", "mae", "lr"):
+            np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-4, err_msg=key)
+    parallel = summary["parallel"]
+    assert parallel["spatial"] == [2, 2] and parallel["data_parallel_groups"] == 1
+    assert_same_weights_on_every_rank(one_group_runs["2x2_weights"], 4)
+    assert len(parallel["weights_sha256_per_rank"]) == 4 and parallel["weights_identical"]
+    assert check_log(one_group_runs["2x2"] / "mlperf.log").structural_problems == ()
+
+
+def test_ranks_that_cannot_form_whole_groups_stop_before_any_work(tmp_path):
     out = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", cosmo_dataset, out)
+    cfg = write_config(tmp_path / "c.yaml", tmp_path / "no-data", out)  # never looked at
     proc = horovodrun(3, [TRAIN, cfg, "parallel.spatial=[2,1]"], timeout=180)
     assert proc.returncode == 2, show(proc)  # the ranks' exit code, passed on by horovodrun
     # Every rank says why, with the numbers (horovodrun prefixes and may break the lines).
