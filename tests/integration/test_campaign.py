@@ -29,12 +29,12 @@ def campaign_args(config, out, *extra):
 def test_a_killed_campaign_resumes_with_the_next_run(cosmo_learnable, tmp_path):
     config = write_learning_config(tmp_path / "c.yaml", cosmo_learnable, tmp_path / "unused")
     out = tmp_path / "campaign"
-    args = campaign_args(config, out, "--runs", "3", "--stage-dir", str(tmp_path / "stage"))
+    args = campaign_args(config, out, "--runs", "2", "--stage-dir", str(tmp_path / "stage"))
     env = {**os.environ, "PYTHONPATH": checkout_first_on_path(), "TF_CPP_MIN_LOG_LEVEL": "2"}
     first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 300
-        while not (out / "runs/run_001/train.log").is_file():  # run 0 has finished, run 1 has started
+        while not (out / "runs/run_001/train.log").is_file():  # run 0 has finished, run 1 (the last) has started
             assert first.poll() is None and time.time() < deadline, first.stdout.read() if first.poll() else "timeout"
             time.sleep(0.5)
         time.sleep(3)
@@ -47,32 +47,32 @@ def test_a_killed_campaign_resumes_with_the_next_run(cosmo_learnable, tmp_path):
     record0 = (out / "runs/run_000/campaign_run.json").read_text()
     assert not (out / "runs/run_001/campaign_run.json").exists()
     # The killed run's training was stopped with the campaign: no process still writes its directory.
-    assert "run_001" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out / "runs/run_001") not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
     again = run_cmd(args, timeout=600)
-    assert "run 1/3 (seed 1000): done earlier" in again.stdout, show(again)
+    assert "run 1/2 (seed 1000): done earlier" in again.stdout, show(again)
     assert (out / "runs/run_000/campaign_run.json").read_text() == record0  # kept, not rerun
     assert len(list((out / "runs/aborted").iterdir())) == 1  # the cut-off run 1, moved aside
     seeds = []
-    for i in range(3):
+    for i in range(2):
         log = (out / f"runs/run_{i:03d}/mlperf.log").read_text()
         seeds.append(json.loads(next(line for line in log.splitlines() if '"key": "seed"' in line)[9:])["value"])
         assert json.loads((out / f"runs/run_{i:03d}/campaign_run.json").read_text())["status"] == "success"
-    assert seeds == [1000, 1001, 1002]
+    assert seeds == [1000, 1001]
     assert not list((tmp_path / "stage").iterdir())  # every run's staged copy removed after it
 
     score = json.loads((out / "score.json").read_text())
     assert again.returncode == 1, show(again)  # no valid score
-    assert score["score_minutes"] is None and "3 runs failed" in score["reason"]
+    assert score["score_minutes"] is None and "2 runs failed" in score["reason"]
     for run in score["runs"]:  # structurally compliant; only the rules' quality target is missed
         assert not run["compliant"] and run["problems"] and all(p.startswith("Failed checks for eval_")
                                                                 for p in run["problems"]), run
     assert sorted(p.name for p in (out / "submission/results/tinybox/strong/cosmoflow").iterdir()) == \
-        ["result_0.txt", "result_1.txt", "result_2.txt"]
+        ["result_0.txt", "result_1.txt"]
 
     # The analysis reads the real logs: the aborted attempt and the submission copies are left out.
     runs, epochs = load_runs([out])
-    assert runs["seed"].tolist() == [1000, 1001, 1002] and runs["campaign"].unique().tolist() == ["campaign"]
+    assert runs["seed"].tolist() == [1000, 1001] and runs["campaign"].unique().tolist() == ["campaign"]
     assert runs["converged"].all() and (runs["epochs"] == runs["epochs_to_converge"]).all()  # each run learned to its target
     assert len(epochs) == runs["epochs"].sum()
     assert (runs["units"] == 1).all() and (runs["global_batch_size"] == 4).all()

@@ -7,56 +7,26 @@ steps to beat that. These runs set an unreachable target and end aborted; DeepCA
 `make demo` (96 x 144, IoU 0.82 with both event classes segmented, docs/performance.md).
 """
 import json
+import shutil
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
 from common.campaign.compliance import check_log
-from tests.conftest import REPO, horovodrun, log_events, run_cmd, show
+from tests.conftest import log_events, run_cmd, show
+from tests.integration.deepcam_fixtures import (CHECKPOINTED, TINY, TRAIN, checkpointed_run, make_dataset,
+                                                staged_two_rank_run, tiny_dataset, write_config)
 from tests.integration.system_checks import assert_plausible_system
 
 pytestmark = pytest.mark.slow
-TRAIN = REPO / "deepcam/train.py"
-# Two middle-flow blocks, not the reference's 16: these tests check training, logging and state, not the
-# architecture (tests/unit/test_deepcam_model.py), and each process traces the steps in about half the time.
-TINY = {"model": {"input_shape": [32, 48, 16], "width": 0.125, "middle_blocks": 2},
-        "train": {"max_epochs": 2, "local_batch_size": 2, "eval_every_steps": 0},
-        "schedule": {"warmup_steps": 2, "t_max": 16},
-        "data": {"shuffle_buffer": 8}, "mlperf": {"platform": "test"}}
+__all__ = ["TINY", "make_dataset", "write_config"]  # test_elastic.py, test_staging_e2e.py and test_export.py use them
 
 
-def make_dataset(root: Path, height: int, width: int, train: int, validation: int) -> Path:
-    raw, records = root / "raw", root / "tfrecords"
-    for args in (["deepcam-synth", "--out", raw, "--train", train, "--validation", validation,
-                  "--height", height, "--width", width, "--seed", 5, "--workers", 2],
-                 ["deepcam-convert", "--input", raw, "--out", records, "--workers", 1]):
-        proc = run_cmd([sys.executable, "-m", "data_prep", *args], timeout=600)
-        assert proc.returncode == 0, show(proc)
-    return records
-
-
-def write_config(path: Path, base: str, data_dir: Path, out_dir: Path, sections: dict) -> Path:
-    cfg = yaml.safe_load((REPO / "deepcam/configs" / base).read_text())
-    for name, values in sections.items():
-        cfg.setdefault(name, {}).update(values)
-    cfg["data"]["dir"], cfg["run"]["output_dir"] = str(data_dir), str(out_dir)
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("deepcam"), 32, 48, train=16, validation=8)
-
-
-def test_two_rank_mini_run_evaluating_every_2_steps_writes_an_open_division_log_the_checker_accepts(tiny, tmp_path):
-    out = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", "deepcam_mini.yaml", tiny, out,
-                       TINY | {"train": {**TINY["train"], "target": 1.0, "eval_every_steps": 2}})
-    proc = horovodrun(2, [TRAIN, cfg])
-    assert proc.returncode == 1, show(proc)  # IoU 1.0 is not reached: exit 1, run aborted
+def test_two_rank_mini_run_evaluating_every_2_steps_writes_an_open_division_log_the_checker_accepts(
+        tmp_path_factory):
+    """The 2-rank run reads a copy each rank staged (deepcam_fixtures.staged_two_rank_run, whose staging
+    test_staging_e2e.py checks)."""
+    out, proc = staged_two_rank_run(tmp_path_factory)
     events = log_events(out / "mlperf.log")
     values = {e["key"]: e["value"] for e in events}
     assert values["submission_division"] == "open" and values["global_batch_size"] == 4
@@ -105,26 +75,30 @@ def test_full_size_log_passes_closed_division_key_checks(tmp_path_factory, tmp_p
 FULL: dict = {}
 
 
-def test_resuming_from_a_checkpoint_gives_the_uninterrupted_run(tiny, tmp_path):
+def test_resuming_from_a_checkpoint_gives_the_uninterrupted_run(tmp_path_factory, tmp_path):
     """DeepCAM's state (batch norm, AdamW or LAMB moments, the step-based schedule, the input position) survives
-    a stop after 2 of 3 epochs: the resumed run ends with the uninterrupted run's weights and history."""
+    a stop after 2 of 3 epochs: a copy of the uninterrupted run left with its checkpoints up to epoch 2, resumed
+    by a new process, ends with the uninterrupted run's weights and history."""
     import numpy as np
-    sections = TINY | {"train": {**TINY["train"], "max_epochs": 3, "target": 0.999},
-                       "data": {**TINY["data"], "loader": "tfdata"}, "checkpoint": {"every_epochs": 1}}
-    runs = {}
-    for name, attempts in (("straight", [[]]), ("resumed", [["train.max_epochs=2"], ["checkpoint.resume=true"]])):
-        out = tmp_path / name
-        cfg = write_config(tmp_path / f"{name}.yaml", "deepcam_mini.yaml", tiny, out, sections)
-        for extra in attempts:
-            proc = run_cmd([sys.executable, TRAIN, cfg, *extra])
-            assert proc.returncode == 1, show(proc)  # the target is out of reach
-        runs[name] = out
-    assert "resuming from" in proc.stdout
+    straight, _ = checkpointed_run(tmp_path_factory)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    checkpoints = sorted((resumed / "checkpoints").glob("ckpt-*"))  # ckpt-<step, 9 digits>: in step order
+    assert len(checkpoints) == 3, checkpoints
+    shutil.rmtree(checkpoints[-1])  # the stop came after epoch 2
+    (resumed / "summary.json").unlink()
+    cfg = write_config(tmp_path / "resumed.yaml", "deepcam_mini.yaml", tiny_dataset(tmp_path_factory), resumed,
+                       CHECKPOINTED)
+    proc = run_cmd([sys.executable, TRAIN, cfg, "checkpoint.resume=true"])
+    assert proc.returncode == 1, show(proc)  # the target is out of reach
+    assert f"resuming from {checkpoints[1]}" in proc.stdout, show(proc)
+    runs = {"straight": straight, "resumed": resumed}
     histories = [[(h["epoch"], h["loss"], h["iou"]) for h in json.loads((runs[n] / "summary.json").read_text())
                   ["history"]] for n in runs]
+    assert len(histories[0]) == 3
     np.testing.assert_allclose(np.array(histories[0]), np.array(histories[1]), rtol=1e-5)
     final = [sorted((runs[n] / "checkpoints").glob("ckpt-*"))[-1] for n in runs]
-    assert final[0].name == final[1].name
+    assert final[0].name == final[1].name == checkpoints[-1].name
     with np.load(final[0] / "model.npz") as a, np.load(final[1] / "model.npz") as b:
         for key in a:
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -12,9 +12,7 @@ import pytest
 
 from tests.conftest import REPO, run_cmd, show
 from tests.integration import cosmo_fixtures
-from tests.integration.test_deepcam_e2e import TINY as DEEPCAM_TINY
-from tests.integration.test_deepcam_e2e import make_dataset as make_deepcam_dataset
-from tests.integration.test_deepcam_e2e import write_config as write_deepcam_config
+from tests.integration.deepcam_fixtures import checkpointed_run
 
 pytestmark = pytest.mark.slow
 CHECKPOINTED = {"every_epochs": 1}  # runs write no checkpoint unless told to
@@ -36,13 +34,8 @@ def cosmo_run(cosmo_dataset, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def deepcam_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("export-deepcam")
-    data = make_deepcam_dataset(root / "data", 32, 48, train=8, validation=4)
-    out = root / "run"
-    sections = DEEPCAM_TINY | {"train": {**DEEPCAM_TINY["train"], "max_epochs": 1, "target": 1.0},
-                               "checkpoint": CHECKPOINTED}
-    _train("deepcam/train.py", write_deepcam_config(root / "c.yaml", "deepcam_mini.yaml", data, out, sections))
-    return out
+    """The 3-epoch DeepCAM run test_deepcam_e2e.py resumes (deepcam_fixtures.checkpointed_run): read only."""
+    return checkpointed_run(tmp_path_factory)[0]
 
 
 def export(run: Path, out: Path, *extra) -> subprocess.CompletedProcess:

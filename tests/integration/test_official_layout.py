@@ -21,11 +21,11 @@ def data_prep(*args):
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory):
-    """12 universes of 32^3 -> 96 files of 16^3 samples (32 for validation) -> an index of them."""
-    root = tmp_path_factory.mktemp("official")
-    data_prep("cosmo-synth", "--out", root / "raw", "--universes", 12, "--size", 32, "--seed", 7, "--workers", 2)
-    data_prep("cosmo-released", "--input", root / "raw", "--out", root / "release", "--sample-size", 16,
+def indexed(cosmo_dataset, tmp_path_factory):
+    """The session's 12 universes of 32^3 (cosmo_fixtures: cosmo-synth's output beside the cosmo_dataset records,
+    read only) -> 96 files of 16^3 samples (32 for validation) -> an index of them."""
+    root, raw = tmp_path_factory.mktemp("official"), cosmo_dataset.parent / "raw"
+    data_prep("cosmo-released", "--input", raw, "--out", root / "release", "--sample-size", 16,
               "--val-universes", 4, "--val-dir", "val", "--workers", 2)
     data_prep("index", "--input", root / "release", "--out", root / "index", "--workers", 2)
     return root / "index"

@@ -7,18 +7,10 @@ import pytest
 from common.campaign.compliance import check_log
 from tests.conftest import REPO, horovodrun, log_events, run_cmd, show
 from tests.integration import cosmo_fixtures
-from tests.integration.test_deepcam_e2e import TINY as DEEPCAM_TINY
-from tests.integration.test_deepcam_e2e import make_dataset as make_deepcam_dataset
-from tests.integration.test_deepcam_e2e import write_config as write_deepcam_config
+from tests.integration.deepcam_fixtures import pack, staged_two_rank_run
 
 pytestmark = pytest.mark.slow
-COSMO_TRAIN, DEEPCAM_TRAIN = REPO / "cosmoflow/train.py", REPO / "deepcam/train.py"
-
-
-def pack(src, out, *args):
-    proc = run_cmd([sys.executable, "-m", "data_prep", "pack", "--input", src, "--out", out, "--workers", 1, *args])
-    assert proc.returncode == 0, show(proc)
-    return out
+COSMO_TRAIN = REPO / "cosmoflow/train.py"
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +19,31 @@ def cosmo(cosmo_dataset, tmp_path_factory):
     return cosmo_dataset, pack(cosmo_dataset, packed, "--compression", "zstd", "--archives", 2)
 
 
-def _cosmo_run(tmp_path, data_dir, name, **data):
-    out = tmp_path / name
-    cfg = cosmo_fixtures.write_config(tmp_path / f"{name}.yaml", data_dir, out,
-                                      data={"shuffle_buffer": 8, "stage_dir": str(tmp_path / "local"), **data},
+@pytest.fixture(scope="module")
+def runs(cosmo, tmp_path_factory):
+    """The module's four 2-rank CosmoFlow trainings, each run once: `share` stages the packed copy node_share,
+    timed in the run; `node` stages the plain dataset and `rank` the packed copy, both before the run (the
+    default stage_timing); `direct` reads the plain dataset where it lies. Each: (output directory, process)."""
+    plain, packed = cosmo
+    root = tmp_path_factory.mktemp("staging-runs")
+    stage = {"stage_dir": str(root / "local")}
+    return {"share": _cosmo_run(root, packed, "share", **stage, stage_mode="node_share", stage_timing="in_run"),
+            "node": _cosmo_run(root, plain, "node", **stage, stage_mode="node"),
+            "rank": _cosmo_run(root, packed, "rank", **stage, stage_mode="rank"),
+            "direct": _cosmo_run(root, plain, "direct")}
+
+
+def _cosmo_run(root, data_dir, name, **data):
+    out = root / name
+    cfg = cosmo_fixtures.write_config(root / f"{name}.yaml", data_dir, out, data={"shuffle_buffer": 8, **data},
                                       train={"max_epochs": 2, "target": 1e-6})
     proc = horovodrun(2, [COSMO_TRAIN, cfg])
     assert proc.returncode == 1, show(proc)  # the target is out of reach: two full epochs
     return out, proc
 
 
-def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(cosmo, tmp_path):
-    _, packed = cosmo
-    out, proc = _cosmo_run(tmp_path, packed, "share", stage_mode="node_share", stage_timing="in_run")
+def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(runs):
+    out, proc = runs["share"]
     keys = [e["key"] for e in log_events(out / "mlperf.log")]
     assert keys.index("run_start") < keys.index("staging_start") < keys.index("staging_stop") \
         < keys.index("train_samples") < keys.index("epoch_start")
@@ -55,24 +59,18 @@ def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(cosmo, t
     assert "staged into" in proc.stdout
 
 
-def test_rank_and_node_staging_train_on_identical_data(cosmo, tmp_path):
-    plain, packed = cosmo
-    node_out, _ = _cosmo_run(tmp_path, plain, "node", stage_mode="node")
-    rank_out, _ = _cosmo_run(tmp_path, packed, "rank", stage_mode="rank")
-    direct = tmp_path / "direct"
-    cfg = cosmo_fixtures.write_config(tmp_path / "direct.yaml", plain, direct, data={"shuffle_buffer": 8},
-                                      train={"max_epochs": 2, "target": 1e-6})
-    assert horovodrun(2, [COSMO_TRAIN, cfg]).returncode == 1
-    histories = [[h["mae"] for h in json.loads((o / "summary.json").read_text())["history"]]
-                 for o in (node_out, rank_out, direct)]
-    assert histories[0] == histories[1] == histories[2]
-    rank_report = json.loads((rank_out / "io_report.json").read_text())["staging"]
+def test_rank_and_node_staging_train_on_identical_data(runs):
+    histories = [[h["mae"] for h in json.loads((runs[name][0] / "summary.json").read_text())["history"]]
+                 for name in ("node", "rank", "direct")]
+    assert len(histories[0]) == 2 and histories[0] == histories[1] == histories[2]
+    node_report = json.loads((runs["node"][0] / "io_report.json").read_text())["staging"]
+    assert node_report["source_kind"] == "plain" and node_report["staging_ranks"] == 1
+    rank_report = json.loads((runs["rank"][0] / "io_report.json").read_text())["staging"]
     assert rank_report["staging_ranks"] == 2 and rank_report["files"] == 24  # each rank its own 12
 
 
-def test_staging_before_the_run_precedes_init_and_passes_the_checker(cosmo, tmp_path):
-    _, packed = cosmo
-    out, _ = _cosmo_run(tmp_path, packed, "before", stage_mode="node", stage_timing="before_run")
+def test_staging_before_the_run_precedes_init_and_passes_the_checker(runs):
+    out, _ = runs["node"]
     keys = [e["key"] for e in log_events(out / "mlperf.log")]
     assert keys[:2] == ["staging_start", "staging_stop"] and keys[2] == "init_start"
     assert check_log(out / "mlperf.log").structural_problems == ()
@@ -81,21 +79,17 @@ def test_staging_before_the_run_precedes_init_and_passes_the_checker(cosmo, tmp_
 def test_a_packed_dataset_without_a_stage_dir_is_refused(cosmo, tmp_path):
     _, packed = cosmo
     cfg = cosmo_fixtures.write_config(tmp_path / "c.yaml", packed, tmp_path / "run", data={"shuffle_buffer": 8})
-    proc = horovodrun(2, [COSMO_TRAIN, cfg])
+    proc = run_cmd([sys.executable, COSMO_TRAIN, cfg])  # one process: every rank reads data.dir alike
     assert proc.returncode == 2 and f"data.dir {packed} is a packed dataset (pack.json)" in proc.stderr, show(proc)
 
 
-def test_deepcam_stages_a_gzip_pack_per_rank_and_trains(tmp_path):
-    records = make_deepcam_dataset(tmp_path / "dc", 32, 48, train=16, validation=8)
-    packed = pack(records, tmp_path / "packed", "--compression", "gzip", "--archives", 2, "--layout", "contiguous")
-    out = tmp_path / "run"
-    cfg = write_deepcam_config(tmp_path / "c.yaml", "deepcam_mini.yaml", packed, out, DEEPCAM_TINY | {
-        "train": {**DEEPCAM_TINY["train"], "target": 1.0},  # not reached (test_deepcam_e2e.py says why)
-        "data": {**DEEPCAM_TINY["data"], "stage_dir": str(tmp_path / "local"), "stage_mode": "rank"}})
-    proc = horovodrun(2, [DEEPCAM_TRAIN, cfg])
-    assert proc.returncode == 1 and "not reached in 2 epochs" in proc.stdout, show(proc)
+def test_deepcam_stages_a_gzip_pack_per_rank_and_trains(tmp_path_factory):
+    """The 2-rank run of deepcam_fixtures.staged_two_rank_run (its log and summary: test_deepcam_e2e.py)."""
+    out, proc = staged_two_rank_run(tmp_path_factory)
+    assert "not reached in 2 epochs" in proc.stdout, show(proc)
     report = json.loads((out / "io_report.json").read_text())
     assert report["staging"]["compression"] == "gzip" and report["staging"]["staging_ranks"] == 2
+    assert report["staging"]["mode"] == "rank" and report["staging"]["source_kind"] == "packed"
     assert check_log(out / "mlperf.log").structural_problems == ()
 
 
