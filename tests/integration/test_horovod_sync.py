@@ -16,7 +16,8 @@ def trained(tmp_path_factory):
     """The directory of one Horovod job of 2 ranks that trained CosmoFlow (rank<r>.npz), then DeepCAM
     (deepcam_rank<r>.npz): hvd_sync_worker.py."""
     out = tmp_path_factory.mktemp("sync")
-    proc = horovodrun(2, [REPO / "tests/integration/hvd_sync_worker.py", out], timeout=300)
+    # 600 s: the two kinds once had a 300 s job each, which a loaded 2-core host needs.
+    proc = horovodrun(2, [REPO / "tests/integration/hvd_sync_worker.py", out], timeout=600)
     assert proc.returncode == 0, show(proc)
     return out
 
