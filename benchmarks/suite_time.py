@@ -2,6 +2,7 @@
 
     python benchmarks/suite_time.py [--commits OLD NEW] [--out benchmarks/results/suite_time.json]
                                     [--pytest-args "..."] [--timeout-min 120]
+    python benchmarks/suite_time.py --commits NEW --baseline EARLIER.json    # the old commit's figures recorded
 
 For each commit (default: 10755c2, the commit before issue 46's work, then HEAD) a clean checkout is made with
 `git worktree add` in a temporary directory, this checkout's .venv is linked into it, and `python -m pytest tests`
@@ -12,7 +13,8 @@ one after the other, never together, so that they share the host's state; the re
 Set-up (.venv, the Horovod and DALI builds) is not timed: both checkouts use the one already built.
 
 The JSON holds, per commit, the totals and the 40 slowest tests; `ratio` is the second commit's seconds over the
-first's. Progress (pytest's own output) streams to the terminal.
+first's. Progress (pytest's own output) streams to the terminal. With one commit and `--baseline`, the first run is
+taken from an earlier result (its first run), and `back_to_back` is false: the two were not measured together.
 """
 from __future__ import annotations
 
@@ -92,15 +94,27 @@ def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path)
 def main(argv=None) -> int:
     from harness import run_header, sgemm_gflops, write_json_atomic
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--commits", nargs=2, metavar=("OLD", "NEW"), default=[BEFORE, "HEAD"])
+    parser.add_argument("--commits", nargs="+", metavar="COMMIT", default=[BEFORE, "HEAD"],
+                        help="OLD NEW, or NEW alone with --baseline")
+    parser.add_argument("--baseline", type=Path, help="an earlier result whose first run stands for OLD")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/suite_time.json")
     parser.add_argument("--pytest-args", default="", help="more pytest arguments, one shell-quoted string")
     parser.add_argument("--timeout-min", type=float, default=120.0, help="per commit (default 120)")
     args = parser.parse_args(argv)
     if not (REPO / ".venv/bin/python").is_file():
         sys.exit(f"suite_time: {REPO / '.venv/bin/python'} not found; run make setup first")
+    if len(args.commits) != (1 if args.baseline else 2):
+        parser.error("give --commits OLD NEW, or --commits NEW with --baseline EARLIER.json")
     commits = [resolve(c) for c in args.commits]
-    result = run_header(sgemm_gflops()) | {"pytest_args": args.pytest_args, "runs": []}
+    result = run_header(sgemm_gflops()) | {"pytest_args": args.pytest_args, "runs": [],
+                                           "back_to_back": args.baseline is None}
+    if args.baseline:
+        try:
+            earlier = json.loads(args.baseline.read_text())
+            result["runs"].append(earlier["runs"][0] | {"recorded": str(args.baseline), "date": earlier["date"],
+                                                        "cpu": earlier["cpu"]})
+        except (OSError, ValueError, KeyError, IndexError) as err:
+            sys.exit(f"suite_time: {args.baseline}: not a suite_time.py result ({err})")
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         for commit in commits:
             result["runs"].append(run_suite(commit, shlex.split(args.pytest_args), args.timeout_min * 60, Path(tmp)))
