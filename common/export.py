@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import importlib
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from common.base.cli import guarded
+from common.base.cli import exit_now, guarded
 from common.base.errors import BenchError
 from common.runtime.checkpoint import MODEL_FILE, check_checkpoint, checkpoint_dir, list_checkpoints
 from common.runtime.config import CheckpointConfig, load_config
@@ -275,4 +274,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -14,8 +14,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import sys
 
+from common.base.cli import exit_now
 from common.base.errors import BenchError
 from common.runtime import run
 from common.runtime.dist import DistEnv, StopRequests
@@ -174,4 +174,4 @@ def sgd_keys(optimizer: OptimizerConfig, schedule: ScheduleConfig, lr: LRSchedul
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

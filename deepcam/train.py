@@ -9,8 +9,8 @@ With dist.elastic.enabled=true ranks may die or join (docs/faults.md).
 from __future__ import annotations
 
 import dataclasses
-import sys
 
+from common.base.cli import exit_now
 from common.base.errors import BenchError
 from common.runtime import run
 from common.runtime.loop import Trainee
@@ -96,4 +96,4 @@ APP = run.App(name="deepcam", config=DeepCamConfig, build=build, input=input_pip
               closed_differences=closed_differences, learning_rates=learning_rates)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,9 +1,12 @@
-"""Entry-point helper: turn BenchError into a one-paragraph message and a non-zero exit."""
+"""Entry-point helpers: turn BenchError into a one-paragraph message and a non-zero exit; end a process that
+has loaded TensorFlow without the interpreter's teardown."""
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 import textwrap
-from typing import Callable
+from typing import Callable, NoReturn
 
 from common.base.errors import BenchError
 
@@ -19,3 +22,15 @@ def guarded(run: Callable[[], int], prefix: str = "") -> int:
                                 break_long_words=False, break_on_hyphens=False)
         print(message, file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with `code` once its exit handlers have run (Horovod's shutdown, logging's flush and
+    close), skipping the interpreter's teardown: TensorFlow's destructors and module cleanup write nothing and
+    add 1.5-2.5 s to every launch on 2 cores. For `__main__` only, after every file the run writes is closed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -5,6 +5,8 @@ Real processes: tests/integration/test_run_exit.py."""
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -150,3 +152,22 @@ def test_guarded_run_turns_a_bench_error_into_exit_code_2(capsys):
         raise BenchError("data.dir /x not found")
 
     assert guarded_run(train) == 2 and "error: data.dir /x not found" in capsys.readouterr().err
+
+
+def test_exit_now_runs_the_exit_handlers_and_flushes_before_it_ends_the_process(tmp_path):
+    # A logging file handler (as mlperf-logging's), an atexit handler (as Horovod's shutdown) and unflushed
+    # stdout: exit_now must leave all three written and end with the code it was given.
+    script = tmp_path / "ends.py"
+    script.write_text(
+        "import atexit, logging, sys\n"
+        "from common.base.cli import exit_now\n"
+        f"handler = logging.FileHandler({str(tmp_path / 'log.txt')!r})\n"
+        "logging.getLogger('t').addHandler(handler)\n"
+        "logging.getLogger('t').warning('last line')\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'atexit.txt')!r}, 'w').write('ran'))\n"
+        "sys.stdout.write('unflushed')\n"
+        "exit_now(3)\n")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 3 and proc.stdout == "unflushed", proc.stderr
+    assert (tmp_path / "atexit.txt").read_text() == "ran" and (tmp_path / "log.txt").read_text() == "last line\n"
