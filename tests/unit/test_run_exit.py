@@ -5,7 +5,6 @@ Real processes: tests/integration/test_run_exit.py."""
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -18,7 +17,7 @@ from common.runtime.loop import FitResult
 from common.runtime.run import Run, guarded_run, reading_as
 from common.runtime.strategy import DataParallel
 from cosmoflow.config import CosmoConfig
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cmd
 
 
 def _cfg(out):
@@ -167,7 +166,6 @@ def test_exit_now_runs_the_exit_handlers_and_flushes_before_it_ends_the_process(
         f"atexit.register(lambda: open({str(tmp_path / 'atexit.txt')!r}, 'w').write('ran'))\n"
         "sys.stdout.write('unflushed')\n"
         "exit_now(3)\n")
-    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = run_cmd([sys.executable, script], timeout=60, env={"PYTHONUNBUFFERED": ""})  # stdout buffered
     assert proc.returncode == 3 and proc.stdout == "unflushed", proc.stderr
     assert (tmp_path / "atexit.txt").read_text() == "ran" and (tmp_path / "log.txt").read_text() == "last line\n"
