@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
 
-.PHONY: setup demo slurm-demo test test-fast bench bench-reference study hpo-study scaling clean-demo help
+.PHONY: setup demo slurm-demo test test-suite test-fast bench bench-reference study hpo-study scaling clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
@@ -43,8 +43,16 @@ demo: $(STAMP)
 slurm-demo: $(STAMP)
 	@PY=$(PY) DEMO_DIR=$(DEMO_DIR) scripts/slurm_demo.sh
 
+# The unit and fuzz tests run on TEST_WORKERS processes (pytest-xdist), then the integration tests one at a time:
+# each starts real trainings that use the host's cores, and the elastic and fault tests time what they watch.
+# JUNIT_DIR=DIR writes each run's JUnit XML report there (benchmarks/suite_time.py times `make test-suite`).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest tests
+	@$(MAKE) --no-print-directory test-suite
+
+test-suite:
+	$(PY) -m pytest tests/unit tests/fuzz -n $(TEST_WORKERS) $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/unit.xml)
+	$(PY) -m pytest tests/integration $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/integration.xml)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "not slow"

@@ -48,6 +48,7 @@ setup(
     ],
     extras_require={"test": [  # `pip install -e ".[test]"` (scripts/setup.sh): what `make test` needs
         "pytest==8.3.4",
+        "pytest-xdist==3.8.0",  # `make test` runs the unit and fuzz tests on TEST_WORKERS processes
         "hypothesis==6.170.15",  # the fuzz tests (tests/fuzz, docs/fuzzing.md)
     ]},
     # Each the same as its `python -m` form (README.md).

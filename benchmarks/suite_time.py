@@ -5,11 +5,14 @@
     python benchmarks/suite_time.py --commits NEW --baseline EARLIER.json    # the old commit's figures recorded
 
 For each commit (default: 10755c2, the commit before issue 46's work, then HEAD) a clean checkout is made with
-`git worktree add` in a temporary directory, this checkout's .venv is linked into it, and `python -m pytest tests`
-runs there (the worktree first on PYTHONPATH: .venv holds this checkout as an editable install) with a JUnit
-XML report: the wall-clock seconds of the whole run, the tests passed, failed, skipped
-and errored, and every test's seconds (setup, call and teardown together, as JUnit reports them). The commits run
-one after the other, never together, so that they share the host's state; the result says which CPU ran them.
+`git worktree add` in a temporary directory, this checkout's .venv is linked into it, and what `make test` runs
+there after set-up runs (the worktree first on PYTHONPATH: .venv holds this checkout as an editable install):
+`make test-suite` where the commit's Makefile has it (the unit and fuzz tests on 2 pytest-xdist processes, then
+the integration tests), else `python -m pytest tests`; each pytest run writes a JUnit XML report. The result:
+the wall-clock seconds of the whole run, the tests passed, failed, skipped and errored, and every test's seconds
+(setup, call and teardown together, as JUnit reports them; with 2 processes their sum exceeds the wall clock).
+The commits run one after the other, never together, so that they share the host's state; the result says which
+CPU ran them.
 Set-up (.venv, the Horovod and DALI builds) is not timed: both checkouts use the one already built.
 
 The JSON holds, per commit, the totals and the 40 slowest tests; `ratio` is the second commit's seconds over the
@@ -45,23 +48,39 @@ def resolve(commit: str) -> str:
     return proc.stdout.strip()
 
 
-def junit_figures(report: Path) -> dict:
-    """Counts and per-test seconds from a pytest JUnit XML report."""
-    try:
-        root = ET.parse(report).getroot()
-    except (OSError, ET.ParseError) as err:
-        raise SystemExit(f"suite_time: {report}: no readable JUnit report ({err}); did pytest start?") from err
+def junit_figures(reports: list[Path]) -> dict:
+    """Counts and per-test seconds from pytest JUnit XML reports (one per pytest run)."""
+    if not reports:
+        raise SystemExit("suite_time: no JUnit report written; did pytest start?")
     cases = []
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    for case in root.iter("testcase"):
+    for case in (case for report in reports for case in _parsed(report).iter("testcase")):
         name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-        outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
-        counts[{"failure": "failed", "error": "errors"}.get(outcome, outcome)] += 1
+        tag = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
+        outcome = {"failure": "failed", "error": "errors"}.get(tag, tag)
+        counts[outcome] += 1
         cases.append((float(case.get("time", 0.0)), name, outcome))
     cases.sort(reverse=True)
     return {**counts, "tests": len(cases), "seconds_in_tests": round(sum(c[0] for c in cases), 1),
             "slowest": [{"test": n, "seconds": round(s, 2), "outcome": o} for s, n, o in cases[:SLOWEST]],
             "slowest_share": round(sum(c[0] for c in cases[:SLOWEST]) / max(sum(c[0] for c in cases), 1e-9), 3)}
+
+
+def _parsed(report: Path) -> ET.Element:
+    try:
+        return ET.parse(report).getroot()
+    except (OSError, ET.ParseError) as err:
+        raise SystemExit(f"suite_time: {report}: no readable JUnit report ({err}); did pytest start?") from err
+
+
+def suite_command(tree: Path, reports: Path) -> list[str]:
+    """What `make test` runs at the commit checked out in `tree`, without set-up: `make test-suite` where the
+    Makefile has that target (the unit and fuzz tests on 2 processes, then the integration tests), else the
+    older `python -m pytest tests`. Each pytest run writes a JUnit report into `reports`."""
+    python = str(REPO / ".venv/bin/python")
+    if "\ntest-suite:" in (tree / "Makefile").read_text():
+        return ["make", "--no-print-directory", "test-suite", f"PY={python}", f"JUNIT_DIR={reports}"]
+    return [python, "-m", "pytest", "tests", f"--junitxml={reports / 'all.xml'}"]
 
 
 def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path) -> dict:
@@ -71,14 +90,15 @@ def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path)
                    capture_output=True)
     try:
         (tree / ".venv").symlink_to(REPO / ".venv")
-        report = work / f"{commit[:7]}.xml"
-        cmd = [str(REPO / ".venv/bin/python"), "-m", "pytest", "tests", f"--junitxml={report}",
-               "-p", "no:cacheprovider", *pytest_args]
+        reports = work / f"{commit[:7]}-junit"
+        reports.mkdir()
+        cmd = suite_command(tree, reports)
         print(f"== {commit[:7]}: {shlex.join(cmd)} (in {tree})", flush=True)
         start = time.monotonic()
         # The project is installed editable: without the worktree first on the path, a script it starts
         # (python cosmoflow/train.py) would import this checkout's packages.
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, "PYTHONPATH": str(tree),
+               "PYTEST_ADDOPTS": shlex.join(["-p", "no:cacheprovider", *pytest_args])}
         try:
             proc = subprocess.run(cmd, cwd=tree, env=env, timeout=timeout_s)
             code = proc.returncode
@@ -86,7 +106,8 @@ def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path)
             code = "timeout"
         wall = time.monotonic() - start
         return {"commit": commit[:7], "exit_code": code, "wall_seconds": round(wall, 1),
-                "wall_minutes": round(wall / 60, 2), **junit_figures(report)}
+                "wall_minutes": round(wall / 60, 2), "command": shlex.join(cmd),
+                **junit_figures(sorted(reports.glob("*.xml")))}
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
