@@ -21,14 +21,14 @@ def cosmo(cosmo_dataset, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(cosmo, tmp_path_factory):
-    """The module's four 2-rank CosmoFlow trainings, each run once: `share` stages the packed copy node_share,
-    timed in the run; `node` stages the plain dataset and `rank` the packed copy, both before the run (the
-    default stage_timing); `direct` reads the plain dataset where it lies. Each: (output directory, process)."""
+    """The module's three 2-rank CosmoFlow trainings, each run once: `share` stages the packed copy node_share,
+    timed in the run; `rank` stages the packed copy, each rank its own share, before the run (the default
+    stage_timing); `direct` reads the plain dataset where it lies. Each: (output directory, process). A plain
+    dataset staged once per node (stage_mode=node): the hybrid run of test_mesh_train.py."""
     plain, packed = cosmo
     root = tmp_path_factory.mktemp("staging-runs")
     stage = {"stage_dir": str(root / "local")}
     return {"share": _cosmo_run(root, packed, "share", **stage, stage_mode="node_share", stage_timing="in_run"),
-            "node": _cosmo_run(root, plain, "node", **stage, stage_mode="node"),
             "rank": _cosmo_run(root, packed, "rank", **stage, stage_mode="rank"),
             "direct": _cosmo_run(root, plain, "direct")}
 
@@ -59,18 +59,17 @@ def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(runs):
     assert "staged into" in proc.stdout
 
 
-def test_rank_and_node_staging_train_on_identical_data(runs):
+def test_each_rank_staging_its_share_of_a_packed_copy_trains_as_the_data_read_in_place(runs):
     histories = [[h["mae"] for h in json.loads((runs[name][0] / "summary.json").read_text())["history"]]
-                 for name in ("node", "rank", "direct")]
-    assert len(histories[0]) == 2 and histories[0] == histories[1] == histories[2]
-    node_report = json.loads((runs["node"][0] / "io_report.json").read_text())["staging"]
-    assert node_report["source_kind"] == "plain" and node_report["staging_ranks"] == 1
+                 for name in ("rank", "direct")]
+    assert len(histories[0]) == 2 and histories[0] == histories[1]
     rank_report = json.loads((runs["rank"][0] / "io_report.json").read_text())["staging"]
-    assert rank_report["staging_ranks"] == 2 and rank_report["files"] == 24  # each rank its own 12
+    assert rank_report["source_kind"] == "packed" and rank_report["staging_ranks"] == 2
+    assert rank_report["files"] == 24  # each rank its own 12
 
 
 def test_staging_before_the_run_precedes_init_and_passes_the_checker(runs):
-    out, _ = runs["node"]
+    out, _ = runs["rank"]
     keys = [e["key"] for e in log_events(out / "mlperf.log")]
     assert keys[:2] == ["staging_start", "staging_stop"] and keys[2] == "init_start"
     assert check_log(out / "mlperf.log").structural_problems == ()
@@ -90,6 +89,9 @@ def test_deepcam_stages_a_gzip_pack_per_rank_and_trains(tmp_path_factory):
     report = json.loads((out / "io_report.json").read_text())
     assert report["staging"]["compression"] == "gzip" and report["staging"]["staging_ranks"] == 2
     assert report["staging"]["mode"] == "rank" and report["staging"]["source_kind"] == "packed"
+    # Each rank stages its own share, into a directory of its own: 7 of the pack's 14 files each.
+    shares = [(r["staging"]["scope"], r["staging"]["files"]) for r in report["ranks"]]
+    assert shares == [("rank-00000-of-00002", 7), ("rank-00001-of-00002", 7)] and report["staging"]["files"] == 14
     assert check_log(out / "mlperf.log").structural_problems == ()
 
 
