@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from jobs.localslurm import local_slurm
-from tests.integration.cosmo_fixtures import make_dataset, make_learnable_dataset
+from tests.conftest import REPO, horovodrun, show
+from tests.integration.cosmo_fixtures import make_dataset, make_learnable_dataset, write_config
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,18 @@ def cosmo_small(tmp_path_factory):
 def cosmo_learnable(tmp_path_factory):
     """The CosmoFlow dataset a small model learns from in a few epochs (cosmo_fixtures.LEARNED_MAE)."""
     yield from _unchanged(make_learnable_dataset(tmp_path_factory.mktemp("cosmo-learnable")))
+
+
+@pytest.fixture(scope="session")
+def cosmo_two_rank_run(cosmo_dataset, tmp_path_factory):
+    """(output directory, process) of one plain 2-rank CosmoFlow run on `cosmo_dataset` (the tiny model, 2
+    epochs, a target out of reach: exit 1): test_cosmoflow_e2e.py checks its log and summary, and
+    test_staging_e2e.py compares staged runs with it. Read it only."""
+    out = tmp_path_factory.mktemp("cosmo-two-rank") / "run"
+    cfg = write_config(out.parent / "c.yaml", cosmo_dataset, out, train={"max_epochs": 2, "target": 1e-6})
+    proc = horovodrun(2, [REPO / "cosmoflow/train.py", cfg])
+    assert proc.returncode == 1, show(proc)  # target deliberately unreachable: exit 1, run aborted
+    return out, proc
 
 
 @pytest.fixture(scope="session")

@@ -20,17 +20,18 @@ def cosmo(cosmo_dataset, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(cosmo, tmp_path_factory):
-    """The module's three 2-rank CosmoFlow trainings, each run once: `share` stages the packed copy node_share,
-    timed in the run; `rank` stages the packed copy, each rank its own share, before the run (the default
-    stage_timing); `direct` reads the plain dataset where it lies. Each: (output directory, process). A plain
-    dataset staged once per node (stage_mode=node): the hybrid run of test_mesh_train.py."""
+def runs(cosmo, cosmo_two_rank_run, tmp_path_factory):
+    """The module's 2-rank CosmoFlow trainings: `share` stages the packed copy node_share, timed in the run;
+    `rank` stages the packed copy, each rank its own share, before the run (the default stage_timing); `direct`
+    reads the plain dataset where it lies (the session's `cosmo_two_rank_run`, of the same config). Each:
+    (output directory, process). A plain dataset staged once per node (stage_mode=node): the hybrid run of
+    test_mesh_train.py."""
     plain, packed = cosmo
     root = tmp_path_factory.mktemp("staging-runs")
     stage = {"stage_dir": str(root / "local")}
     return {"share": _cosmo_run(root, packed, "share", **stage, stage_mode="node_share", stage_timing="in_run"),
             "rank": _cosmo_run(root, packed, "rank", **stage, stage_mode="rank"),
-            "direct": _cosmo_run(root, plain, "direct")}
+            "direct": cosmo_two_rank_run}
 
 
 def _cosmo_run(root, data_dir, name, **data):
