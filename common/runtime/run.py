@@ -41,7 +41,7 @@ from common.base.cli import guarded
 from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
 from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
-from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal
 from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
@@ -324,21 +324,22 @@ class Run:
                     log=self.log)
 
     def callbacks(self, strategy: DataParallel, plan: InputPlan) -> list[Callback]:
-        """The loop's callbacks of this run, in the order they run: resuming, the monitors, in-epoch
-        evaluation, checkpoints, stop signals."""
+        """The loop's callbacks of this run, in the order they run: checkpoints (resuming first), the monitors,
+        in-epoch evaluation, stop signals."""
         cfg, ckpt, data = self.cfg, self.cfg.checkpoint, self.data
         # A position is kept (saved, or replayable) only when every rank reads its own stream.
         position = InputPosition(data.loader if strategy.saves_input_position else "", plan.seed, plan.start_step,
                                  input_layout(cfg, self.dist, strategy))
-        callbacks: list[Callback] = [Resumed(self.resume, plan)] if self.resume and not strategy.elastic else []
+        resume = self.resume if not strategy.elastic else None
+        checkpoints = None
+        if resume or ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal:
+            input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
+            checkpoints = Checkpoints(ckpt, lambda: self.checkpointer(position), input_state, self.run_start,
+                                      resume, plan)
+        callbacks: list[Callback] = [checkpoints] if checkpoints else []
         callbacks.append(self.monitor)
         if cfg.train.eval_every_steps:
             callbacks.append(EvalEverySteps(cfg.train.eval_every_steps))
-        checkpoints = None
-        if ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal:
-            input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
-            checkpoints = Checkpoints(ckpt, lambda: self.checkpointer(position), input_state, self.run_start)
-            callbacks.append(checkpoints)
         callbacks.append(StopSignal(self.stop, checkpoints if ckpt.on_signal else None))
         return callbacks
 

@@ -12,7 +12,7 @@ from common.runtime.config import CheckpointConfig, TrainConfig
 from common.runtime.dist import DistEnv, StopRequests
 from common.base.errors import BenchError
 from common.io.input import Datasets
-from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal
 from common.runtime.loop import Loop, Trainee, fit
 from common.runtime.strategy import data_parallel_steps
 from common.runtime.summary import MLPerfLog
@@ -55,9 +55,9 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, targ
     cfg = CheckpointConfig(dir=str(out / "ckpt"), every_epochs=every_epochs, keep=keep, resume=resume)
     found = newest_valid(out / "ckpt", warn=lambda _m: None) if resume else None
     checkpoints = Checkpoints(cfg, lambda: Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
-                              input_state=True, run_start=time.time())
-    callbacks = ([Resumed(found, InputPlan(0, restore="iterator"))] if found else []) + (
-        [EvalEverySteps(eval_every_steps)] if eval_every_steps else []) + [checkpoints] + (
+                              input_state=True, run_start=time.time(), resume=found,
+                              plan=InputPlan(0, restore="iterator"))
+    callbacks = [checkpoints] + ([EvalEverySteps(eval_every_steps)] if eval_every_steps else []) + (
         [StopSignal(stop, checkpoints)] if stop else [])
     mlperf = MLPerfLog(out / "mlperf.log")
     trainee = Trainee(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
