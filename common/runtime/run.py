@@ -48,7 +48,6 @@ from common.runtime.elastic import ElasticStrategy
 from common.runtime.loop import Callback, Loop, Trainee, fit
 from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code, failure_summary,
                                     run_summary, scale_keys, throughput, write_summary)
-from common.runtime.plan import Plan, planned_dist, print_plan
 from common.runtime.strategy import DataParallel, reseeded
 
 if TYPE_CHECKING:  # imported where used: by a run that stages, or that writes or reads a checkpoint
@@ -185,12 +184,13 @@ def reading_as(read_error: Callable[[Exception], Exception], run: "Run"):
 def dry_run(app: App, config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
     """Print what a run of `config` would use (common/runtime/plan.py); nothing trained."""
     cfg = load_config(config, overrides, app.config)
+    from common.runtime.plan import plan, planned_dist, print_plan
     dist = planned_dist(cfg.dist, ranks)
     strategy = (app.strategy or choose_strategy)(cfg, dist)
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
-    plan = Plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
-                app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
-    return print_plan(plan, as_json, dist)
+    doc = plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
+               app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
+    return print_plan(doc, as_json, dist)
 
 
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
