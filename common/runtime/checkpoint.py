@@ -17,7 +17,8 @@ so a checkpoint directory without the `.tmp-` prefix is complete. Rank 0 keeps t
 
 Resuming (`checkpoint.resume=true`) takes the newest checkpoint whose meta.json holds what resuming reads,
 of the right types and ranges (`read_meta`), and whose files match it; a newer one that does not is skipped
-with a warning naming the problem (the file, and in meta.json the key and the value).
+with a warning naming the problem (the file, and in meta.json the key and the value). What the attempt it ends left
+in the output directory (its MLPerf log and summaries) moves to `attempts/<n>/` (`archive_attempt`).
 """
 from __future__ import annotations
 
@@ -105,6 +106,21 @@ def _why_not_replayed(resume: Resume, saved: InputPosition | None, loader: str, 
         return f"the checkpoint's input was read with DALI, this run reads with {loader}"
     change = saved.layout_change(layout)
     return f"the input layout changed since the checkpoint ({change})" if change else ""
+
+
+# What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
+ATTEMPT_FILES = ("summary.json", "io_report.json")
+
+
+def archive_attempt(out: Path, log_file: str, attempt: int) -> None:
+    """Move what attempt `attempt` left in `out` (its MLPerf log and summaries) to out/attempts/<attempt>/."""
+    names = [n for n in (log_file, *ATTEMPT_FILES) if (out / n).is_file()]
+    if not names:
+        return
+    dest = out / "attempts" / str(attempt)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        os.replace(out / name, dest / name)
 
 
 def checkpoint_dir(cfg: CheckpointConfig, output_dir: str | os.PathLike) -> Path:

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import os
 import sys
 import time
 from pathlib import Path
@@ -54,8 +53,6 @@ if TYPE_CHECKING:  # imported where used: by a run that stages, or that writes o
     from common.io.staging import StageResult
     from common.runtime.checkpoint import Checkpointer, Resume
 
-# What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
-ATTEMPT_FILES = ("summary.json", "io_report.json")
 RankFiles = Callable[[Manifest, int, int], list]  # (manifest, rank, ranks) -> the paths that rank reads
 
 
@@ -237,11 +234,11 @@ class Run:
         # (An elastic run resumes no checkpoint, and a worker joining it must not wait in a collective here.)
         resume = None
         if cfg.checkpoint.resume and not cfg.dist.elastic.enabled:
-            from common.runtime.checkpoint import find_resume
+            from common.runtime.checkpoint import archive_attempt, find_resume
             resume = find_resume(cfg.checkpoint, cfg.run.output_dir, dist, benchmark, root_log(dist))
-        if dist.is_root:
-            if resume:
+            if resume and dist.is_root:
                 archive_attempt(out, cfg.mlperf.log_file, resume.progress.attempt)
+        if dist.is_root:
             save_config(cfg, out)
         return cls(benchmark, cfg, dist, resume, MLPerfLog(out / cfg.mlperf.log_file, enabled=dist.is_root), stop)
 
@@ -442,14 +439,3 @@ def staged_data_config(data_cfg, staging: StageResult | None):
         return data_cfg
     verify = False if data_cfg.verify_checksums is None else data_cfg.verify_checksums
     return dataclasses.replace(data_cfg, dir=staging.dir, verify_checksums=verify)
-
-
-def archive_attempt(out: Path, log_file: str, attempt: int) -> None:
-    """Move what attempt `attempt` left in `out` (its MLPerf log and summaries) to out/attempts/<attempt>/."""
-    names = [n for n in (log_file, *ATTEMPT_FILES) if (out / n).is_file()]
-    if not names:
-        return
-    dest = out / "attempts" / str(attempt)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        os.replace(out / name, dest / name)
