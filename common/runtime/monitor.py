@@ -17,7 +17,7 @@ Its sections, in this order:
 - Energy: RAPL and NVML counters between run_start and run_stop (energy_start, energy_stop, job_energy).
 - The peak cache: this host's probed peak, read on every run (cached, cache_path, host_key) and probed once
   when missing (probe; the kernels and the CLI are common/runtime/probe.py).
-- TensorBoard: rank 0's event files (EventWriter) and reading them back (read_scalars).
+- TensorBoard: rank 0's event files (EventWriter).
 - The I/O report: what each rank read while training (io_start, io_stop), planned against measured, and what staging did
   (io_report, write_io_report; docs/staging.md).
 """
@@ -619,20 +619,6 @@ class EventWriter:
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
-
-
-def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]} of every scalar in a run's event files (for tests and reports)."""
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
-    found: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted((Path(run_dir) / SUBDIR).glob("events.out.tfevents.*")):
-        for raw in tf.data.TFRecordDataset(str(path)):
-            event = event_pb2.Event.FromString(raw.numpy())
-            for value in event.summary.value:
-                number = tf.make_ndarray(value.tensor) if value.HasField("tensor") else value.simple_value
-                found.setdefault(value.tag, []).append((event.step, float(number)))
-    return found
 
 
 # ---------------------------------------------------------------------------- the I/O report
