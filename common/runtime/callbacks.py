@@ -21,7 +21,7 @@ from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS, Progress
 from common.runtime.dist import StopRequests
 
 if TYPE_CHECKING:  # checkpoint.py is imported only by a run that writes or reads a checkpoint
-    from common.runtime.checkpoint import Checkpointer, Resume
+    from common.runtime.checkpoint import Checkpointer, Meta
 
 
 def replayed(train, plan: InputPlan):
@@ -49,7 +49,7 @@ class Checkpoints(Callback):
     section, each with this attempt's time and number."""
 
     def __init__(self, cfg: CheckpointConfig, writer: Callable[[], Checkpointer], input_state: bool,
-                 run_start: float, resume: Resume | None = None, plan: InputPlan | None = None):
+                 run_start: float, resume: Meta | None = None, plan: InputPlan | None = None):
         """`writer` makes the Checkpointer when the first checkpoint is written (a run that writes none never
         imports checkpoint.py for it); `input_state`: save each rank's tf.data iterator; `run_start`: time.time()
         at this attempt's start; `resume`: the checkpoint to continue from, and `plan` (checkpoint.plan_input) how

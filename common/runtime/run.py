@@ -51,7 +51,7 @@ from common.runtime.strategy import DataParallel, reseeded
 
 if TYPE_CHECKING:  # imported where used: by a run that stages, or that writes or reads a checkpoint
     from common.io.staging import StageResult
-    from common.runtime.checkpoint import Checkpointer, Resume
+    from common.runtime.checkpoint import Checkpointer, Meta
 
 RankFiles = Callable[[Manifest, int, int], list]  # (manifest, rank, ranks) -> the paths that rank reads
 
@@ -200,10 +200,10 @@ def root_log(dist: DistEnv) -> Callable[..., None]:
     return functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
 
 
-def plan_loader(requested: str, resume: Resume | None) -> str:
+def plan_loader(requested: str, resume: Meta | None) -> str:
     """The loader a run reads with: data.loader, except that a resumed run with `auto` reads with its
     checkpoint's loader when that one is installed, so that it continues the checkpoint's input stream."""
-    saved = resume.input_position if resume else None
+    saved = resume.input if resume else None
     if requested != "auto" or saved is None or saved.loader not in ("tfdata", "dali"):
         return requested
     return saved.loader if saved.loader == "tfdata" or dali_plugin_available() else "tfdata"
@@ -212,7 +212,7 @@ def plan_loader(requested: str, resume: Resume | None) -> str:
 class Run:
     """One run on this rank, from its output directory to its summary."""
 
-    def __init__(self, benchmark: str, cfg: Any, dist: DistEnv, resume: Resume | None, mlperf: MLPerfLog,
+    def __init__(self, benchmark: str, cfg: Any, dist: DistEnv, resume: Meta | None, mlperf: MLPerfLog,
                  stop: StopRequests):
         self.benchmark, self.cfg, self.dist, self.resume, self.mlperf = benchmark, cfg, dist, resume, mlperf
         self.stop = stop  # installed by the entry point (guarded_run), before anything else

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from common.runtime.checkpoint import Checkpointer, InputPlan, Resume, check_checkpoint, list_checkpoints, newest_valid
+from common.runtime.checkpoint import Checkpointer, InputPlan, Meta, check_checkpoint, list_checkpoints, newest_valid
 from common.runtime.config import CheckpointConfig, TrainConfig
 from common.runtime.dist import DistEnv, StopRequests
 from common.base.errors import BenchError
@@ -193,10 +193,11 @@ def test_checkpoint_config_checks():
         CheckpointConfig(every_minutes=-1)
 
 
-def test_resume_type_reads_its_meta(tmp_path):
+def test_the_checkpoint_to_resume_is_its_meta_with_its_path(tmp_path):
     _fit(tmp_path, 1)
     found = newest_valid(tmp_path / "ckpt")
-    assert isinstance(found, Resume) and found.ranks == 1 and found.input_state
+    assert isinstance(found, Meta) and found.ranks == 1 and found.input_state
+    assert found.path == tmp_path / "ckpt" / "ckpt-000000004"
     assert (found.progress.epoch, found.progress.step, found.progress.attempt) == (2, 0, 1)
 
 
