@@ -8,11 +8,24 @@ Under a launcher it plans the launched layout; `--ranks N` plans N ranks from a 
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from common.base.errors import BenchError
-from common.runtime.config import DistConfig, to_dict
+from common.runtime.config import DistConfig, load_config, resolve, to_dict
 from common.runtime.dist import DistEnv, init_distributed
+
+
+def dry_run(app: Any, strategy_for: Callable[[Any, DistEnv], Any], config: str, overrides: list[str],
+            ranks: int | None, as_json: bool) -> int:
+    """Print what a run of `config` would use; nothing trained. `app`: the application's common/runtime/run.App;
+    `strategy_for`: the strategy a run would choose (cfg, dist) -> DataParallel."""
+    cfg = load_config(config, overrides, app.config)
+    dist = planned_dist(cfg.dist, ranks)
+    strategy = strategy_for(cfg, dist)
+    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
+    doc = plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
+               app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
+    return print_plan(doc, as_json, dist)
 
 
 def planned_dist(cfg: DistConfig, ranks: int | None) -> DistEnv:

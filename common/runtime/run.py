@@ -94,7 +94,9 @@ def main(app: App, description: str, train: Callable[[str, list, StopRequests], 
     """A train.py's command line: `train(config, overrides, stop)`, or with --dry-run the plan of the run."""
     args = parse_args(description, argv)
     if args.dry_run:
-        return guarded(lambda: dry_run(app, args.config, args.overrides, args.ranks, args.json))
+        from common.runtime.plan import dry_run  # only a dry run loads it
+        strategy = app.strategy or choose_strategy
+        return guarded(lambda: dry_run(app, strategy, args.config, args.overrides, args.ranks, args.json))
     return guarded_run(lambda stop: train(args.config, args.overrides, stop))  # stop signals handled first
 
 
@@ -176,18 +178,6 @@ def reading_as(read_error: Callable[[Exception], Exception], run: "Run"):
         if run.dist.elastic and "Horovod" in str(err):
             raise
         raise read_error(err) from None  # run_stop aborted and summary.json: Run.abort
-
-
-def dry_run(app: App, config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
-    """Print what a run of `config` would use (common/runtime/plan.py); nothing trained."""
-    cfg = load_config(config, overrides, app.config)
-    from common.runtime.plan import plan, planned_dist, print_plan
-    dist = planned_dist(cfg.dist, ranks)
-    strategy = (app.strategy or choose_strategy)(cfg, dist)
-    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
-    doc = plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
-               app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
-    return print_plan(doc, as_json, dist)
 
 
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
