@@ -22,9 +22,9 @@ from common.base.errors import BenchError
 from common.io.formats import TRAIN, VALIDATION
 from common.io.formats import cosmoflow as record_format
 from common.io.formats.cosmoflow import FORMAT
-from common.io.input import (Datasets, Shard, dali_reader_sharding, local_files_dataset, open_input,
-                             rank_shards)
+from common.io.input import Datasets, Shard, dali_reader_sharding, open_input, rank_shards
 from common.io.manifest import Manifest, check_split_counts, load_manifest
+from common.io.node_share import local_files_dataset
 from common.runtime.dist import DistEnv
 from cosmoflow.config import CosmoDataConfig
 from cosmoflow.mesh.groups import SampleBlock, block_records

@@ -4,12 +4,15 @@ carry the names the MLPerf HPC DeepCAM rules log (deepcam/optim.py)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from common.base.errors import BenchError
-from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, Rcp, RunConfig, StagedDataConfig,
+from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, RunConfig, StagedDataConfig,
                                    SystemConfig, TensorBoardConfig, TrainConfig, check, differences, requested_rcp,
                                    section_differences)
+
+if TYPE_CHECKING:  # an RCP's module is imported by a run that names one
+    from common.runtime.rcp import Rcp
 
 LOADERS = ("auto", "tfdata", "dali")
 NORMALIZATIONS = ("minmax", "meanstd")

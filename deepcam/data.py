@@ -27,9 +27,9 @@ from common.base.errors import BenchError
 from common.io.formats import TRAIN, VALIDATION
 from common.io.formats import deepcam as record_format
 from common.io.formats.deepcam import CHANNELS, FORMAT, STATS_AUX, STATS_NAME, read_stats
-from common.io.input import (Datasets, RankInput, Shard, dali_reader_sharding, local_files_dataset, open_input,
-                             rank_shards)
+from common.io.input import Datasets, RankInput, Shard, dali_reader_sharding, open_input, rank_shards
 from common.io.manifest import MANIFEST_NAME, Manifest, check_aux_file, check_split_counts, load_manifest
+from common.io.node_share import local_files_dataset
 from common.runtime.dist import DistEnv
 from deepcam.config import DeepCamDataConfig
 

@@ -66,6 +66,6 @@ done
 
 if [ ${#runs[@]} -gt 0 ]; then
     say "Summary"
-    "$PY" -m common.runtime.summary "${runs[@]}" || failed=1
+    "$PY" -m common.campaign.summary "${runs[@]}" || failed=1
 fi
 exit $failed

@@ -32,7 +32,7 @@ echo "submission to the job's end: $(seconds_since "$t0") s (exit $rc)"
 runs=("$JOB_DIR"/runs/cosmoflow-*)
 if [ -d "${runs[0]}" ]; then
     say "Summary"
-    "$PY" -m common.runtime.summary "${runs[@]}" || rc=1
+    "$PY" -m common.campaign.summary "${runs[@]}" || rc=1
 else
     echo "no run directory under $JOB_DIR/runs" >&2
     rc=1

@@ -43,7 +43,7 @@ def show(proc: subprocess.CompletedProcess) -> str:
 
 
 def summary_fields(**fields) -> dict:
-    """A complete summary.json (every key common/runtime/summary.py's strict reader requires) with `fields`
+    """A complete summary.json (every key common/campaign/summary.py's strict reader requires) with `fields`
     over defaults, for tests that write one as a run would."""
     return {"benchmark": "cosmoflow", "status": "success", "reason": "test", "time_to_train_seconds": 1.0,
             "epochs": 1, "metric_name": "mae", "final_metric": 0.1, "target": 0.124, "ranks": 1, "nodes": 1,

@@ -46,7 +46,7 @@ from common.base.cli import guarded
 from common.base.files import write_json_atomic
 from common.base.errors import BenchError
 from common.base.version import REPO
-from common.runtime.summary import SUMMARY_NAME, read_summary
+from common.campaign.summary import SUMMARY_NAME, read_summary
 from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, CampaignSpec, RunRecord, load_record,
                                    load_spec, open_campaign, run_dir)
 

@@ -32,7 +32,7 @@ from common.base.files import write_json_atomic
 from common.base.version import REPO
 from common.campaign.run import progress_line, stop_processes, training_pids
 from common.hpo.space import Param, Space, override
-from common.runtime.summary import SUMMARY_NAME, read_summary
+from common.campaign.summary import SUMMARY_NAME, read_summary
 
 TRIAL_RECORD = "trial.json"
 EXIT_BAD_INPUT = 2

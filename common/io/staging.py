@@ -53,7 +53,7 @@ from common.io.decompress import decompress_file, needs_decompression, staged_ma
 from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from common.io.tfrecord import index_path
 from common.io.packing import PACK_NAME, Member, Pack, dataset_files, load_pack
-from common.io.input import node_share_files
+from common.io.node_share import node_share_files
 
 MODES = ("rank", "node", "node_share")
 STAGED_NAME = ".staged.json"

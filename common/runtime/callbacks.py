@@ -1,10 +1,9 @@
 """The loop's callbacks for fault handling and evaluation (common/runtime/loop.py's `Callback`):
 
-- `Resumed`: a checkpoint's weights, optimizer, each rank's own variables, and the input position (tf.data's
-  saved iterator, or a rebuilt DALI stream skipped to the checkpoint's batch; docs/faults.md);
+- `Checkpoints`: resuming from a checkpoint (its weights, optimizer, each rank's own variables, and the input
+  position: tf.data's saved iterator, or a rebuilt DALI stream skipped to the checkpoint's batch; docs/faults.md),
+  periodic checkpoints (checkpoint.every_epochs, every_minutes) and the one of the weights that met the target;
 - `EvalEverySteps`: train.eval_every_steps > 0: evaluate every this many optimizer steps, inside epochs too;
-- `Checkpoints`: periodic checkpoints (checkpoint.every_epochs, every_minutes) and the one of the weights that
-  met the target;
 - `StopSignal`: after every step, whether a stop signal arrived on any rank (read from the step's allreduce, or
   agreed in a collective of its own); if so, a checkpoint of the step (checkpoint.on_signal) and the run ends.
 The monitors (common/runtime/monitor.py) and elastic commits (common/runtime/elastic.py) are callbacks too.
@@ -22,24 +21,7 @@ from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS, Progress
 from common.runtime.dist import StopRequests
 
 if TYPE_CHECKING:  # checkpoint.py is imported only by a run that writes or reads a checkpoint
-    from common.runtime.checkpoint import Checkpointer, Resume
-
-
-class Resumed(Callback):
-    """Continue from checkpoint `resume`; `plan` (checkpoint.plan_input) says how the input reaches its position."""
-
-    def __init__(self, resume: Resume, plan: InputPlan):
-        self.resume, self.plan = resume, plan
-
-    def start(self, loop: Loop) -> None:
-        from common.runtime.checkpoint import restore_rank, restore_shared
-        model, optimizer, dist = loop.trainee.model, loop.trainee.optimizer, loop.dist
-        restore_shared(self.resume, model, optimizer, dist)  # rank 0 reads them, then every rank takes them
-        dist.broadcast_variables(shared_variables(model) + optimizer.variables)
-        loop.train_iter = iter(replayed(loop.data.train, self.plan))
-        restore_rank(self.resume, model, loop.train_iter, dist, loop.log, self.plan)
-        saved = self.resume.progress
-        loop.start_at(dataclasses.replace(saved, attempt=saved.attempt + 1))
+    from common.runtime.checkpoint import Checkpointer, Meta
 
 
 def replayed(train, plan: InputPlan):
@@ -63,14 +45,17 @@ class EvalEverySteps(Callback):
 
 
 class Checkpoints(Callback):
-    """Checkpoints on the schedule of the checkpoint section, each with this attempt's time and number."""
+    """The run's checkpoints: the one it resumes from (at the start), then those on the schedule of the checkpoint
+    section, each with this attempt's time and number."""
 
     def __init__(self, cfg: CheckpointConfig, writer: Callable[[], Checkpointer], input_state: bool,
-                 run_start: float):
+                 run_start: float, resume: Meta | None = None, plan: InputPlan | None = None):
         """`writer` makes the Checkpointer when the first checkpoint is written (a run that writes none never
-        imports checkpoint.py); `input_state`: save each rank's tf.data iterator; `run_start`: time.time() at this
-        attempt's start."""
+        imports checkpoint.py for it); `input_state`: save each rank's tf.data iterator; `run_start`: time.time()
+        at this attempt's start; `resume`: the checkpoint to continue from, and `plan` (checkpoint.plan_input) how
+        the input reaches its position."""
         self.cfg, self.writer, self.input_state, self.run_start = cfg, writer, input_state, run_start
+        self.resume, self.plan = resume, plan
         self.checkpointer: Checkpointer | None = None
         self.attempt = Progress()  # where this attempt began: its number and the earlier attempts' seconds
         self.last_time = time.monotonic()  # of the last checkpoint (every_minutes)
@@ -86,7 +71,21 @@ class Checkpoints(Callback):
         return bool(by_epochs or by_time)
 
     def start(self, loop: Loop) -> None:
+        if self.resume is not None:
+            self.restore(loop)
         self.attempt = loop.start
+
+    def restore(self, loop: Loop) -> None:
+        """Continue from the checkpoint `resume`: rank 0 reads the shared variables and every rank takes them,
+        each rank its own; the input from the checkpoint's position; the loop from its progress."""
+        from common.runtime.checkpoint import restore_rank, restore_shared
+        model, optimizer, dist = loop.trainee.model, loop.trainee.optimizer, loop.dist
+        restore_shared(self.resume, model, optimizer, dist)
+        dist.broadcast_variables(shared_variables(model) + optimizer.variables)
+        loop.train_iter = iter(replayed(loop.data.train, self.plan))
+        restore_rank(self.resume, model, loop.train_iter, dist, loop.log, self.plan)
+        saved = self.resume.progress
+        loop.start_at(dataclasses.replace(saved, attempt=saved.attempt + 1))
 
     def after_epoch(self, loop: Loop) -> None:
         if self.due(loop.epoch):

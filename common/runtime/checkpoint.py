@@ -17,7 +17,8 @@ so a checkpoint directory without the `.tmp-` prefix is complete. Rank 0 keeps t
 
 Resuming (`checkpoint.resume=true`) takes the newest checkpoint whose meta.json holds what resuming reads,
 of the right types and ranges (`read_meta`), and whose files match it; a newer one that does not is skipped
-with a warning naming the problem (the file, and in meta.json the key and the value).
+with a warning naming the problem (the file, and in meta.json the key and the value). What the attempt it ends left
+in the output directory (its MLPerf log and summaries) moves to `attempts/<n>/` (`archive_attempt`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -47,33 +48,7 @@ MODEL_FILE = "model.npz"
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 
 
-@dataclasses.dataclass(frozen=True)
-class Resume:
-    """A checkpoint chosen for resuming, with its meta.json."""
-
-    path: Path
-    meta: dict
-
-    @property
-    def progress(self) -> Progress:
-        return Progress(**self.meta["progress"])
-
-    @property
-    def input_state(self) -> bool:
-        return bool(self.meta.get("input_state"))
-
-    @property
-    def ranks(self) -> int:
-        return int(self.meta["ranks"])
-
-    @property
-    def input_position(self) -> InputPosition | None:
-        """What the saved input position depends on; None when its writer recorded none."""
-        saved = self.meta["input"]
-        return InputPosition(**saved) if saved is not None else None
-
-
-def plan_input(resume: Resume | None, seeds: tuple[int, int], loader: str, layout: dict) -> InputPlan:
+def plan_input(resume: Meta | None, seeds: tuple[int, int], loader: str, layout: dict) -> InputPlan:
     """How this run's training input starts, given the checkpoint it resumes (None: none), `seeds` (the run's, and
     the one new to this attempt), the loader it reads with and its layout (LAYOUT_KEYS). A tf.data iterator saved
     by as many ranks is restored; a DALI stream of the same seed and layout is rebuilt and its consumed batches
@@ -81,7 +56,7 @@ def plan_input(resume: Resume | None, seeds: tuple[int, int], loader: str, layou
     run_seed, fresh_seed = seeds
     if resume is None:
         return InputPlan(run_seed)
-    saved, step = resume.input_position, resume.meta["global_step"]
+    saved, step = resume.input, resume.global_step
     if resume.input_state and resume.ranks == layout["ranks"] and loader == "tfdata":
         return InputPlan(saved.seed if saved else run_seed, saved.start_step if saved else 0, restore="iterator")
     why = _why_not_replayed(resume, saved, loader, layout)
@@ -90,7 +65,7 @@ def plan_input(resume: Resume | None, seeds: tuple[int, int], loader: str, layou
     return InputPlan(fresh_seed, start_step=step, why_afresh=why)
 
 
-def _why_not_replayed(resume: Resume, saved: InputPosition | None, loader: str, layout: dict) -> str:
+def _why_not_replayed(resume: Meta, saved: InputPosition | None, loader: str, layout: dict) -> str:
     """Why the checkpoint's input position cannot be reached by replaying a rebuilt DALI stream ("": it can)."""
     if resume.input_state:
         return (f"the checkpoint holds the tf.data iterators of {resume.ranks} ranks; this run has "
@@ -107,6 +82,21 @@ def _why_not_replayed(resume: Resume, saved: InputPosition | None, loader: str, 
     return f"the input layout changed since the checkpoint ({change})" if change else ""
 
 
+# What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
+ATTEMPT_FILES = ("summary.json", "io_report.json")
+
+
+def archive_attempt(out: Path, log_file: str, attempt: int) -> None:
+    """Move what attempt `attempt` left in `out` (its MLPerf log and summaries) to out/attempts/<attempt>/."""
+    names = [n for n in (log_file, *ATTEMPT_FILES) if (out / n).is_file()]
+    if not names:
+        return
+    dest = out / "attempts" / str(attempt)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        os.replace(out / name, dest / name)
+
+
 def checkpoint_dir(cfg: CheckpointConfig, output_dir: str | os.PathLike) -> Path:
     return Path(cfg.dir) if cfg.dir else Path(output_dir) / "checkpoints"
 
@@ -120,41 +110,47 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-def check_checkpoint(path: Path) -> dict:
-    """meta.json of checkpoint `path` after checking it and every file it lists; raises BenchError."""
+def read_checkpoint(path: Path) -> Meta:
+    """meta.json of checkpoint `path` (with its `path`) after checking it and every file it lists: what a run
+    resumes from; raises BenchError."""
     meta = read_meta(path)
-    for name, entry in meta["files"].items():
+    for name, entry in meta.files.items():
         _check_file(path / name, entry)
     return meta
 
 
-def _check_file(path: Path, entry: dict) -> None:
+def check_checkpoint(path: Path) -> dict:
+    """read_checkpoint's meta.json as a dict (as written)."""
+    return documents.to_dict(read_checkpoint(path))
+
+
+def _check_file(path: Path, entry: FileDigest) -> None:
     try:
         if not path.is_file():
             raise BenchError(f"{path}: listed in the checkpoint's {META} but missing")
         size = path.stat().st_size
-        digest = xxh3_128_file(path) if size == entry["bytes"] else None
+        digest = xxh3_128_file(path) if size == entry.bytes else None
     except OSError as err:
         raise BenchError(f"{path}: listed in the checkpoint's {META} but cannot be read ({err.strerror or err})") \
             from None
-    if size != entry["bytes"]:
-        raise BenchError(f"{path}: {size} bytes, {META} says {entry['bytes']}; truncated or changed")
-    if digest != entry["xxh3_128"]:
-        raise BenchError(f"{path}: xxh3_128 {digest}, {META} says {entry['xxh3_128']}; the file is corrupt")
+    if size != entry.bytes:
+        raise BenchError(f"{path}: {size} bytes, {META} says {entry.bytes}; truncated or changed")
+    if digest != entry.xxh3_128:
+        raise BenchError(f"{path}: xxh3_128 {digest}, {META} says {entry.xxh3_128}; the file is corrupt")
 
 
-def newest_valid(directory: Path, warn: Callable[[str], None] = print) -> Resume | None:
+def newest_valid(directory: Path, warn: Callable[[str], None] = print) -> Meta | None:
     """The newest checkpoint in `directory` that checks out; each newer one that does not is reported."""
     for path in list_checkpoints(directory):
         try:
-            return Resume(path, check_checkpoint(path))
+            return read_checkpoint(path)
         except BenchError as err:
             warn(f"warning: skipping checkpoint {path.name}: {err}")
     return None
 
 
 def find_resume(cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark: str,
-                log: Callable[[str], None]) -> Resume | None:
+                log: Callable[[str], None]) -> Meta | None:
     """The checkpoint every rank resumes from (rank 0 chooses), or None to start from scratch."""
     choice = None
     if dist.is_root and cfg.resume:
@@ -162,12 +158,11 @@ def find_resume(cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark
         found = newest_valid(directory, warn=log)
         if found is None:
             log(f"checkpoint.resume=true: no valid checkpoint in {directory}; starting from scratch")
-        elif found.meta.get("benchmark") != benchmark:
-            raise BenchError(f"{found.path / META}: a {found.meta.get('benchmark')} checkpoint, this is {benchmark}")
+        elif found.benchmark != benchmark:
+            raise BenchError(f"{found.path / META}: a {found.benchmark} checkpoint, this is {benchmark}")
         else:
-            choice = (str(found.path), found.meta)
-    choice = dist.broadcast_object(choice)
-    return Resume(Path(choice[0]), choice[1]) if choice else None
+            choice = found
+    return dist.broadcast_object(choice)
 
 
 # ---------------------------------------------------------------------------- meta.json
@@ -194,7 +189,7 @@ class FileDigest:
 
 @dataclasses.dataclass(frozen=True)
 class Meta:
-    """A checkpoint's meta.json: what resuming reads of it."""
+    """A checkpoint's meta.json: what resuming reads of it; `path`, the checkpoint directory, is the reader's."""
 
     format: Literal["hpc-sciml-checkpoint"]
     version: Literal[1]
@@ -208,6 +203,7 @@ class Meta:
     rank_variables: tuple[Variable, ...]
     files: dict[str, FileDigest]
     input: InputPosition | None  # None: the writer gave no input position (the input then starts afresh)
+    path: Path | None = dataclasses.field(default=None, kw_only=True, metadata=documents.NOT_STORED)
 
     def __post_init__(self):
         check(self.ranks >= 1, "ranks", self.ranks, "an integer >= 1")
@@ -241,8 +237,8 @@ class Meta:
                   f"false, as 'files' lists no input_rank_{r:05d}.* (rank {r}'s input position)")
 
 
-def read_meta(path: Path) -> dict:
-    """meta.json of checkpoint directory `path` (as a dict), read through `Meta`: its keys, types and ranges, and
+def read_meta(path: Path) -> Meta:
+    """meta.json of checkpoint directory `path`, read through `Meta`: its keys, types and ranges, and
     the files a checkpoint of its rank count holds. Raises BenchError naming the file, the key (dotted, as
     `progress.history[2].epoch`), the value and what was expected."""
     meta_path = path / META
@@ -252,7 +248,7 @@ def read_meta(path: Path) -> dict:
     if _NAME.match(path.name) and int(path.name[len("ckpt-"):]) != meta.global_step:
         raise BenchError(f"{meta_path}: key global_step = {meta.global_step}: expected the step of the checkpoint "
                          f"directory {path.name}")
-    return documents.to_dict(meta)
+    return dataclasses.replace(meta, path=path)
 
 
 # ---------------------------------------------------------------------------- variables
@@ -274,7 +270,7 @@ def _save_arrays(path: Path, variables: list) -> None:
         os.fsync(f.fileno())
 
 
-def _load_arrays(path: Path, variables: list, listed: list[list], what: str) -> None:
+def _load_arrays(path: Path, variables: list, listed: Sequence[Variable], what: str) -> None:
     """Assign the arrays of `path` to `variables`, which must match `listed` (from meta.json) one for one."""
     ours = variable_names(variables)
     if len(ours) != len(listed):
@@ -282,7 +278,7 @@ def _load_arrays(path: Path, variables: list, listed: list[list], what: str) -> 
                          f"was written by a different model or config")
     for i, (theirs, mine) in enumerate(zip(listed, ours)):
         if list(theirs[1]) != mine[1]:
-            raise BenchError(f"{path}: {what} variable {i} ({theirs[0]}) has shape {theirs[1]} there and "
+            raise BenchError(f"{path}: {what} variable {i} ({theirs[0]}) has shape {list(theirs[1])} there and "
                              f"{mine[1]} here ({mine[0]}); the checkpoint was written by a different model")
     with np.load(path) as arrays:
         for i, var in enumerate(variables):
@@ -378,14 +374,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- restoring
-def restore_shared(resume: Resume, model, optimizer, dist: DistEnv) -> None:
+def restore_shared(resume: Meta, model, optimizer, dist: DistEnv) -> None:
     """Rank 0 loads the model and optimizer variables (fit() then broadcasts them to the other ranks)."""
     if dist.is_root:
         _load_arrays(resume.path / MODEL_FILE, list(model.variables) + list(optimizer.variables),
-                     resume.meta["model_variables"], "model and optimizer")
+                     resume.model_variables, "model and optimizer")
 
 
-def restore_rank(resume: Resume, model, train_iter, dist: DistEnv, log: Callable[[str], None],
+def restore_rank(resume: Meta, model, train_iter, dist: DistEnv, log: Callable[[str], None],
                  plan: InputPlan | None = None) -> bool:
     """This rank's own variables and input position; True when the input continues where the checkpoint stopped.
 
@@ -396,7 +392,7 @@ def restore_rank(resume: Resume, model, train_iter, dist: DistEnv, log: Callable
     same_ranks = resume.ranks == dist.size
     source = dist.rank if same_ranks else 0
     _load_arrays(resume.path / f"rank_{source:05d}.npz", list(model.non_trainable_variables),
-                 resume.meta["rank_variables"], "per-rank")
+                 resume.rank_variables, "per-rank")
     if plan is not None and plan.restore == "replay":
         log(f"resume: the DALI training input was replayed: {plan.skip} batches skipped per rank, from a stream "
             f"rebuilt with the checkpoint's seed {plan.seed}; the data order is the uninterrupted run's")

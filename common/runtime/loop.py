@@ -33,7 +33,7 @@ PROGRESS_SECONDS = 30.0  # rank 0 prints a line this often inside long epochs
 
 @dataclasses.dataclass(frozen=True)
 class Trainee:
-    """What a rank trains, built in init before the dataset is touched. `metric`: common/runtime/metric.Metric."""
+    """What a rank trains, built in init before the dataset is touched. `metric`: a common/runtime/strategy.Metric."""
 
     model: Any
     optimizer: Any

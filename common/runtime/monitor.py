@@ -17,7 +17,7 @@ Its sections, in this order:
 - Energy: RAPL and NVML counters between run_start and run_stop (energy_start, energy_stop, job_energy).
 - The peak cache: this host's probed peak, read on every run (cached, cache_path, host_key) and probed once
   when missing (probe; the kernels and the CLI are common/runtime/probe.py).
-- TensorBoard: rank 0's event files (EventWriter) and reading them back (read_scalars).
+- TensorBoard: rank 0's event files (EventWriter).
 - The I/O report: what each rank read while training (io_start, io_stop), planned against measured, and what staging did
   (io_report, write_io_report; docs/staging.md).
 """
@@ -41,7 +41,7 @@ from common.base.files import write_json_atomic
 from common.base.host import cpu_model
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Callback, Loop
-from common.runtime.strategy import PhaseClock, device_sync_for
+from common.runtime.strategy import PhaseClock
 from common.io.input import Datasets
 
 
@@ -145,7 +145,10 @@ class RunMonitor(Callback):
         blocked = w.phases.get("allreduce", 0.0)
         breakdown = step_breakdown(w.totals, w.seconds, blocked)
         ranks = self.dist.gather_object(((blocked, w.seconds), breakdown))
-        exchange = exchange_timing(self.dist, model.trainable_variables) if exchanged else None
+        exchange = None
+        if exchanged:
+            from common.runtime.exchange import collective_figures, exchange_timing
+            exchange = exchange_timing(self.dist, model.trainable_variables)
         if not self.dist.is_root:
             return {}
         if exchange:
@@ -192,7 +195,8 @@ def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason:
 #   allocations done) and closed early at an epoch's end or an evaluation, reads it: the seconds the steps were
 #   blocked in the allreduce, against the window's wall time, are `allreduce_share` (the mean over the ranks;
 #   each rank's in `allreduce_share_per_rank`). After the run the same grouped allreduce runs on its own with the
-#   ranks starting together, and a one-element one beside it (Horovod's coordination: its cycle and negotiation).
+#   ranks starting together, and a one-element one beside it (Horovod's coordination: its cycle and negotiation;
+#   common/runtime/exchange.py, imported by runs of more than one rank).
 #   Their difference is the transfer: the bytes over it are `allreduce_gb_per_s`, and what the steps were blocked
 #   beyond it is `allreduce_wait_share` (waiting for the other ranks, for Horovod's cycle and its negotiation).
 #   Horovod's own timeline is not used: its writer thread spins on rank 0 for the whole run once HOROVOD_TIMELINE
@@ -203,8 +207,6 @@ def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason:
 # - Memory: each rank's peak resident set (getrusage), and the GPU's peak allocation where there is one.
 # - Energy: RAPL package counters (/sys/class/powercap/intel-rapl:N, one reader per node) or NVML on GPUs, from
 #   run_start to run_stop, over the samples trained; null with the reason when neither can be read.
-
-EXCHANGE_REPEATS = 10  # runs of the gradients' allreduce on its own, and of a one-element one (median of each)
 
 
 class StepWindow:
@@ -262,48 +264,6 @@ class StepWindow:
             self.clock.sync = False
             self.phases = {k: v - self.phases_at_start.get(k, 0.0) for k, v in self.clock.snapshot().items()}
         self.closed = True
-
-
-def exchange_timing(dist: DistEnv, variables: list, repeats: int = EXCHANGE_REPEATS) -> dict:
-    """The gradients' grouped allreduce on its own, the ranks starting together (a barrier before each run):
-    the median seconds of `repeats` runs, those of a one-element allreduce (Horovod's coordination: the wait
-    for its cycle and the negotiation, no data to speak of), and the bytes. A collective."""
-    import tensorflow as tf
-    tensors = [tf.zeros(v.shape, v.dtype) for v in variables]
-    nbytes = sum(math.prod(t.shape) * t.dtype.size for t in tensors)
-    reduce = tf.function(dist.allreduce_gradients)
-    seconds = _median_seconds(dist, lambda: reduce(tensors), repeats)
-    latency = _median_seconds(dist, lambda: reduce([tf.zeros((1,))]), repeats)
-    return {"seconds": seconds, "latency_seconds": latency, "bytes": nbytes, "repeats": repeats}
-
-
-def _median_seconds(dist: DistEnv, run, repeats: int) -> float:
-    sync = device_sync_for(dist.gpu) or (lambda: None)
-    run()  # traces
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        run()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def collective_figures(windows: list[tuple[float, float]], steps: int, exchange: dict) -> dict:
-    """allreduce_share (the steps blocked in the gradients' allreduce), its part spent waiting (for the other
-    ranks, Horovod's cycle and its negotiation: all but the transfer), and the transfer's bandwidth. `windows`:
-    each rank's (seconds in the allreduce phase, window seconds) over the window's `steps`; `exchange`:
-    exchange_timing (the transfer: the gradients' allreduce on its own less a one-element one)."""
-    shares = [blocked / seconds for blocked, seconds in windows]
-    share = min(1.0, statistics.mean(shares))
-    transfer = max(0.0, exchange["seconds"] - exchange["latency_seconds"])
-    waits = [max(0.0, blocked - steps * transfer) / seconds for blocked, seconds in windows]
-    return {"allreduce_share": share, "allreduce_share_per_rank": shares,
-            "allreduce_wait_share": min(share, statistics.mean(waits)),
-            "allreduce_gb_per_s": exchange["bytes"] / transfer / 1e9 if transfer > 0 else None,
-            "allreduce_bytes_per_step": exchange["bytes"]}
 
 
 def peak_rss_mb() -> float:
@@ -619,20 +579,6 @@ class EventWriter:
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
-
-
-def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]} of every scalar in a run's event files (for tests and reports)."""
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
-    found: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted((Path(run_dir) / SUBDIR).glob("events.out.tfevents.*")):
-        for raw in tf.data.TFRecordDataset(str(path)):
-            event = event_pb2.Event.FromString(raw.numpy())
-            for value in event.summary.value:
-                number = tf.make_ndarray(value.tensor) if value.HasField("tensor") else value.simple_value
-                found.setdefault(value.tag, []).append((event.step, float(number)))
-    return found
 
 
 # ---------------------------------------------------------------------------- the I/O report

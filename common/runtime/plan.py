@@ -7,13 +7,25 @@ Under a launcher it plans the launched layout; `--ranks N` plans N ranks from a 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from common.base.errors import BenchError
-from common.runtime.config import DistConfig, to_dict
+from common.runtime.config import DistConfig, load_config, resolve, to_dict
 from common.runtime.dist import DistEnv, init_distributed
+
+
+def dry_run(app: Any, strategy_for: Callable[[Any, DistEnv], Any], config: str, overrides: list[str],
+            ranks: int | None, as_json: bool) -> int:
+    """Print what a run of `config` would use; nothing trained. `app`: the application's common/runtime/run.App;
+    `strategy_for`: the strategy a run would choose (cfg, dist) -> DataParallel."""
+    cfg = load_config(config, overrides, app.config)
+    dist = planned_dist(cfg.dist, ranks)
+    strategy = strategy_for(cfg, dist)
+    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
+    doc = plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
+               app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
+    return print_plan(doc, as_json, dist)
 
 
 def planned_dist(cfg: DistConfig, ranks: int | None) -> DistEnv:
@@ -25,38 +37,31 @@ def planned_dist(cfg: DistConfig, ranks: int | None) -> DistEnv:
     return DistEnv(rank=0, size=ranks, local_rank=0, local_size=1)
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    benchmark: str
-    cfg: Any  # the resolved config (RCP applied, division settled)
-    ranks: int
-    replicas: int
-    differences: Sequence[str]  # why the run is not the reference's ([] for closed)
-    hyperparameters: dict  # the keys init logs
-    learning_rate_by_epoch: list[float]  # in force at the start of 0-based epochs 0 .. max_epochs - 1
-
-    def as_json(self) -> dict:
-        return {"benchmark": self.benchmark, "ranks": self.ranks, "data_parallel_replicas": self.replicas,
-                "local_batch_size": self.cfg.train.local_batch_size,
-                "global_batch_size": self.cfg.train.local_batch_size * self.replicas,
-                "rcp": self.cfg.optimizer.rcp or None, "division": self.cfg.mlperf.division,
-                "not_reference": list(self.differences), "hyperparameters": self.hyperparameters,
-                "learning_rate_by_epoch": self.learning_rate_by_epoch, "config": to_dict(self.cfg)}
+def plan(benchmark: str, cfg: Any, ranks: int, replicas: int, differences: Sequence[str], hyperparameters: dict,
+         learning_rates: list[float]) -> dict:
+    """What a run of the resolved `cfg` (RCP applied, division settled) would use: `differences` say why it is not
+    the reference's run ([] for closed), `hyperparameters` are the keys init logs, `learning_rates` those in force
+    at the start of 0-based epochs 0 .. max_epochs - 1."""
+    local = cfg.train.local_batch_size
+    return {"benchmark": benchmark, "ranks": ranks, "data_parallel_replicas": replicas, "local_batch_size": local,
+            "global_batch_size": local * replicas, "rcp": cfg.optimizer.rcp or None, "division": cfg.mlperf.division,
+            "not_reference": list(differences), "hyperparameters": hyperparameters,
+            "learning_rate_by_epoch": learning_rates, "config": to_dict(cfg)}
 
 
-def print_plan(plan: Plan, as_json: bool, dist: DistEnv) -> int:
-    """Print the plan on rank 0 (one JSON object with `as_json`); returns exit code 0."""
+def print_plan(doc: dict, as_json: bool, dist: DistEnv) -> int:
+    """Print a plan on rank 0 (one JSON object with `as_json`); returns exit code 0."""
     if not dist.is_root:
         return 0
     if as_json:
-        print(json.dumps(plan.as_json(), indent=1))
+        print(json.dumps(doc, indent=1))
         return 0
-    doc = plan.as_json()
-    print(f"{plan.benchmark} dry run: {plan.ranks} ranks, {plan.replicas} data-parallel replicas, global batch "
-          f"{doc['global_batch_size']} ({doc['local_batch_size']} per replica); RCP {doc['rcp'] or 'none'}")
-    print(f"division: {plan.cfg.mlperf.division}" + (f" (not the reference's: {'; '.join(plan.differences)})"
-                                                     if plan.differences else ""))
-    print("hyperparameters: " + ", ".join(f"{k}={v}" for k, v in plan.hyperparameters.items()))
+    differences = doc["not_reference"]
+    print(f"{doc['benchmark']} dry run: {doc['ranks']} ranks, {doc['data_parallel_replicas']} data-parallel "
+          f"replicas, global batch {doc['global_batch_size']} ({doc['local_batch_size']} per replica); RCP "
+          f"{doc['rcp'] or 'none'}")
+    print(f"division: {doc['division']}" + (f" (not the reference's: {'; '.join(differences)})" if differences else ""))
+    print("hyperparameters: " + ", ".join(f"{k}={v}" for k, v in doc["hyperparameters"].items()))
     print("learning rate at the start of each epoch: "
-          + " ".join(f"{e}:{lr:.6g}" for e, lr in enumerate(plan.learning_rate_by_epoch)))
+          + " ".join(f"{e}:{lr:.6g}" for e, lr in enumerate(doc["learning_rate_by_epoch"])))
     return 0

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import os
 import sys
 import time
 from pathlib import Path
@@ -41,22 +40,19 @@ from common.base.cli import guarded
 from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
 from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
-from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal
 from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
 from common.runtime.loop import Callback, Loop, Trainee, fit
 from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code, failure_summary,
                                     run_summary, scale_keys, throughput, write_summary)
-from common.runtime.plan import Plan, planned_dist, print_plan
 from common.runtime.strategy import DataParallel, reseeded
 
 if TYPE_CHECKING:  # imported where used: by a run that stages, or that writes or reads a checkpoint
     from common.io.staging import StageResult
-    from common.runtime.checkpoint import Checkpointer, Resume
+    from common.runtime.checkpoint import Checkpointer, Meta
 
-# What an earlier attempt leaves in the output directory, moved to attempts/<n>/ when a run resumes.
-ATTEMPT_FILES = ("summary.json", "io_report.json")
 RankFiles = Callable[[Manifest, int, int], list]  # (manifest, rank, ranks) -> the paths that rank reads
 
 
@@ -98,7 +94,9 @@ def main(app: App, description: str, train: Callable[[str, list, StopRequests], 
     """A train.py's command line: `train(config, overrides, stop)`, or with --dry-run the plan of the run."""
     args = parse_args(description, argv)
     if args.dry_run:
-        return guarded(lambda: dry_run(app, args.config, args.overrides, args.ranks, args.json))
+        from common.runtime.plan import dry_run  # only a dry run loads it
+        strategy = app.strategy or choose_strategy
+        return guarded(lambda: dry_run(app, strategy, args.config, args.overrides, args.ranks, args.json))
     return guarded_run(lambda stop: train(args.config, args.overrides, stop))  # stop signals handled first
 
 
@@ -182,17 +180,6 @@ def reading_as(read_error: Callable[[Exception], Exception], run: "Run"):
         raise read_error(err) from None  # run_stop aborted and summary.json: Run.abort
 
 
-def dry_run(app: App, config: str, overrides: list[str], ranks: int | None, as_json: bool) -> int:
-    """Print what a run of `config` would use (common/runtime/plan.py); nothing trained."""
-    cfg = load_config(config, overrides, app.config)
-    dist = planned_dist(cfg.dist, ranks)
-    strategy = (app.strategy or choose_strategy)(cfg, dist)
-    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
-    plan = Plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
-                app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
-    return print_plan(plan, as_json, dist)
-
-
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
     """Data parallel, or elastic data parallel with dist.elastic.enabled (checked before any work)."""
     return ElasticStrategy(cfg, dist) if cfg.dist.elastic.enabled else DataParallel(dist)
@@ -203,10 +190,10 @@ def root_log(dist: DistEnv) -> Callable[..., None]:
     return functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
 
 
-def plan_loader(requested: str, resume: Resume | None) -> str:
+def plan_loader(requested: str, resume: Meta | None) -> str:
     """The loader a run reads with: data.loader, except that a resumed run with `auto` reads with its
     checkpoint's loader when that one is installed, so that it continues the checkpoint's input stream."""
-    saved = resume.input_position if resume else None
+    saved = resume.input if resume else None
     if requested != "auto" or saved is None or saved.loader not in ("tfdata", "dali"):
         return requested
     return saved.loader if saved.loader == "tfdata" or dali_plugin_available() else "tfdata"
@@ -215,7 +202,7 @@ def plan_loader(requested: str, resume: Resume | None) -> str:
 class Run:
     """One run on this rank, from its output directory to its summary."""
 
-    def __init__(self, benchmark: str, cfg: Any, dist: DistEnv, resume: Resume | None, mlperf: MLPerfLog,
+    def __init__(self, benchmark: str, cfg: Any, dist: DistEnv, resume: Meta | None, mlperf: MLPerfLog,
                  stop: StopRequests):
         self.benchmark, self.cfg, self.dist, self.resume, self.mlperf = benchmark, cfg, dist, resume, mlperf
         self.stop = stop  # installed by the entry point (guarded_run), before anything else
@@ -237,11 +224,11 @@ class Run:
         # (An elastic run resumes no checkpoint, and a worker joining it must not wait in a collective here.)
         resume = None
         if cfg.checkpoint.resume and not cfg.dist.elastic.enabled:
-            from common.runtime.checkpoint import find_resume
+            from common.runtime.checkpoint import archive_attempt, find_resume
             resume = find_resume(cfg.checkpoint, cfg.run.output_dir, dist, benchmark, root_log(dist))
-        if dist.is_root:
-            if resume:
+            if resume and dist.is_root:
                 archive_attempt(out, cfg.mlperf.log_file, resume.progress.attempt)
+        if dist.is_root:
             save_config(cfg, out)
         return cls(benchmark, cfg, dist, resume, MLPerfLog(out / cfg.mlperf.log_file, enabled=dist.is_root), stop)
 
@@ -324,21 +311,22 @@ class Run:
                     log=self.log)
 
     def callbacks(self, strategy: DataParallel, plan: InputPlan) -> list[Callback]:
-        """The loop's callbacks of this run, in the order they run: resuming, the monitors, in-epoch
-        evaluation, checkpoints, stop signals."""
+        """The loop's callbacks of this run, in the order they run: checkpoints (resuming first), the monitors,
+        in-epoch evaluation, stop signals."""
         cfg, ckpt, data = self.cfg, self.cfg.checkpoint, self.data
         # A position is kept (saved, or replayable) only when every rank reads its own stream.
         position = InputPosition(data.loader if strategy.saves_input_position else "", plan.seed, plan.start_step,
                                  input_layout(cfg, self.dist, strategy))
-        callbacks: list[Callback] = [Resumed(self.resume, plan)] if self.resume and not strategy.elastic else []
+        resume = self.resume if not strategy.elastic else None
+        checkpoints = None
+        if resume or ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal:
+            input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
+            checkpoints = Checkpoints(ckpt, lambda: self.checkpointer(position), input_state, self.run_start,
+                                      resume, plan)
+        callbacks: list[Callback] = [checkpoints] if checkpoints else []
         callbacks.append(self.monitor)
         if cfg.train.eval_every_steps:
             callbacks.append(EvalEverySteps(cfg.train.eval_every_steps))
-        checkpoints = None
-        if ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal:
-            input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
-            checkpoints = Checkpoints(ckpt, lambda: self.checkpointer(position), input_state, self.run_start)
-            callbacks.append(checkpoints)
         callbacks.append(StopSignal(self.stop, checkpoints if ckpt.on_signal else None))
         return callbacks
 
@@ -441,14 +429,3 @@ def staged_data_config(data_cfg, staging: StageResult | None):
         return data_cfg
     verify = False if data_cfg.verify_checksums is None else data_cfg.verify_checksums
     return dataclasses.replace(data_cfg, dir=staging.dir, verify_checksums=verify)
-
-
-def archive_attempt(out: Path, log_file: str, attempt: int) -> None:
-    """Move what attempt `attempt` left in `out` (its MLPerf log and summaries) to out/attempts/<attempt>/."""
-    names = [n for n in (log_file, *ATTEMPT_FILES) if (out / n).is_file()]
-    if not names:
-        return
-    dest = out / "attempts" / str(attempt)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        os.replace(out / name, dest / name)

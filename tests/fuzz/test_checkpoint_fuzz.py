@@ -1,6 +1,6 @@
 """Fuzzing the reading of a checkpoint's meta.json on resume (common/runtime/checkpoint.py): `check_checkpoint`
 (read_meta and the file checks), `find_resume` (which skips a checkpoint that does not check out, with a warning),
-and what a run then reads of the chosen `Resume`: its progress, rank count and input state, and the variables
+and what a run then reads of the chosen checkpoint (its `Meta`): its progress, rank count and input state, and the variables
 `restore_shared` and `restore_rank` assign, and the input plan (`plan_input`) of its input position.
 
 Inputs: the meta.json of a real checkpoint (written by `Checkpointer.save` for a stand-in model of four
@@ -9,7 +9,7 @@ not UTF-8, ...), JSON nested 100,000 deep, an integer of 5,000 digits, or one to
 replaced by a random JSON value, of another type, nested in a list or object, a nearby or absurd number
 (-1, 2^63, 10^400, NaN, infinities), or a key renamed (file names that leave the directory, hold NUL or a lone
 surrogate, name meta.json itself). Promise: a BenchError naming the file (for meta.json, the mutated key), or a
-Resume whose progress has the types and ranges the training loop counts with, whose rank count and file list
+Meta whose progress has the types and ranges the training loop counts with, whose rank count and file list
 agree, and whose restore gives back the saved variables or a BenchError naming the checkpoint's file; every
 message printable. Never another exception or a hang (10 s per input, SIGALRM).
 """
@@ -25,8 +25,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.runtime.checkpoint import (META, InputPosition, Progress, Resume, check_checkpoint, find_resume,
-                                       plan_input, restore_rank, restore_shared)
+from common.runtime.checkpoint import (META, InputPosition, Meta, Progress, check_checkpoint, find_resume,
+                                       plan_input, read_checkpoint, restore_rank, restore_shared)
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from tests.conftest import copy_of
@@ -94,7 +94,7 @@ def check_resume(path: Path, mutated_keys: set[str] = frozenset()) -> str:
             assert any(key in value for key in mutated_keys), f"{value} names none of {sorted(mutated_keys)}"
         check_find_resume(path, value)
         return "BenchError"
-    resume = Resume(path, value)
+    resume = read_checkpoint(path)
     check_progress(resume.progress, value)
     assert isinstance(resume.ranks, int) and resume.ranks >= 1 and isinstance(resume.input_state, bool)
     with time_limit(LIMIT_S):
@@ -128,7 +128,7 @@ def _leaves(obj) -> list:
     return [x for v in obj for x in _leaves(v)] if isinstance(obj, list) else [obj]
 
 
-def restore(resume: Resume) -> list[np.ndarray]:
+def restore(resume: Meta) -> list[np.ndarray]:
     """The variables of a fresh stand-in model after restoring `resume` into it."""
     model, optimizer = model_and_optimizer(fill=0.0)
     restore_shared(resume, model, optimizer, DistEnv())

@@ -1,7 +1,11 @@
-"""What every run's summary.json `system` object must hold (issue 24), checked on real runs' summaries."""
+"""What every run's summary.json `system` object must hold (issue 24), checked on real runs' summaries; and the
+TensorBoard scalars rank 0 wrote (common/runtime/monitor.py's EventWriter), read back."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
+
+from common.runtime.monitor import SUBDIR
 
 
 def assert_plausible_system(summary: dict, ranks: int) -> dict:
@@ -37,3 +41,17 @@ def assert_plausible_system(summary: dict, ranks: int) -> dict:
     assert exchange["seconds"] > 0 and exchange["latency_seconds"] > 0 and exchange["bytes"] == \
         system["allreduce_bytes_per_step"]
     return system
+
+
+def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of every scalar in a run's event files."""
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted((Path(run_dir) / SUBDIR).glob("events.out.tfevents.*")):
+        for raw in tf.data.TFRecordDataset(str(path)):
+            event = event_pb2.Event.FromString(raw.numpy())
+            for value in event.summary.value:
+                number = tf.make_ndarray(value.tensor) if value.HasField("tensor") else value.simple_value
+                found.setdefault(value.tag, []).append((event.step, float(number)))
+    return found

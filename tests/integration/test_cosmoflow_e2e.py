@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 from common.campaign.compliance import check_log
-from common.runtime.monitor import read_scalars
 from tests.conftest import REPO, log_events, run_cmd, show
 from tests.integration.cosmo_fixtures import LEARNED_MAE, write_learning_config
-from tests.integration.system_checks import assert_plausible_system
+from tests.integration.system_checks import assert_plausible_system, read_scalars
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "cosmoflow/train.py"

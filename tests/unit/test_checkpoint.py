@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from common.runtime.checkpoint import Checkpointer, InputPlan, Resume, check_checkpoint, list_checkpoints, newest_valid
+from common.runtime.checkpoint import Checkpointer, InputPlan, Meta, check_checkpoint, list_checkpoints, newest_valid
 from common.runtime.config import CheckpointConfig, TrainConfig
 from common.runtime.dist import DistEnv, StopRequests
 from common.base.errors import BenchError
 from common.io.input import Datasets
-from common.runtime.callbacks import Checkpoints, EvalEverySteps, Resumed, StopSignal
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal
 from common.runtime.loop import Loop, Trainee, fit
 from common.runtime.strategy import data_parallel_steps
 from common.runtime.summary import MLPerfLog
@@ -55,9 +55,9 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, targ
     cfg = CheckpointConfig(dir=str(out / "ckpt"), every_epochs=every_epochs, keep=keep, resume=resume)
     found = newest_valid(out / "ckpt", warn=lambda _m: None) if resume else None
     checkpoints = Checkpoints(cfg, lambda: Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
-                              input_state=True, run_start=time.time())
-    callbacks = ([Resumed(found, InputPlan(0, restore="iterator"))] if found else []) + (
-        [EvalEverySteps(eval_every_steps)] if eval_every_steps else []) + [checkpoints] + (
+                              input_state=True, run_start=time.time(), resume=found,
+                              plan=InputPlan(0, restore="iterator"))
+    callbacks = [checkpoints] + ([EvalEverySteps(eval_every_steps)] if eval_every_steps else []) + (
         [StopSignal(stop, checkpoints)] if stop else [])
     mlperf = MLPerfLog(out / "mlperf.log")
     trainee = Trainee(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
@@ -193,10 +193,11 @@ def test_checkpoint_config_checks():
         CheckpointConfig(every_minutes=-1)
 
 
-def test_resume_type_reads_its_meta(tmp_path):
+def test_the_checkpoint_to_resume_is_its_meta_with_its_path(tmp_path):
     _fit(tmp_path, 1)
     found = newest_valid(tmp_path / "ckpt")
-    assert isinstance(found, Resume) and found.ranks == 1 and found.input_state
+    assert isinstance(found, Meta) and found.ranks == 1 and found.input_state
+    assert found.path == tmp_path / "ckpt" / "ckpt-000000004"
     assert (found.progress.epoch, found.progress.step, found.progress.attempt) == (2, 0, 1)
 
 

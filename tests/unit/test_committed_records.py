@@ -15,7 +15,7 @@ from common.hpo.study import StudyFile
 from common.hpo.trial import TrialResult
 from common.io.manifest import Manifest
 from common.io.packing import Pack
-from common.runtime.summary import Summary
+from common.campaign.summary import Summary
 from tests.conftest import REPO
 
 

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from common.base.errors import BenchError
-from common.runtime.checkpoint import (META, InputPlan, InputPosition, Resume, check_checkpoint, plan_input,
-                                       restore_rank)
+from common.runtime.checkpoint import (META, InputPlan, InputPosition, Meta, check_checkpoint, plan_input,
+                                       read_checkpoint, restore_rank)
 from common.runtime.dist import DistEnv
 from common.runtime.callbacks import replayed
 from tests.conftest import require_dali
@@ -21,8 +21,8 @@ SEEDS = (5, 5 + 7919 * 2)  # the run's, and the new one of attempt 3 (SAVED is a
 STEP = SAVED.global_step(STEPS)  # 10
 
 
-def _resume(path) -> Resume:
-    return Resume(path, check_checkpoint(path))
+def _resume(path) -> Meta:
+    return read_checkpoint(path)
 
 
 def _dali_checkpoint(tmp_path, **position):

@@ -15,7 +15,7 @@ from common.hpo import report
 from common.hpo.space import load_space, override
 from common.hpo.study import StudySettings, open_study, requeue_stale, saved_settings
 from common.hpo.trial import EvalReader, Launch, TrialResult, _result, objective, trial_dir
-from common.runtime.summary import Summary
+from common.campaign.summary import Summary
 from tests.conftest import REPO
 
 CONFIG = str(REPO / "cosmoflow/configs/cosmo_mini.yaml")

@@ -6,7 +6,7 @@ import pytest
 
 from common.base.errors import BenchError
 from common.io.manifest import FileEntry, Manifest, SplitEntry
-from common.io.input import epoch_file_indices, local_files_dataset, node_share
+from common.io.node_share import epoch_file_indices, local_files_dataset, node_share
 from tests.conftest import require_dali
 
 

@@ -1,5 +1,5 @@
-"""common.runtime.summary: the table of finished runs, with staging figures when a run staged its data."""
-from common.runtime.summary import format_table
+"""common.campaign.summary: the table of finished runs, with staging figures when a run staged its data."""
+from common.campaign.summary import format_table
 
 
 def _run(io=None):

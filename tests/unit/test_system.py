@@ -6,6 +6,7 @@ import os
 import pytest
 
 from common.runtime import monitor
+from common.runtime.exchange import collective_figures
 from common.runtime.monitor import training_gflop_per_sample
 from common.runtime.strategy import PhaseClock
 
@@ -47,13 +48,13 @@ def test_collective_figures_split_the_blocked_time_into_waiting_and_the_exchange
     # Two ranks over 10 steps: rank 0 blocked 0.3 s of 1 s, rank 1 0.1 s of 1 s; the allreduce on its own
     # takes 8 ms (2 ms of it Horovod's coordination) for 3 MB.
     exchange = {"seconds": 0.008, "latency_seconds": 0.002, "bytes": 3_000_000, "repeats": 10}
-    figures = monitor.collective_figures([(0.3, 1.0), (0.1, 1.0)], 10, exchange)
+    figures = collective_figures([(0.3, 1.0), (0.1, 1.0)], 10, exchange)
     assert figures["allreduce_share"] == pytest.approx(0.2)
     assert figures["allreduce_share_per_rank"] == pytest.approx([0.3, 0.1])
     assert figures["allreduce_wait_share"] == pytest.approx(((0.3 - 0.06) + (0.1 - 0.06)) / 2)  # less 10 transfers
     assert figures["allreduce_gb_per_s"] == pytest.approx(3e6 / 0.006 / 1e9)
     assert figures["allreduce_bytes_per_step"] == 3_000_000
-    unseen = monitor.collective_figures([(0.05, 1.0)], 10, exchange | {"latency_seconds": 0.009})
+    unseen = collective_figures([(0.05, 1.0)], 10, exchange | {"latency_seconds": 0.009})
     assert unseen["allreduce_wait_share"] == pytest.approx(0.05) and unseen["allreduce_gb_per_s"] is None
 
 

@@ -1,0 +1,102 @@
+"""Node shares (data.stage_mode=node_share): node n of N holds files n, n+N, n+2N, ... of each split (so each node
+stages only its share, common/io/staging.py). Every epoch the ranks of a node draw one permutation of the node's
+files from the run seed and the epoch number (the same on every rank of the node), cut it into L equal blocks
+(L ranks per node) and local rank l reads block l. Across the job every file is read exactly once per epoch, while
+the samples a rank sees change from epoch to epoch. Validation files are divided the same way, without the
+permutation (so block l is the one DALI's reader gives shard l of L). common/io/input.py makes a rank's shards
+of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from common.base.errors import BenchError
+from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeShare:
+    """One node's files of one split and what each of its ranks reads per epoch."""
+
+    split: str
+    files: tuple[FileEntry, ...]  # the node's share, in manifest order
+    local_rank: int
+    local_size: int
+    samples_per_rank: int  # records one rank reads per epoch
+    global_samples: int  # records in the split
+
+
+def node_share_files(manifest: Manifest, split: str, node: int, nodes: int) -> tuple[FileEntry, ...]:
+    """Files node, node+nodes, ... of a split."""
+    return tuple(manifest.splits[split].files[node::nodes])
+
+
+def node_share(manifest: Manifest, split: str, node: int, nodes: int, local_rank: int, local_size: int,
+               local_batch: int) -> NodeShare:
+    """The node's share of `split`, checked so that every rank reads the same whole number of batches.
+
+    Raises BenchError when the split's files cannot be dealt evenly: every node must get the same number
+    of files with the same records each, a multiple of local_size files, and whole batches per rank.
+    """
+    entries = manifest.splits[split].files
+    where = manifest.root / MANIFEST_NAME
+    per_node = [node_share_files(manifest, split, n, nodes) for n in range(nodes)]
+    counts = [len(files) for files in per_node]
+    records = sorted({e.records for e in entries})
+    if len(set(counts)) != 1 or len(records) != 1:
+        raise BenchError(f"{where}: the {split} split's {len(entries)} files (records per file {records}) do not "
+                         f"divide evenly between {nodes} nodes in data.stage_mode=node_share (files per node "
+                         f"{counts}); it needs a file count that is a multiple of the node count and files of "
+                         f"equal size")
+    if counts[0] % local_size:
+        raise BenchError(f"{where}: each node's share of the {split} split has {counts[0]} files, not a multiple "
+                         f"of the {local_size} ranks per node that divide it in data.stage_mode=node_share")
+    samples = counts[0] // local_size * records[0]
+    if samples % local_batch:
+        raise BenchError(f"{where}: each rank reads {samples} {split} samples per epoch in "
+                         f"data.stage_mode=node_share, not a multiple of the local batch size {local_batch}")
+    return NodeShare(split=split, files=per_node[node], local_rank=local_rank, local_size=local_size,
+                     samples_per_rank=samples, global_samples=sum(e.records for e in entries))
+
+
+def epoch_file_indices(count: int, local_rank: int, local_size: int, seed: int, epoch: int,
+                       shuffle: bool) -> list[int]:
+    """The positions (in the node's share) of the files `local_rank` reads in `epoch` (numpy; for tests
+    and the read plan; the tf.data pipeline computes the same with `local_files_dataset`)."""
+    order = permutation(count, seed, epoch) if shuffle else list(range(count))
+    per_rank = count // local_size
+    return order[local_rank * per_rank:(local_rank + 1) * per_rank]
+
+
+def permutation(count: int, seed: int, epoch: int) -> list[int]:
+    """The node's file order in `epoch`, identical on every rank (and in numpy and TensorFlow)."""
+    import numpy as np
+    keys = np.random.default_rng([seed, epoch]).random(count)
+    return [int(i) for i in np.argsort(keys, kind="stable")]
+
+
+def local_files_dataset(items: Sequence, local_rank: int, local_size: int, seed: int, shuffle: bool):
+    """A tf.data.Dataset of this rank's items, epoch after epoch, endlessly.
+
+    `items`: a list of file paths, or a tuple of equal-length lists (one element per file).
+
+    Epoch e yields the items at `epoch_file_indices(len(items), local_rank, local_size, seed, e, shuffle)`.
+    """
+    import tensorflow as tf
+    count = len(items[0]) if isinstance(items, tuple) else len(items)
+    orders = tf.data.Dataset.counter().map(
+        lambda epoch: tf.numpy_function(lambda e: np_indices(count, local_rank, local_size, seed, int(e), shuffle),
+                                        [epoch], tf.int64, stateful=False))
+    elements = tuple(tf.constant(x) for x in items) if isinstance(items, tuple) else tf.constant(items)
+
+    def pick(indices):
+        chosen = tf.nest.map_structure(lambda t: tf.gather(t, indices), elements)
+        return tf.data.Dataset.from_tensor_slices(chosen)
+
+    return orders.flat_map(pick)
+
+
+def np_indices(count: int, local_rank: int, local_size: int, seed: int, epoch: int, shuffle: bool):
+    import numpy as np
+    return np.asarray(epoch_file_indices(count, local_rank, local_size, seed, epoch, shuffle), dtype=np.int64)
