@@ -75,7 +75,7 @@ def launch(args, work: Path, out: Path) -> subprocess.Popen:
     hosts = work / "hosts.txt"
     hosts.write_text("".join(f"{name}:1\n" for name in HOST_NAMES[:args.workers]))
     discover = work / "discover.sh"
-    discover.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.runtime.elastic hosts {hosts}\n")
+    discover.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.runtime.elastic_procs hosts {hosts}\n")
     discover.chmod(0o755)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "5",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

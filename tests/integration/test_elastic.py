@@ -45,7 +45,7 @@ LOCAL_HOSTS = ("localhost:1", "127.0.0.1:1", f"{os.uname().nodename}:1")
 def _discovery_script(hosts):
     """A host discovery script that prints the lines of the file `hosts` (edited to add a host)."""
     script = hosts.parent / "discover.sh"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.runtime.elastic hosts {hosts}\n")
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m common.runtime.elastic_procs hosts {hosts}\n")
     script.chmod(0o755)
     return script
 

@@ -1,6 +1,9 @@
 """The elastic state on tiny shapes: snapshots round-trip through commit and rollback, the learning rate stays
 out, progress converts between rank layouts, and the settings elastic runs cannot work with are refused."""
 import dataclasses
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,9 +14,11 @@ from common.runtime.dist import DistEnv
 from common.runtime.hvd_settings import from_config as horovod_environment
 from common.io.input import Datasets
 from common.runtime.loop import Loop, Trainee
-from common.runtime.elastic import (ElasticCommits, assign, check_elastic, convert_progress, new_state, read_hosts, snapshot,
+from common.runtime.elastic import (ElasticCommits, assign, check_elastic, convert_progress, new_state, snapshot,
                                     start_of, state_variables)
+from common.runtime.elastic_procs import read_hosts
 from common.base.errors import BenchError
+from tests.conftest import REPO
 from cosmoflow.config import CosmoConfig
 
 
@@ -170,3 +175,17 @@ def test_the_hosts_file_gives_the_discovery_lines_and_bad_lines_are_named(tmp_pa
     path.write_text("localhost\n")
     with pytest.raises(BenchError, match="line 1 is 'localhost', expected host:slots"):
         read_hosts(path)
+
+
+def test_the_discovery_script_and_the_watchdog_import_only_the_standard_library(tmp_path):
+    """Horovod runs the discovery script about once a second: it must not import NumPy or the runtime."""
+    path = tmp_path / "hosts"
+    path.write_text("localhost:1\n")
+    probe = ("import runpy, sys; sys.argv = ['elastic_procs', 'hosts', sys.argv[1]]\n"
+             "try:\n    runpy.run_module('common.runtime.elastic_procs', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'yaml', 'horovod', 'tensorflow')"
+             " or m.startswith('common.runtime.') and m != 'common.runtime.elastic_procs'))")
+    proc = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.splitlines() == ["localhost:1", "[]"], proc.stdout + proc.stderr
