@@ -12,8 +12,9 @@ epoch continues from the fraction of its steps done, in steps of the new layout 
 
 A worker that stops without exiting (SIGSTOP, a frozen process) would hang the run: the others' collective
 fails after the Gloo timeout, but Horovod's driver resets them only once every worker of the old layout has
-reported or exited. So each worker has a watchdog process (`Heartbeat`, `watch`) that SIGKILLs it when it has
-sent no heartbeat for `dist.elastic.hang_timeout_s`; the driver then blacklists its host as after a crash.
+reported or exited. So each worker has a watchdog process (`Heartbeat` here, `watch` in elastic_procs.py) that
+SIGKILLs it when it has sent no heartbeat for `dist.elastic.hang_timeout_s`; the driver then blacklists its host
+as after a crash.
 
 This module imports `horovod.tensorflow.elastic` (for `ObjectState` and `run`) besides common/runtime/dist.py, the
 other module that imports Horovod. The processes beside the workers, the host discovery script (`python -m

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.base.cli import guarded
 from common.base.errors import BenchError
 
 
@@ -68,7 +69,6 @@ def read_hosts(path: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from common.base.cli import guarded
     parser = argparse.ArgumentParser(description="The processes beside elastic Horovod workers (docs/faults.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     hosts = sub.add_parser("hosts", help="print the host:slots lines of FILE (a --host-discovery-script)")

@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 
 from jobs.localslurm import local_slurm
-from tests.conftest import REPO, horovodrun, show
-from tests.integration.cosmo_fixtures import make_dataset, make_learnable_dataset, write_config
+from tests.integration.cosmo_fixtures import make_dataset, make_learnable_dataset, two_rank_run
 
 
 @pytest.fixture(scope="session")
@@ -33,11 +32,7 @@ def cosmo_two_rank_run(cosmo_dataset, tmp_path_factory):
     """(output directory, process) of one plain 2-rank CosmoFlow run on `cosmo_dataset` (the tiny model, 2
     epochs, a target out of reach: exit 1): test_cosmoflow_e2e.py checks its log and summary, and
     test_staging_e2e.py compares staged runs with it. Read it only."""
-    out = tmp_path_factory.mktemp("cosmo-two-rank") / "run"
-    cfg = write_config(out.parent / "c.yaml", cosmo_dataset, out, train={"max_epochs": 2, "target": 1e-6})
-    proc = horovodrun(2, [REPO / "cosmoflow/train.py", cfg])
-    assert proc.returncode == 1, show(proc)  # target deliberately unreachable: exit 1, run aborted
-    return out, proc
+    return two_rank_run(tmp_path_factory.mktemp("cosmo-two-rank"), cosmo_dataset, "run")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import REPO, run_cmd, show
+from tests.conftest import REPO, horovodrun, run_cmd, show
 import sys
 
 TINY_OVERRIDES = {
@@ -68,6 +68,17 @@ def write_config(path: Path, data_dir: Path, out_dir: Path, **sections) -> Path:
     """The mini config with the tiny model and `sections` merged over it (a section given replaces the tiny
     model's section of that name)."""
     return _write(path, data_dir, out_dir, {**TINY_OVERRIDES, **sections})
+
+
+def two_rank_run(root: Path, data_dir: Path, name: str, **data) -> tuple[Path, object]:
+    """(output directory ROOT/NAME, process) of a 2-rank run of the tiny model on `data_dir` (its data section
+    updated with `data`) for 2 epochs, a target out of reach: exit 1, the run aborted."""
+    out = root / name
+    cfg = write_config(root / f"{name}.yaml", data_dir, out, data={**TINY_OVERRIDES["data"], **data},
+                       train={"max_epochs": 2, "target": 1e-6})
+    proc = horovodrun(2, [REPO / "cosmoflow/train.py", cfg])
+    assert proc.returncode == 1, show(proc)  # the target is out of reach: two full epochs
+    return out, proc
 
 
 def write_learning_config(path: Path, data_dir: Path, out_dir: Path, **sections) -> Path:

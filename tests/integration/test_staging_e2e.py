@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from common.campaign.compliance import check_log
-from tests.conftest import REPO, horovodrun, log_events, run_cmd, show
+from tests.conftest import REPO, log_events, run_cmd, show
 from tests.integration import cosmo_fixtures
 from tests.integration.deepcam_fixtures import pack, staged_two_rank_run
 
@@ -29,18 +29,10 @@ def runs(cosmo, cosmo_two_rank_run, tmp_path_factory):
     plain, packed = cosmo
     root = tmp_path_factory.mktemp("staging-runs")
     stage = {"stage_dir": str(root / "local")}
-    return {"share": _cosmo_run(root, packed, "share", **stage, stage_mode="node_share", stage_timing="in_run"),
-            "rank": _cosmo_run(root, packed, "rank", **stage, stage_mode="rank"),
+    return {"share": cosmo_fixtures.two_rank_run(root, packed, "share", **stage, stage_mode="node_share",
+                                                 stage_timing="in_run"),
+            "rank": cosmo_fixtures.two_rank_run(root, packed, "rank", **stage, stage_mode="rank"),
             "direct": cosmo_two_rank_run}
-
-
-def _cosmo_run(root, data_dir, name, **data):
-    out = root / name
-    cfg = cosmo_fixtures.write_config(root / f"{name}.yaml", data_dir, out, data={"shuffle_buffer": 8, **data},
-                                      train={"max_epochs": 2, "target": 1e-6})
-    proc = horovodrun(2, [COSMO_TRAIN, cfg])
-    assert proc.returncode == 1, show(proc)  # the target is out of reach: two full epochs
-    return out, proc
 
 
 def test_packed_node_share_staging_is_timed_inside_the_run_and_reported(runs):
