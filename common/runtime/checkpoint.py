@@ -39,7 +39,7 @@ from common.base.documents import check
 from common.base.errors import BenchError
 from common.io.input import InputPlan, InputPosition
 from common.io.manifest import xxh3_128_file
-from common.runtime.summary import Partial, Progress
+from common.runtime.summary import Progress
 
 FORMAT = "hpc-sciml-checkpoint"
 VERSION = 1
@@ -166,9 +166,6 @@ def find_resume(cfg: CheckpointConfig, output_dir: str, dist: DistEnv, benchmark
 
 
 # ---------------------------------------------------------------------------- meta.json
-PROGRESS_KEYS = tuple(f.name for f in dataclasses.fields(Progress))
-PARTIAL_KEYS = tuple(Partial.__annotations__)
-INPUT_KEYS = tuple(f.name for f in dataclasses.fields(InputPosition))
 INPUT_LOADERS = ("tfdata", "dali", "")
 _FILE_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.-]{1,255}")  # as the writers name them: model.npz, rank_00000.npz
 _XXH3 = re.compile(r"[0-9a-f]{32}")

@@ -12,7 +12,7 @@ epoch continues from the fraction of its steps done, in steps of the new layout 
 
 A worker that stops without exiting (SIGSTOP, a frozen process) would hang the run: the others' collective
 fails after the Gloo timeout, but Horovod's driver resets them only once every worker of the old layout has
-reported or exited. So each worker has a watchdog process (`Heartbeat` here, `watch` in elastic_procs.py) that
+reported or exited. So each worker has a watchdog process (`start_watchdog` here, `watch` in elastic_procs.py) that
 SIGKILLs it when it has sent no heartbeat for `dist.elastic.hang_timeout_s`; the driver then blacklists its host
 as after a crash.
 
@@ -199,7 +199,7 @@ class ElasticStrategy(DataParallel):
         self.fit_attempt: FitAttempt | None = None
         self.mlperf = None
         self.log: Callable[[str], None] = functools.partial(print, flush=True)
-        self.heartbeat: Heartbeat | None = None
+        self.stop_watchdog: Callable[[], None] | None = None
         self.detected: float | None = None
         self.started = False
         self.resets: list[dict] = []  # this process's record (the state's may lose one in a rollback)
@@ -212,17 +212,16 @@ class ElasticStrategy(DataParallel):
         if self.hang_timeout_s:
             # The host name as the launcher knows it (its blacklist, the discovery script's lines).
             host = os.environ.get("HOROVOD_HOSTNAME", os.uname().nodename)
-            self.heartbeat = Heartbeat(self.hang_timeout_s, host, self.dist.rank)
+            # the rank its watchdog names: this (re)start's
+            _, self.stop_watchdog = start_watchdog(self.hang_timeout_s, host, lambda: self.dist.rank)
         try:
             return _horovod_elastic().run(self._train)(self.state)
         finally:
-            if self.heartbeat is not None:
-                self.heartbeat.close()
+            if self.stop_watchdog is not None:
+                self.stop_watchdog()
 
     def _train(self, state):
         dist = self.dist = current_layout(self.first)
-        if self.heartbeat is not None:
-            self.heartbeat.rank = dist.rank  # the rank its watchdog names
         self.mlperf.follow_root(dist.is_root)
         restart = self.started or state.progress is not None
         self.started = True
@@ -270,40 +269,39 @@ def _global_step(state) -> int:
 HEARTBEAT_S = 1.0  # a worker's heartbeat period (dist.elastic.hang_timeout_s is at least 5 of them)
 
 
-class Heartbeat:
-    """A watchdog process for this worker, and the thread that sends it a heartbeat (the worker's current rank)
-    every HEARTBEAT_S s. The thread beats whatever the main thread does (tracing, a step, a reset's wait), so
+def start_watchdog(timeout_s: float, host: str, rank: Callable[[], int]) -> tuple[subprocess.Popen, Callable[[], None]]:
+    """A watchdog process for this worker, and the thread that sends it a heartbeat (the worker's current rank,
+    `rank()`) every HEARTBEAT_S s; returns the process and what stops the beats (the watchdog then sees the pipe
+    closed and exits). The thread beats whatever the main thread does (tracing, a step, a reset's wait), so
     only a process that does not run at all (stopped, frozen) misses `timeout_s` of beats and is killed."""
+    read, write = os.pipe()
+    # The repository's root on the path: the watchdog imports the suite wherever the worker was started.
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "common.runtime.elastic_procs", "watchdog", str(read), f"{timeout_s:g}",
+         str(os.getpid()), host], pass_fds=(read,), env=env)
+    os.close(read)
+    done = threading.Event()
 
-    def __init__(self, timeout_s: float, host: str, rank: int):
-        self.rank = rank
-        read, self._write = os.pipe()
-        # The repository's root on the path: the watchdog imports the suite wherever the worker was started.
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "common.runtime.elastic_procs", "watchdog", str(read), f"{timeout_s:g}",
-             str(os.getpid()), host], pass_fds=(read,), env=env)
-        os.close(read)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="elastic-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _beat(self) -> None:
+    def beat() -> None:
         while True:
             try:
-                os.write(self._write, f"{self.rank}\n".encode())
+                os.write(write, f"{rank()}\n".encode())
             except OSError:  # the watchdog has gone, or close() closed the pipe
                 return
-            if self._done.wait(HEARTBEAT_S):
+            if done.wait(HEARTBEAT_S):
                 return
 
-    def close(self) -> None:
-        """Stop beating; the watchdog sees the pipe closed and exits."""
-        self._done.set()
-        self._thread.join()
-        os.close(self._write)
+    def close() -> None:
+        done.set()
+        thread.join()
+        os.close(write)
         try:
-            self.process.wait(timeout=10)
+            process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            process.kill()
+
+    thread = threading.Thread(target=beat, name="elastic-heartbeat", daemon=True)
+    thread.start()
+    return process, close

@@ -1,7 +1,7 @@
 """The processes beside an elastic run's workers (common/runtime/elastic.py, docs/faults.md):
 
     python -m common.runtime.elastic_procs hosts FILE      # a --host-discovery-script: FILE's host:slots lines
-    python -m common.runtime.elastic_procs watchdog FD TIMEOUT PID HOST   # started by each worker (Heartbeat)
+    python -m common.runtime.elastic_procs watchdog FD TIMEOUT PID HOST   # started by each worker (start_watchdog)
 
 Horovod's elastic driver runs the discovery script about once a second for the whole run, and each worker starts
 a watchdog at each (re)start; this module imports only the standard library so that each start costs Python's

@@ -17,7 +17,7 @@ Its sections, in this order:
 - Energy: RAPL and NVML counters between run_start and run_stop (energy_start, energy_stop, job_energy).
 - The peak cache: this host's probed peak, read on every run (cached, cache_path, host_key) and probed once
   when missing (probe; the kernels and the CLI are common/runtime/probe.py).
-- TensorBoard: rank 0's event files (EventWriter).
+- TensorBoard: rank 0's event files (RunMonitor writes them; board_writer).
 - The I/O report: what each rank read while training (io_start, io_stop), planned against measured, and what staging did
   (io_report, write_io_report; docs/staging.md).
 """
@@ -58,8 +58,8 @@ class RunMonitor(Callback):
         self.elastic = cfg.dist.elastic.enabled
         self.energy: tuple = (None, None, "energy counters not read")  # energy_start's answer
         self.readings: tuple | None = None
-        self.board = EventWriter(out, cfg.tensorboard.every_steps) if cfg.tensorboard.enabled and dist.is_root \
-            else None
+        self.board = board_writer(out) if cfg.tensorboard.enabled and dist.is_root else None  # TensorBoard
+        self.board_every = cfg.tensorboard.every_steps
         self.peak: dict | None = None
         self.peak_reason = ""
         self.last_step = self.last_done = 0
@@ -94,12 +94,15 @@ class RunMonitor(Callback):
         boundary = loop.step == loop.data.train_steps or bool(every and step % every == 0)
         self.window.tick(loop.done, boundary, loop.totals)
         self.last_step, self.last_done, self.last_totals = step, loop.done, loop.totals  # the loop's, kept current
-        if self.board:
-            self.board.train(step, loop.running)
+        if self.board and step % self.board_every == 0:
+            running = loop.running
+            self.scalars(step, {"train/loss": running.get("loss"), "train/learning_rate": running.get("lr"),
+                                "train/samples_per_second": running.get("samples_per_second")})
 
     def evaluated(self, loop: Loop, record: dict) -> None:
+        """TensorBoard: the metric (and its parts) and the validation loss."""
         if self.board:
-            self.board.evaluation(record["step"], record)
+            self.scalars(record["step"], {f"eval/{k}": v for k, v in record.items() if k not in TRAINING_KEYS})
 
     def system_figures(self, dist: DistEnv, history: list[dict], model: Any,
                        samples_per_second: float | None) -> dict | None:
@@ -170,10 +173,25 @@ class RunMonitor(Callback):
         return f"the run trained fewer than system.warmup_steps + 1 = {self.cfg.warmup_steps + 1} steps"
 
     def close(self, figures: dict | None) -> None:
-        if self.board:
-            if figures:
-                self.board.system(self.last_step, figures)
-            self.board.close()
+        """TensorBoard: the run's `system` figures, then the event file closed."""
+        if not self.board:
+            return
+        if figures:
+            flat = {f"system/{k}": v for k, v in figures.items()}
+            flat |= {f"system/step_{k}": v for k, v in (figures.get("step_breakdown") or {}).items()}
+            if figures.get("peak_rss_mb"):
+                flat["system/peak_rss_mb_max"] = max(figures["peak_rss_mb"])
+            self.scalars(self.last_step, flat)
+        self.board.flush()
+        self.board.close()
+
+    def scalars(self, step: int, values: dict) -> None:
+        """Write every finite number in `values` at `step` into TensorBoard."""
+        import tensorflow as tf
+        with self.board.as_default(step=step):
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+                    tf.summary.scalar(name, float(value))
 
 
 def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason: str) -> dict:
@@ -544,41 +562,10 @@ TRAINING_KEYS = {"epoch", "step", "loss", "lr", "steps", "train_seconds", "sampl
                  "step_seconds", "val_samples_seen"}
 
 
-class EventWriter:
-    """A tf.summary file writer for rank 0's scalars."""
-
-    def __init__(self, out_dir: str | Path, every_steps: int):
-        import tensorflow as tf
-        self.tf, self.every = tf, every_steps
-        self.writer = tf.summary.create_file_writer(str(Path(out_dir) / SUBDIR))
-
-    def scalars(self, step: int, values: dict) -> None:
-        """Write every finite number in `values` at `step`."""
-        with self.writer.as_default(step=step):
-            for name, value in values.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
-                    self.tf.summary.scalar(name, float(value))
-
-    def train(self, step: int, running: dict) -> None:
-        if step % self.every == 0:
-            self.scalars(step, {"train/loss": running.get("loss"), "train/learning_rate": running.get("lr"),
-                                "train/samples_per_second": running.get("samples_per_second")})
-
-    def evaluation(self, step: int, record: dict) -> None:
-        """An evaluation's record: the metric (and its parts) and the validation loss."""
-        self.scalars(step, {f"eval/{k}": v for k, v in record.items() if k not in TRAINING_KEYS})
-
-    def system(self, step: int, figures: dict) -> None:
-        flat = {f"system/{k}": v for k, v in figures.items()}
-        flat |= {f"system/step_{k}": v for k, v in (figures.get("step_breakdown") or {}).items()}
-        ranks = figures.get("peak_rss_mb") or []
-        if ranks:
-            flat["system/peak_rss_mb_max"] = max(ranks)
-        self.scalars(step, flat)
-
-    def close(self) -> None:
-        self.writer.flush()
-        self.writer.close()
+def board_writer(out_dir: Path):
+    """A tf.summary file writer for rank 0's scalars in RUN_DIR/tensorboard."""
+    import tensorflow as tf
+    return tf.summary.create_file_writer(str(out_dir / SUBDIR))
 
 
 # ---------------------------------------------------------------------------- the I/O report

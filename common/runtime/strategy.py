@@ -21,7 +21,7 @@ Both are logged (`precision`, `jit_compile`).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import STEP_PHASES, Steps, Trainee
@@ -32,23 +32,6 @@ RESEED = 7919  # a prime: the input seed of the n-th restart is seed + RESEED * 
 def reseeded(seed: int, n: int) -> int:
     """The input seed of the n-th restart (0: unchanged): a new data order after a resume or an elastic reset."""
     return seed + RESEED * n
-
-
-class Metric(Protocol):
-    """An evaluation metric computed from per-batch sums that can be added across ranks."""
-
-    name: str  # short name for progress lines, e.g. "mae"
-    mlperf_key: str  # e.g. "eval_error" (CosmoFlow) or "eval_accuracy" (DeepCAM)
-    higher_is_better: bool
-
-    def batch_sums(self, y_true: Any, y_pred: Any) -> Any:
-        """A float32 vector of sums for one batch (inside tf.function)."""
-
-    def result(self, sums: Any) -> float:
-        """The metric from the sums over the whole validation set (numpy vector)."""
-
-    def details(self, sums: Any) -> dict:
-        """Named parts of the metric for the run's history (may be empty)."""
 
 
 # (trainee, dist, stop flag or None) -> Steps: built after the initial state is broadcast.
@@ -163,7 +146,7 @@ def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopRequests
     return train_step
 
 
-def _make_eval_step(model, loss_fn, metric: Metric):
+def _make_eval_step(model, loss_fn, metric: Any):
     import tensorflow as tf
 
     @tf.function
@@ -173,7 +156,7 @@ def _make_eval_step(model, loss_fn, metric: Metric):
     return eval_step
 
 
-def batch_sums(loss_fn: Callable, metric: Metric, y_true: Any, y_pred: Any) -> Any:
+def batch_sums(loss_fn: Callable, metric: Any, y_true: Any, y_pred: Any) -> Any:
     """[count, loss sum, metric sums ...] of one batch, float32; an empty batch (0, ...) gives zeros."""
     import tensorflow as tf
     batch = tf.cast(tf.shape(y_true)[0], tf.float32)

@@ -10,7 +10,7 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from common.base.documents import Figure, check
 from common.base.files import write_json_atomic
@@ -19,11 +19,7 @@ from common.base.errors import BenchError
 from common.runtime.dist import EXIT_STOPPED
 
 
-class Partial(TypedDict, total=False):
-    """The running sums of the epoch in progress."""
-
-    loss_sum: float
-    seconds: float
+PARTIAL_KEYS = ("loss_sum", "seconds")  # Progress.partial: the running sums of the epoch in progress
 
 
 @dataclasses.dataclass
@@ -34,7 +30,7 @@ class Progress:
     step: int = 0  # optimizer steps of `epoch` already done
     # the epochs' figures, each with its "epoch" (NaN is a figure too: an evaluation can give one)
     history: list[dict[str, int | Figure]] = dataclasses.field(default_factory=list)
-    partial: Partial = dataclasses.field(default_factory=dict)  # the epoch's running sums: loss_sum, seconds
+    partial: dict[str, float] = dataclasses.field(default_factory=dict)  # the epoch's running sums, PARTIAL_KEYS
     earlier_seconds: float = 0.0  # training time (run_start .. run_stop) of the attempts before this one
     attempt: int = 1  # 1 for a run that starts from scratch; +1 for each resume
 
@@ -43,6 +39,8 @@ class Progress:
             check(getattr(self, key) >= 1, key, getattr(self, key), "an integer >= 1")
         check(self.step >= 0, "step", self.step, "an integer >= 0")
         check(self.earlier_seconds >= 0, "earlier_seconds", self.earlier_seconds, "a number >= 0")
+        check(set(self.partial) <= set(PARTIAL_KEYS), "partial", sorted(self.partial),
+              f"keys among {list(PARTIAL_KEYS)}")
         check(self.partial.get("seconds", 0) >= 0, "partial.seconds", self.partial.get("seconds"), "a number >= 0")
         for i, record in enumerate(self.history):
             epoch = record.get("epoch")

@@ -29,7 +29,7 @@ import numpy as np
 from common.base.errors import BenchError
 from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import Steps, Trainee
-from common.runtime.strategy import DataParallel, Metric, PhaseClock, StepsFactory, batch_sums
+from common.runtime.strategy import DataParallel, PhaseClock, StepsFactory, batch_sums
 from cosmoflow.mesh.groups import SampleBlock
 from cosmoflow.mesh.blocks import OwnBlocks
 from cosmoflow.mesh.cluster import MeshCluster, exchange_addresses, session_config, start_server
@@ -239,7 +239,7 @@ def hybrid_steps(trainee: Trainee, dist: DistEnv, stop: StopRequests | None = No
 
 
 class _HybridSteps:
-    def __init__(self, model, optimizer, loss_fn, metric: Metric, dist: DistEnv, layout: GroupLayout,
+    def __init__(self, model, optimizer, loss_fn, metric: Any, dist: DistEnv, layout: GroupLayout,
                  mesh: GroupMesh | None):
         import tensorflow as tf
         self.model, self.loss_fn, self.metric, self.dist, self.layout, self.mesh = (

@@ -1,5 +1,5 @@
 """What every run's summary.json `system` object must hold (issue 24), checked on real runs' summaries; and the
-TensorBoard scalars rank 0 wrote (common/runtime/monitor.py's EventWriter), read back."""
+TensorBoard scalars rank 0 wrote (common/runtime/monitor.py's RunMonitor), read back."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""The elastic worker's hang watchdog (common/runtime/elastic.py, Heartbeat and watch) on a stand-in worker: a
+"""The elastic worker's hang watchdog (common/runtime/elastic.py, start_watchdog and watch) on a stand-in worker: a
 stopped worker is killed after the timeout with a message naming it; a live one is left alone, and the
 watchdog leaves when its worker does."""
 import signal
@@ -11,11 +11,11 @@ from tests.conftest import REPO, checkout_first_on_path
 
 WORKER = textwrap.dedent("""\
     import sys, time
-    from common.runtime.elastic import Heartbeat
-    beat = Heartbeat(5.0, "nodeA", 3)
-    print(beat.process.pid, flush=True)
+    from common.runtime.elastic import start_watchdog
+    watchdog, close = start_watchdog(5.0, "nodeA", lambda: 3)
+    print(watchdog.pid, flush=True)
     time.sleep(float(sys.argv[1]))
-    beat.close()
+    close()
 """)
 
 
