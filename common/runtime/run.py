@@ -1,19 +1,6 @@
-"""One MLPerf run, written once for both applications: `run_benchmark(app, config, overrides, stop)`.
-
-    cfg = load_config(...)                 # the typed config, the app's class
-    dist, strategy = ...                   # the DistEnv; data parallel, hybrid Mesh-TF or elastic
-    with Run.open(...) as run:             # resume point, resolved config.yaml, MLPerf log
-        run.stage(..., "before_run")       # data.stage_timing=before_run: staging precedes init
-        run.init_start()                   # init_start and the submission keys
-        trainee = app.build(cfg, strategy) # model, optimizer, schedule, loss, metric (no data read)
-        run.init_stop(strategy, keys)      # scale keys and hyperparameters, init_stop
-        run.start()                        # run_start (and resumed_from_checkpoint)
-        data_cfg = run.stage(..., "in_run")   # staging_start .. staging_stop when timed in the run
-        plan = run.plan_input(strategy)    # the input seed; how a resumed run reaches its position
-        data = app.input(cfg, data_cfg, strategy, plan.seed)
-        result = fit(Loop(...))            # the epochs (common/runtime/loop.py) with the run's callbacks
-        run.stopped(result)                # run_stop
-        return run.finish(...)             # io_report.json, summary.json; the exit code
+"""One MLPerf run, written once for both applications: `run_benchmark(app, config, overrides, stop)`, whose body
+reads as the run's steps in order (config, DistEnv and strategy; output directory, resume point and MLPerf log;
+staging; init; run_start; the input; the epochs under `fit` with the run's callbacks; run_stop; the summaries).
 
 Each application gives one `App` record of what is its own (config class, builders, hyperparameter keys,
 reference check, rank files); its train.py's `train()` hands it here. The `Run` carries what the steps share:

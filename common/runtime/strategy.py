@@ -167,13 +167,8 @@ def batch_sums(loss_fn: Callable, metric: Any, y_true: Any, y_pred: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- the phase clock
-# Where a rank's training steps spend their time, by phase, on the host's clock.
-#
-#     clock = PhaseClock(("compute", "allreduce", "update"), device_sync=sync_gpu if gpu else None)
-#     clock.start()            # at the start of a step
-#     ...                      # the phase's work
-#     clock.lap("compute")     # its seconds added to "compute"; the next phase starts now
-#
+# Where a rank's training steps spend their time, by phase, on the host's clock: `start()` at the start of a
+# step, then `lap(name)` at the end of each phase adds its seconds to `name`.
 # On a GPU the host runs ahead of the device, so a lap means nothing unless the device is drained first: with
 # `sync` on (the system window turns it on for the steps it records, common/runtime/monitor.py) every reading
 # waits for the device. Off, a reading costs one clock read, so the training steps keep their clock always.
