@@ -294,39 +294,25 @@ def _dali_pipeline(pipe: Pipe, shard: Shard, shuffle: bool, seed: int, device_id
 
 
 # ---------------------------------------------------------------------------- diagnosis
-def diagnose_read_error(files: Sequence[str], compression: str, sample_shape: Sequence[int],
-                        target_size: int, err: Exception) -> str:
-    """Find the first bad file and record behind a read error and describe it with the facts."""
-    import tensorflow as tf
-    expected = int(np.prod(sample_shape))
-    features = record_format.tf_features(target_size)
-    for path in files:
-        good = 0  # records read intact so far; the next one is the culprit
-        try:
-            for record in tf.data.TFRecordDataset(path, compression_type=compression):
-                example = tf.io.parse_single_example(record, features)
-                found = len(example[record_format.SAMPLE_KEY].numpy()) // record_format.STORED_SAMPLE_DTYPE.itemsize
-                if found != expected:
-                    return (f"{path}: record {good} holds {found} int16 values, expected {expected} for the "
-                            f"sample shape {list(sample_shape)}")
-                good += 1
-        except tf.errors.DataLossError as loss:
-            return (f"{path}: corrupt or truncated TFRecord at record {good} (bad length or CRC: "
-                    f"{loss.message.splitlines()[0]}); regenerate or reconvert this file")
-        except tf.errors.InvalidArgumentError as bad:
-            return f"{path}: record {good} is not {record_format.describe(target_size)}: {bad.message.splitlines()[0]}"
-        except UnicodeDecodeError:  # TensorFlow quotes a payload that is no Example in its error, undecodable
-            return (f"{path}: record {good} is not a tf.train.Example (its bytes do not parse as one); "
-                    f"expected {record_format.describe(target_size)}")
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return f"reading the CosmoFlow records failed ({first}); no bad record was found in {len(files)} files"
-
-
 def read_error(cfg: CosmoDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
     """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
+    from common.io.bad_record import first_bad_record, read_failure
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     drop = cfg.uneven_files == "drop"
     shards = rank_shards(manifest, cfg, dist, local_batch, lambda m: split_between_ranks(m, dist, local_batch, drop))
     files = [f for shard in shards.values() for f in shard.files]
-    compression = "GZIP" if manifest.compression == "gzip" else ""
-    return BenchError(diagnose_read_error(files, compression, manifest.sample_shape, manifest.target_size, err))
+    problem = first_bad_record(files, "GZIP" if manifest.compression == "gzip" else "",
+                               record_format.tf_features(manifest.target_size),
+                               record_format.describe(manifest.target_size), wrong_size(manifest.sample_shape))
+    return read_failure("CosmoFlow", err, files, dist.rank, problem)
+
+
+def wrong_size(sample_shape: Sequence[int]):
+    """What is wrong with a parsed record's sample size for `sample_shape`, or None."""
+    expected = int(np.prod(sample_shape))
+
+    def check(example: dict) -> str | None:
+        found = len(example[record_format.SAMPLE_KEY].numpy()) // record_format.STORED_SAMPLE_DTYPE.itemsize
+        return None if found == expected else (f"holds {found} int16 values, expected {expected} for the sample "
+                                               f"shape {list(sample_shape)}")
+    return check

@@ -289,41 +289,23 @@ def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[
 # ---------------------------------------------------------------------------- diagnosis
 def read_error(cfg: DeepCamDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
     """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
+    from common.io.bad_record import read_failure
     manifest = load_manifest(cfg.dir, expected_format=FORMAT)
     shards = rank_shards(manifest, cfg, dist, local_batch, lambda m: split_between_ranks(m, dist, local_batch))
     paths = list(dict.fromkeys(path for shard in shards.values() for path in shard.files))
-    problem = find_bad_record(paths, manifest)
-    if problem:
-        return BenchError(problem)
-    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return BenchError(f"reading the DeepCAM records failed ({first_line}); every record of the {len(paths)} files "
-                      f"rank {dist.rank} reads is intact and of the size {list(manifest.sample_shape)} needs")
+    return read_failure("DeepCAM", err, paths, dist.rank, find_bad_record(paths, manifest))
 
 
 def find_bad_record(paths: Sequence[str], manifest: Manifest) -> str | None:
     """The first problem in the record files `paths`: a bad frame or CRC, a foreign record, a wrong size."""
-    import tensorflow as tf
+    from common.io.bad_record import first_bad_record
     expected = record_format.feature_bytes(manifest.sample_shape)
-    features = record_format.tf_features()
-    compression = "GZIP" if manifest.compression == "gzip" else ""
-    for path in paths:
-        good = 0  # records read intact so far; the next one is the culprit
-        try:
-            for record in tf.data.TFRecordDataset(path, compression_type=compression):
-                example = tf.io.parse_single_example(record, features)
-                for key, size in expected.items():
-                    found = len(example[key].numpy())
-                    if found != size:
-                        return (f"{path}: record {good} has {found} bytes of {key!r}, expected {size} for samples "
-                                f"of shape {list(manifest.sample_shape)}; reconvert the dataset")
-                good += 1
-        except tf.errors.DataLossError as loss:
-            return (f"{path}: corrupt or truncated at record {good} ({loss.message.splitlines()[0]}); the file no "
-                    f"longer matches its xxh3-128 in the manifest (data.verify_checksums=true finds such files "
-                    f"up front): reconvert it")
-        except tf.errors.InvalidArgumentError as bad:
-            return f"{path}: record {good} is not {record_format.describe()} ({bad.message.splitlines()[0]})"
-        except UnicodeDecodeError:  # TensorFlow quotes a payload that is no Example in its error, undecodable
-            return (f"{path}: record {good} is not a tf.train.Example (its bytes do not parse as one); expected "
-                    f"{record_format.describe()}")
-    return None
+
+    def wrong_size(example: dict) -> str | None:
+        for key, size in expected.items():
+            if (found := len(example[key].numpy())) != size:
+                return (f"has {found} bytes of {key!r}, expected {size} for samples of shape "
+                        f"{list(manifest.sample_shape)}; reconvert the dataset")
+        return None
+    return first_bad_record(paths, "GZIP" if manifest.compression == "gzip" else "", record_format.tf_features(),
+                            record_format.describe(), wrong_size)

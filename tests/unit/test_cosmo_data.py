@@ -1,14 +1,21 @@
-"""cosmoflow.data: the diagnosis of a read failure names the file and the record (regressions found by fuzzing,
+"""cosmoflow.data: the diagnosis of a read failure (common/io/bad_record.py with CosmoFlow's record check) names
+the file and the record (regressions found by fuzzing,
 tests/fuzz/test_records_fuzz.py, docs/fuzzing.md)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cosmoflow.data import diagnose_read_error
+from common.io.bad_record import first_bad_record
+from common.io.formats import cosmoflow as record_format
+from cosmoflow.data import wrong_size
 from data_prep import tfrecords
 
 SHAPE = (4, 4, 4, 4)
+
+
+def diagnose(path) -> str | None:
+    return first_bad_record([str(path)], "", record_format.tf_features(4), record_format.describe(4), wrong_size(SHAPE))
 
 
 def _good() -> bytes:
@@ -25,7 +32,7 @@ def _good() -> bytes:
 def test_the_diagnosis_names_the_bad_record(tmp_path, bad, words):
     path = tmp_path / "f.tfrecord"
     tfrecords.write_record_file(path, [_good(), _good(), bad, _good()])
-    message = diagnose_read_error([str(path)], "", SHAPE, 4, RuntimeError("boom"))
+    message = diagnose(path)
     assert message.startswith(f"{path}: {words}"), message
 
 
@@ -35,5 +42,5 @@ def test_a_corrupt_frame_is_named_at_its_record(tmp_path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2 + 40] ^= 0x01  # a payload byte of record 1: its CRC no longer matches
     path.write_bytes(bytes(data))
-    message = diagnose_read_error([str(path)], "", SHAPE, 4, RuntimeError("boom"))
+    message = diagnose(path)
     assert message.startswith(f"{path}: corrupt or truncated TFRecord at record 1 (bad length or CRC"), message

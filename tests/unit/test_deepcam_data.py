@@ -326,7 +326,7 @@ def test_read_error_names_the_corrupt_file_and_record(records, tmp_path):
     with pytest.raises(tf.errors.DataLossError) as err:
         take(data.train, data.train_steps)
     message = str(read_error(cfg, 2, DistEnv(), err.value))
-    assert message.startswith(f"{root / entry.path}: corrupt or truncated at record 2 (")
+    assert message.startswith(f"{root / entry.path}: corrupt or truncated TFRecord at record 2 (")
     assert "reconvert it" in message
     intact = read_error(DeepCamDataConfig(dir=str(records)), 2, DistEnv(), RuntimeError("boom"))
     assert str(intact).startswith("reading the DeepCAM records failed (boom); every record of the 5 files")
