@@ -2,9 +2,9 @@
 A SIGSTOPped rank 0: its watchdog kills it after dist.elastic.hang_timeout_s; the other two roll back to the last
 commit, go on at size 2 and reach the target (a validation MAE only a model that learned meets), the new rank 0
 continuing the same MLPerf log, which summary.json and the log record the reset in and which passes the checker's
-structural rules. A SIGKILLed rank 0 re-admitted on its host after Horovod's blacklist cooldown (3, 2, 3), then a
-stop signal to one worker: all three stop with exit 75 and a checkpoint, which a plain run resumes. A host added
-to the discovery file mid-run: its worker joins at the next commit and the run finishes at size 3. DeepCAM: 2
+structural rules. Two workers, a host added to the discovery file in epoch 1: its worker joins at the next commit
+(2, 3); then a SIGKILLed rank 0 re-admitted on its host after Horovod's blacklist cooldown (3, 2, 3), and a stop
+signal to one worker: all three stop with exit 75 and a checkpoint, which a plain run resumes. DeepCAM: 2
 workers, one killed, the run finishes alone (its unreachable target: tests/integration/test_deepcam_e2e.py says
 why)."""
 import datetime
@@ -112,13 +112,16 @@ def _wait_for_epoch(log, epoch, launcher, timeout=120):
               timeout)
 
 
-def _evaluated_after_a_reset_to(size: int):
-    """Whether the events hold an evaluation after a reset to `size` ranks."""
-    def logged(events) -> bool:
-        reset = next((i for i, e in enumerate(events) if e["key"] == "elastic_reset" and e["value"]["size"] == size),
-                     None)
-        return reset is not None and any(e["key"] == "eval_error" for e in events[reset:])
-    return logged
+def _resets(events) -> list[dict]:
+    return [e for e in events if e["key"] == "elastic_reset"]
+
+
+def _evaluated_after_a_rejoin(events) -> bool:
+    """Whether the events hold an evaluation after a reset to 3 ranks that follows a reset to 2."""
+    sizes = [(i, e["value"]["size"]) for i, e in enumerate(events) if e["key"] == "elastic_reset"]
+    down = next((n for n, (_, size) in enumerate(sizes) if size == 2), None)
+    back = next((i for i, size in sizes[down + 1:] if size == 3), None) if down is not None else None
+    return back is not None and any(e["key"] == "eval_error" for e in events[back:])
 
 
 def _signal_in_epoch(launcher, out, rank: int, sig, epoch: int = 3, delay: float = 0.0) -> float:
@@ -182,23 +185,34 @@ def test_a_stopped_worker_is_killed_after_the_hang_timeout_and_the_run_finishes_
           f"after the stop; rolled back to epoch {resets[0]['value']['epoch']} step {resets[0]['value']['step']}")
 
 
-def test_a_killed_worker_comes_back_after_the_blacklist_cooldown_and_a_stop_signal_then_stops_every_worker(
+def test_a_host_added_to_discovery_joins_a_killed_worker_comes_back_after_the_cooldown_and_a_stop_signal_stops_all(
         tmp_path, cosmo_learnable):
-    """Rank 0 SIGKILLed in epoch 3: the other two go on at size 2 in the same log; its host, blacklisted for 1 to 2 s,
-    gets a worker again (size 3), and the run evaluates at size 3. A stop signal to one worker then stops all
-    three with exit 75 and a checkpoint of 3 ranks, from which a plain run of one process goes on to the target."""
+    """Two workers; a third host added to discovery in epoch 1 joins (size 3). The worker that started as rank 0 is
+    then SIGKILLed: the other two go on at size 2 in the same log; its host, blacklisted for 1 to 2 s, gets a worker
+    again (size 3), and the run evaluates at size 3. A stop signal to one worker then stops all three with exit 75
+    and a checkpoint of 3 ranks, from which a plain run of one process goes on to the target."""
     hosts = tmp_path / "hosts.txt"
-    hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+    hosts.write_text("\n".join(LOCAL_HOSTS[:2]) + "\n")
     # An evaluation every 2 epochs against a target out of reach: the run cannot end before the worker has come
     # back and the stop signal (the plain run that resumes it has the small model's target).
-    launcher, out = _launch(tmp_path, cosmo_learnable, 3, hosts, ["--blacklist-cooldown-range", "1", "2"],
+    launcher, out = _launch(tmp_path, cosmo_learnable, 2, hosts, ["--blacklist-cooldown-range", "1", "2"],
                             gloo_timeout=JOIN_GLOO_TIMEOUT,
                             train={**ELASTIC_CFG["train"], "max_epochs": 48, "eval_every": 2, "target": 1e-6})
-    _signal_in_epoch(launcher, out, 0, signal.SIGKILL, delay=0.15)  # a few of its 10 steps
+    log = out / "mlperf.log"
+    try:
+        # The others notice the host change within seconds, at a commit, and wait there for the new worker's
+        # start-up (TensorFlow import, model build).
+        _wait_for_epoch(log, 1, launcher)
+        hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
+        _wait_for(log, launcher, "the reset to size 3", lambda events: bool(_resets(events)))
+        joined_epoch = _resets(mlperf_log.read_events(log))[0]["value"]["epoch"]
+    except BaseException:
+        launcher.kill()
+        raise
+    _signal_in_epoch(launcher, out, 0, signal.SIGKILL, epoch=joined_epoch + 1, delay=0.15)  # a few of its steps
     killed = time.time()
     try:
-        _wait_for(out / "mlperf.log", launcher, "an evaluation after the reset to size 3",
-                  _evaluated_after_a_reset_to(3))
+        _wait_for(log, launcher, "an evaluation after the second reset to size 3", _evaluated_after_a_rejoin)
         rank_process(launcher.pid, 1).send_signal(signal.SIGUSR1)  # the worker that started as rank 1
         sent = time.monotonic()
     except BaseException:
@@ -211,16 +225,17 @@ def test_a_killed_worker_comes_back_after_the_blacklist_cooldown_and_a_stop_sign
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped"] and summary["status"] == "aborted" and summary["ranks"] == 3, summary
     elastic = summary["elastic"]
-    # Down to 2 after the kill, back to 3 when the host's blacklisting has expired and its worker has joined.
-    assert elastic["resets"] == 2 and elastic["sizes"] == [3, 2, 3], elastic
-    events = log_events(out / "mlperf.log")
+    # Up to 3 when the host joins, down to 2 after the kill, back to 3 when the host's blacklisting has expired
+    # and its worker has joined.
+    assert elastic["resets"] == 3 and elastic["sizes"] == [2, 3, 2, 3], elastic
+    events = log_events(log)
     resets = [e for e in events if e["key"] == "elastic_reset"]
-    assert resets[0]["value"]["size"] == 2 and resets[0]["value"]["epoch"] >= 3 and resets[1]["value"]["size"] == 3
+    assert [r["value"]["size"] for r in resets] == [3, 2, 3] and resets[1]["value"]["epoch"] > joined_epoch
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
     assert [e["key"] for e in events].count("run_start") == 1  # one log, continued by whoever is rank 0
-    assert check_log(out / "mlperf.log").structural_problems == ()
+    assert check_log(log).structural_problems == ()
     ckpt = check_checkpoint(Path(summary["checkpoint"]))
-    assert ckpt["ranks"] == 3 and ckpt["progress"]["epoch"] >= 3
+    assert ckpt["ranks"] == 3 and ckpt["progress"]["epoch"] > joined_epoch
     # Elastic runs cannot resume (docs/faults.md); a plain run at another size (one process) goes on from the
     # checkpoint to the small model's target.
     resumed = run_cmd([sys.executable, TRAIN, tmp_path / "c.yaml", "dist.elastic.enabled=false",
@@ -228,32 +243,11 @@ def test_a_killed_worker_comes_back_after_the_blacklist_cooldown_and_a_stop_sign
     assert resumed.returncode == 0 and "resuming from" in resumed.stdout, show(resumed)
     final = json.loads((out / "summary.json").read_text())
     assert final["status"] == "success" and final["attempt"] == 2 and final["ranks"] == 1
-    print(f"rank 0 killed; sizes {elastic['sizes']}, seconds lost {elastic['seconds_lost']}, re-admitted "
-          f"{resets[1]['time_ms'] / 1000 - killed:.1f} s after the kill; stop signal to the last worker's exit: "
-          f"{took:.1f} s; checkpoint at epoch {ckpt['progress']['epoch']} step {ckpt['progress']['step']}")
-
-
-def test_a_host_added_to_discovery_joins_and_the_run_finishes_at_size_three(tmp_path, cosmo_learnable):
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("\n".join(LOCAL_HOSTS[:2]) + "\n")
-    # The host added as epoch 1 begins, the first evaluation after epoch 8: the others notice the change within
-    # seconds, at a commit, and wait for the new worker's start-up (TensorFlow import, model build) there.
-    launcher, out = _launch(tmp_path, cosmo_learnable, 2, hosts, gloo_timeout=JOIN_GLOO_TIMEOUT,
-                            train={**ELASTIC_CFG["train"], "eval_every": 8})
-    try:
-        _wait_for_epoch(out / "mlperf.log", 1, launcher)
-        hosts.write_text("\n".join(LOCAL_HOSTS) + "\n")
-    except BaseException:
-        launcher.kill()
-        raise
-    summary = _finished(tmp_path, launcher, out)
-    elastic = summary["elastic"]
-    assert elastic["resets"] == 1 and elastic["sizes"] == [2, 3] and summary["ranks"] == 3, elastic
-    resets = [e for e in log_events(out / "mlperf.log") if e["key"] == "elastic_reset"]
-    assert len(resets) == 1 and resets[0]["value"]["size"] == 3
-    assert check_log(out / "mlperf.log").structural_problems == ()
     print(f"a worker joined: {elastic['seconds_lost'][0]:.2f} s from the host change's notice to the first step "
-          f"at size 3 (the new worker's start-up included)")
+          f"at size 3 (its start-up included); rank 0 killed; sizes {elastic['sizes']}, seconds lost "
+          f"{elastic['seconds_lost']}, re-admitted {resets[2]['time_ms'] / 1000 - killed:.1f} s after the kill; "
+          f"stop signal to the last worker's exit: {took:.1f} s; checkpoint at epoch {ckpt['progress']['epoch']} "
+          f"step {ckpt['progress']['step']}")
 
 
 def test_deepcam_killing_a_worker_rolls_back_and_finishes_alone(tmp_path, tmp_path_factory):
