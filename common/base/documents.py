@@ -11,8 +11,9 @@ Types a schema may use: nested dataclasses, TypedDicts (read into plain dicts), 
 fixed tuples, dict[str, X], X | None, unions of scalars (int | float keeps an integer an integer), Literal[...]
 (a choice set), int (a bool is none; within int64), float (finite; `NAN_OK` admits NaN and infinities), str,
 bool, bare dict / list (any JSON object / array), and Any. A field whose metadata is `REQUIRED` must be in the
-document, and not null, even though the constructor gives it a default (None for values computed later); one whose metadata is `NOT_STORED` is neither read nor
-written (the reader sets it, such as a manifest's directory).
+document, and not null, even though the constructor gives it a default (None for values computed later); one whose
+metadata is `NOT_STORED` is neither read nor written (the reader sets it, such as a manifest's directory); one whose
+metadata is `OMITTED` is written only when set (not None, not empty), so documents that do not use it keep their form.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ INT_LIMIT = 2 ** 63  # integers are int64 wherever they go
 NAN_OK = "nan-ok"  # Annotated[float, NAN_OK]: a figure that may be NaN or infinite (an evaluation can give one)
 REQUIRED = {"document": "required"}
 NOT_STORED = {"document": "not stored"}
+OMITTED = {"document": "omitted when unset"}
 Figure = typing.Annotated[float, NAN_OK]
 
 
@@ -376,11 +378,12 @@ def _float(strict: bool, nan_ok: bool) -> Convert:
 
 # ---------------------------------------------------------------------------- writing
 def to_dict(obj: Any) -> Any:
-    """Plain nested dicts and lists of a dataclass (tuples as lists; NOT_STORED fields left out), for JSON and
-    YAML."""
+    """Plain nested dicts and lists of a dataclass (tuples as lists; NOT_STORED fields, and OMITTED ones unset,
+    left out), for JSON and YAML."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if _stored(f)}
+        values = {f.name: (f, getattr(obj, f.name)) for f in dataclasses.fields(obj) if _stored(f)}
+        return {name: to_dict(value) for name, (f, value) in values.items()
+                if not (f.metadata.get("document") == OMITTED["document"] and value in (None, {}, ()))}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.base import documents
-from common.base.documents import NOT_STORED, REQUIRED, check
+from common.base.documents import NOT_STORED, OMITTED, REQUIRED, check
 from common.base.errors import BenchError
 
 MANIFEST_NAME = "manifest.json"
@@ -57,10 +57,10 @@ class FileEntry:
     # xxh3-128 of the file (staging and verification use it: about 15x cheaper than sha256) and its index. A
     # manifest holds it; None only in memory, before it is computed.
     xxh3_128: str | None = dataclasses.field(default=None, metadata=REQUIRED)
-    index_xxh3_128: str | None = None
+    index_xxh3_128: str | None = dataclasses.field(default=None, metadata=OMITTED)
     # The size of a compressed file's record stream once decompressed (`python -m data_prep index` records it;
     # staging that decompresses plans its free space with it); None for uncompressed files and converters'.
-    uncompressed_bytes: int | None = None
+    uncompressed_bytes: int | None = dataclasses.field(default=None, metadata=OMITTED)
 
     def __post_init__(self):
         for key in ("records", "bytes"):
@@ -73,10 +73,6 @@ class FileEntry:
               f"{'null' if self.index is None else 'a digest'}, as index is {self.index!r} (both or neither set)")
         check_xxh3(self.xxh3_128, "xxh3_128")
         check_xxh3(self.index_xxh3_128, "index_xxh3_128")
-
-
-# Keys written only when set.
-OPTIONAL_KEYS = ("index_xxh3_128", "uncompressed_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,12 +118,12 @@ class Manifest:
     source: dict  # converter-specific provenance: input directory, sizes, counts
     seed: int | None = None  # seed of the train/validation split, when the converter drew one
     # A target that is not a float32 vector (DeepCAM's (H, W) uint8 label map); None: (target_size,) float32.
-    target_shape: tuple[int, ...] | None = None
-    target_dtype: str | None = None
-    aux_files: dict[str, AuxFile] = dataclasses.field(default_factory=dict)  # name -> file
+    target_shape: tuple[int, ...] | None = dataclasses.field(default=None, metadata=OMITTED)
+    target_dtype: str | None = dataclasses.field(default=None, metadata=OMITTED)
+    aux_files: dict[str, AuxFile] = dataclasses.field(default_factory=dict, metadata=OMITTED)  # name -> file
     # Statistics of the training inputs computed by the converter, in its own form (CosmoFlow: per-channel
     # mean and std of log(1 + counts)); {} when the converter records none.
-    input_stats: dict = dataclasses.field(default_factory=dict)
+    input_stats: dict = dataclasses.field(default_factory=dict, metadata=OMITTED)
 
     def __post_init__(self):
         check(self.format in FORMATS, "format", self.format, f"one of {sorted(FORMATS)}")
@@ -149,35 +145,8 @@ class Manifest:
                                      f"xxh3-128 of the index {entry.index}")
 
     def to_dict(self) -> dict:
-        """The JSON form, in a fixed key order so equal manifests serialise to equal bytes.
-
-        The optional keys are written only when set, so manifests that do not use them keep their form.
-        """
-        target = {} if self.target_shape is None else {"target_shape": list(self.target_shape),
-                                                       "target_dtype": self.target_dtype}
-        aux = {name: _entry_dict(f) for name, f in self.aux_files.items()}
-        return {
-            "format": self.format,
-            "version": self.version,
-            "sample_shape": list(self.sample_shape),
-            "sample_dtype": self.sample_dtype,
-            "target_size": self.target_size,
-            **target,
-            "compression": self.compression,
-            "seed": self.seed,
-            "source": self.source,
-            "splits": {name: {"samples": split.samples, "files": [_entry_dict(f) for f in split.files]}
-                       for name, split in self.splits.items()},
-            **({"aux_files": aux} if aux else {}),
-            **({"input_stats": self.input_stats} if self.input_stats else {}),
-        }
-
-
-def _entry_dict(entry: FileEntry | AuxFile) -> dict:
-    """An entry's JSON form; the OPTIONAL_KEYS only when set."""
-    # Its fields are plain values, so no deep copy (dataclasses.asdict): thousands of entries per manifest.
-    return {f.name: v for f in dataclasses.fields(entry)
-            if (v := getattr(entry, f.name)) is not None or f.name not in OPTIONAL_KEYS}
+        """The JSON form (the fields in order; the optional ones only when set)."""
+        return documents.to_dict(self)
 
 
 # ---------------------------------------------------------------------------- writing
