@@ -301,7 +301,7 @@ def read_error(cfg: CosmoDataConfig, local_batch: int, dist: DistEnv, err: Excep
     drop = cfg.uneven_files == "drop"
     shards = rank_shards(manifest, cfg, dist, local_batch, lambda m: split_between_ranks(m, dist, local_batch, drop))
     files = [f for shard in shards.values() for f in shard.files]
-    problem = first_bad_record(files, "GZIP" if manifest.compression == "gzip" else "",
+    problem = first_bad_record(files, manifest.compression,
                                record_format.tf_features(manifest.target_size),
                                record_format.describe(manifest.target_size), wrong_size(manifest.sample_shape))
     return read_failure("CosmoFlow", err, files, dist.rank, problem)

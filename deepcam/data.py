@@ -307,5 +307,5 @@ def find_bad_record(paths: Sequence[str], manifest: Manifest) -> str | None:
                 return (f"has {found} bytes of {key!r}, expected {size} for samples of shape "
                         f"{list(manifest.sample_shape)}; reconvert the dataset")
         return None
-    return first_bad_record(paths, "GZIP" if manifest.compression == "gzip" else "", record_format.tf_features(),
+    return first_bad_record(paths, manifest.compression, record_format.tf_features(),
                             record_format.describe(), wrong_size)

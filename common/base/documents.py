@@ -380,15 +380,32 @@ def _float(strict: bool, nan_ok: bool) -> Convert:
 def to_dict(obj: Any) -> Any:
     """Plain nested dicts and lists of a dataclass (tuples as lists; NOT_STORED fields, and OMITTED ones unset,
     left out), for JSON and YAML."""
+    if isinstance(obj, _SCALARS):
+        return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        values = {f.name: (f, getattr(obj, f.name)) for f in dataclasses.fields(obj) if _stored(f)}
-        return {name: to_dict(value) for name, (f, value) in values.items()
-                if not (f.metadata.get("document") == OMITTED["document"] and value in (None, {}, ()))}
+        # Manifests hold hundreds of thousands of entries (staging writes one's JSON form into its stamp in the
+        # timed run): the field plan per class, no call per scalar.
+        plain = {}
+        for name, omitted in _plan(type(obj)):
+            value = getattr(obj, name)
+            if not (omitted and value in (None, {}, ())):
+                plain[name] = value if isinstance(value, _SCALARS) else to_dict(value)
+        return plain
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, bool], ...]:
+    """The stored fields of a dataclass, each with whether it is OMITTED when unset."""
+    return tuple((f.name, f.metadata.get("document") == OMITTED["document"]) for f in dataclasses.fields(cls)
+                 if _stored(f))
 
 
 def dumps(obj: Any, kind: str = "json", indent: int | None = 2) -> str:

@@ -14,14 +14,14 @@ def first_line(text: str, default: str = "") -> str:
 
 def first_bad_record(paths: Sequence[str], compression: str, features: dict, expected: str,
                      wrong_size: Callable[[dict], str | None]) -> str | None:
-    """The first problem in the TFRecord files `paths` (`compression`: "" or "GZIP"): a bad frame or CRC, a record
-    that is no tf.train.Example or not `expected` (parsed with `features`), or one for which `wrong_size(example)`
-    says what is wrong; None when every record is intact."""
+    """The first problem in the TFRecord files `paths` (`compression`: the manifest's, "none" or "gzip"): a bad
+    frame or CRC, a record that is no tf.train.Example or not `expected` (parsed with `features`), or one for which
+    `wrong_size(example)` says what is wrong; None when every record is intact."""
     import tensorflow as tf
     for path in paths:
         good = 0  # records read intact so far; the next one is the culprit
         try:
-            for record in tf.data.TFRecordDataset(path, compression_type=compression):
+            for record in tf.data.TFRecordDataset(path, compression_type="GZIP" if compression == "gzip" else ""):
                 problem = wrong_size(tf.io.parse_single_example(record, features))
                 if problem:
                     return f"{path}: record {good} {problem}"

@@ -15,7 +15,7 @@ SHAPE = (4, 4, 4, 4)
 
 
 def diagnose(path) -> str | None:
-    return first_bad_record([str(path)], "", record_format.tf_features(4), record_format.describe(4), wrong_size(SHAPE))
+    return first_bad_record([str(path)], "none", record_format.tf_features(4), record_format.describe(4), wrong_size(SHAPE))
 
 
 def _good() -> bytes:
