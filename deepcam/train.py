@@ -12,7 +12,7 @@ import dataclasses
 
 from common.base.cli import exit_now
 from common.base.errors import BenchError
-from common.runtime import run
+from common.runtime import command, run
 from common.runtime.loop import Trainee
 from common.runtime.dist import StopRequests
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
@@ -21,7 +21,7 @@ from deepcam.data import build_datasets, files_read, read_error
 
 
 def main(argv=None) -> int:
-    return run.main(APP, __doc__, train, argv)
+    return command.main(APP, __doc__, train, argv)
 
 
 def train(config: str, overrides: list[str], stop: StopRequests) -> int:

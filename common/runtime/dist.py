@@ -233,7 +233,7 @@ def describe(env: DistEnv) -> str:
 # a blocking one-scalar allreduce per step. Then every rank writes a checkpoint, logs run_stop with status
 # aborted and exits with EXIT_STOPPED (75, EX_TEMPFAIL: try again later, from the checkpoint).
 #
-# The train entry points install the handler before anything else (common/runtime/run.guarded_run), so a
+# The train entry points install the handler before anything else (common/runtime/command.guarded_run), so a
 # signal during start-up is remembered too: the run then ends before run_start (`StoppedBeforeStart`, also
 # EXIT_STOPPED), at the first point where its ranks meet (common/runtime/run.Run.init_start and start).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

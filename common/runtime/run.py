@@ -14,22 +14,19 @@ by a signal (after run_start with a checkpoint of where it stopped). Faults and 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from common.base.cli import guarded
 from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
 from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal
 from common.runtime.config import load_config, resolve, save_config
-from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart, describe, init_distributed
+from common.runtime.dist import DistEnv, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
 from common.runtime.loop import Callback, Loop, Trainee, fit
 from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code, failure_summary,
@@ -58,47 +55,6 @@ class App:
     closed_differences: Callable[[Any], list]  # how the config differs from the reference's closed run
     learning_rates: Callable[[Any, DataParallel], list]  # the dry run's learning rate at each epoch's start
     strategy: Callable[[Any, DistEnv], DataParallel] | None = None  # None: data parallel or elastic
-
-
-def parse_args(description: str, argv=None) -> argparse.Namespace:
-    """`train.py CONFIG [key=value ...] [--dry-run [--json] [--ranks N]]`."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", help="YAML config, e.g. <benchmark>/configs/*.yaml")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides such as train.max_epochs=4")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="resolve the run (config, RCP, ranks, global batch, division, learning rates), print "
-                             "it and exit 0 without reading data or training")
-    parser.add_argument("--json", action="store_true", help="with --dry-run: print one JSON object")
-    parser.add_argument("--ranks", type=int, default=None,
-                        help="with --dry-run: plan this many ranks (default: the launched ones)")
-    args = parser.parse_args(argv)
-    if (args.json or args.ranks is not None) and not args.dry_run:
-        parser.error("--json and --ranks go with --dry-run")
-    return args
-
-
-def main(app: App, description: str, train: Callable[[str, list, StopRequests], int], argv=None) -> int:
-    """A train.py's command line: `train(config, overrides, stop)`, or with --dry-run the plan of the run."""
-    args = parse_args(description, argv)
-    if args.dry_run:
-        from common.runtime.plan import dry_run  # only a dry run loads it
-        strategy = app.strategy or choose_strategy
-        return guarded(lambda: dry_run(app, strategy, args.config, args.overrides, args.ranks, args.json))
-    return guarded_run(lambda stop: train(args.config, args.overrides, stop))  # stop signals handled first
-
-
-def guarded_run(train: Callable[[StopRequests], int]) -> int:
-    """A train entry point's run: `train(stop)` with the stop signals handled from the first moment (a signal
-    during start-up is remembered, not fatal); returns its exit code, 2 for a BenchError, EXIT_STOPPED for a
-    stop before run_start (each with a one-paragraph message on stderr)."""
-    stop = StopRequests().install()
-    try:
-        return guarded(lambda: train(stop))
-    except StoppedBeforeStart as err:
-        print(f"stopped: {err}", file=sys.stderr, flush=True)
-        return EXIT_STOPPED
-    finally:
-        stop.uninstall()
 
 
 def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequests) -> int:

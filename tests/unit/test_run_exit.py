@@ -14,7 +14,8 @@ from common.io.input import Datasets
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart
 from common.runtime.loop import FitResult
-from common.runtime.run import Run, guarded_run, reading_as
+from common.runtime.command import guarded_run
+from common.runtime.run import Run, reading_as
 from common.runtime.strategy import DataParallel
 from cosmoflow.config import CosmoConfig
 from tests.conftest import REPO, run_cmd
