@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from common.runtime import monitor, probe
+from common.runtime import monitor
 from common.runtime.exchange import collective_figures
 from common.runtime.monitor import training_gflop_per_sample
 from common.runtime.strategy import PhaseClock
@@ -125,7 +125,7 @@ def test_the_probe_cache_is_used_only_for_the_same_host_cpu_and_tensorflow(tmp_p
     record = {**monitor.host_key(), "gemm_gflops": 50.0, "conv3d_gflops": 60.0, "peak_gflops": 60.0}
     monitor.cache_path().write_text(json.dumps(record))
     assert monitor.cached() == record
-    assert probe.probe() == record  # no new measurement
+    assert monitor.probe() == record  # no new measurement
     monitor.cache_path().write_text(json.dumps(record | {"tensorflow": "0.0.1"}))
     assert monitor.cached() is None
 
