@@ -296,8 +296,21 @@ def _wait_all(procs: list[subprocess.Popen], out: Path, indices: list[int], stop
                 if codes[i] is None and line and line != shown.get(i):
                     shown[i] = line
                     print(f"  run_{index:03d}: {line}", flush=True)
-        time.sleep(1.0)
+        _pause(procs, codes, stop)
     return codes
+
+
+def _pause(procs: list[subprocess.Popen], codes: list[int | None], stop: StopRequest, seconds: float = 1.0) -> None:
+    """Wait up to `seconds` between two looks at the runs, less when a run still going ends or a stop request
+    comes (its look then follows at once)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        going = [proc for proc, code in zip(procs, codes) if code is None]
+        if not going or any(proc.poll() is not None for proc in going):  # a run ended
+            return
+        if stop.signum and any(proc.pid not in stop.forwarded for proc in going):  # a request to pass on
+            return
+        time.sleep(0.05)
 
 
 def progress_line(log: Path) -> str:

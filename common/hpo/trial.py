@@ -174,7 +174,10 @@ def _watch(proc: subprocess.Popen, directory: Path, trial, space: Space, should_
             if line and line != shown:
                 shown = line
                 print(f"  trial {trial.number}: {line}", flush=True)
-        time.sleep(1.0)
+        try:
+            proc.wait(timeout=1.0)  # a look at the log each second; the training's end ends the wait at once
+        except subprocess.TimeoutExpired:
+            pass
     return pruned_at
 
 

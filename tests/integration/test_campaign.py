@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from common.base.procs import rank_process
 from common.campaign.analysis.logs import load_runs
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.cosmo_fixtures import write_learning_config
@@ -37,7 +38,8 @@ def test_a_killed_campaign_resumes_with_the_next_run(cosmo_learnable, tmp_path):
         while not (out / "runs/run_001/train.log").is_file():  # run 0 has finished, run 1 (the last) has started
             assert first.poll() is None and time.time() < deadline, first.stdout.read() if first.poll() else "timeout"
             time.sleep(0.5)
-        time.sleep(3)
+        # the kill comes once run 1's training process runs (horovodrun takes seconds to start it)
+        rank_process(first.pid, 0, script=f"run.output_dir={out / 'runs/run_001'}", timeout=300)
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=60) == 128 + signal.SIGTERM
     finally:

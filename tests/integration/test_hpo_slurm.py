@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.test_hpo import write_space
-from tests.integration.test_slurm import _job_state, _training, _wait_for
+from tests.integration.test_slurm import _ended, _job_state, _submit, _training, _wait_for
 
 pytestmark = pytest.mark.slow
 TRIALS = 1
@@ -36,12 +36,6 @@ def _render(tmp_path: Path, dataset: Path) -> Path:
                     "--nodes", 1, "--hpo", space, "--trials", TRIALS, "--time", "00:10:00", "--out", script])
     assert proc.returncode == 0, show(proc)
     return script
-
-
-def _submit(script: Path, env: dict, cwd: Path) -> str:
-    proc = subprocess.run(["sbatch", "--parsable", str(script)], env=env, cwd=cwd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout.strip().split(";")[0]
 
 
 def test_two_jobs_share_a_study_and_a_cancelled_jobs_trial_runs_again_in_the_other(slurm, cosmo_learnable, tmp_path):
@@ -65,8 +59,7 @@ def test_two_jobs_share_a_study_and_a_cancelled_jobs_trial_runs_again_in_the_oth
     cancelled = int(STARTED.findall(read(jobs[0]))[0])
     cancel = subprocess.run(["scancel", jobs[0]], env=slurm, capture_output=True, text=True)
     assert cancel.returncode == 0, cancel.stderr
-    _wait_for("both jobs ending", lambda: all(_job_state(slurm, j)[0] not in ("RUNNING", "PENDING", "COMPLETING")
-                                              for j in jobs), 600, outputs)
+    _wait_for("both jobs ending", lambda: all(_ended(slurm, j) for j in jobs), 600, outputs)
     print(f"two workers took {time.time() - t0:.0f} s")
     report = outputs()
     assert _job_state(slurm, jobs[0])[0] == "CANCELLED", report

@@ -22,7 +22,6 @@ import pytest
 import yaml
 
 from common.campaign.compliance import check_log
-from jobs.localslurm import submit
 from jobs.render import Job, render
 from jobs.site import load_site
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
@@ -31,39 +30,17 @@ from tests.integration.cosmo_fixtures import LEARNED_MAE, write_learning_config
 pytestmark = pytest.mark.slow
 
 
-def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm, cosmo_learnable, tmp_path):
-    site_file = tmp_path / "slurm-test.yaml"
-    site_file.write_text(yaml.safe_dump({
-        "name": "slurm-test", "description": "single-node Slurm started by the test", "scheduler": "slurm",
-        "launcher_args": "--mpi=pmix", "time_limit": "00:20:00", "ranks_per_node": 2, "cpus_per_rank": 1,
-        "python": sys.executable, "suite_dir": str(REPO), "data": {"cosmoflow": str(cosmo_learnable)},
-        "output_root": str(tmp_path / "out"), "stage_dir": str(tmp_path / "stage"),
-        "env": {"PYTHONPATH": checkout_first_on_path()}}))
-    config = write_learning_config(tmp_path / "small.yaml", cosmo_learnable, tmp_path / "unused")
-    script = tmp_path / "job.sh"
-    script.write_text(render(load_site(str(site_file)), Job(bench="cosmoflow", nodes=1, config=str(config))))
-    t0 = time.time()
-    rc, sbatch_output, output = submit(script, slurm, tmp_path, timeout=900, cwd=tmp_path)
-    assert rc == 0, sbatch_output + output[-5000:]
-    runs = list((tmp_path / "out").glob("cosmoflow-*"))
-    assert len(runs) == 1, output[-3000:]
-    summary = json.loads((runs[0] / "summary.json").read_text())
-    assert summary["ranks"] == 2 and summary["status"] == "success" and summary["final_metric"] < LEARNED_MAE
-    assert summary["io"]["ranks"][0]["staging"]["copied"] and str(tmp_path / "stage") in \
-        summary["io"]["ranks"][0]["staging"]["dir"]
-    checked = check_log(runs[0] / "mlperf.log")
-    assert checked.structural_problems == (), checked.messages
-    assert "compliance checker (hpc 3.0.0)" in output  # the script checked the log itself
-    print(f"sbatch --wait took {time.time() - t0:.0f} s")
+# ------------------------------------------------------------------------------- jobs followed in scontrol
+# A job's states once it has ended (scontrol shows COMPLETING until its processes are gone).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE")
 
 
-# ---------------------------------------------------------------------------- a campaign driven as a chain of jobs
-CHAIN_JOBS = 4
-CHAIN_TIMEOUT = 1200  # seconds for the whole chain: four jobs, three trainings of under a minute each here
-# A larger model than the learning config's, evaluated after its 20 epochs only: a training runs 10-15 s
-# after its first epoch starts here (the signals, sent then, must come while it trains) and meets the target.
-CHAIN_RUN = {"model": {"conv_filters": [16, 32, 64, 64], "dense_units": [64, 32]},
-             "train": {"max_epochs": 20, "eval_every": 20}}
+def _submit(script: Path, env: dict, cwd: Path) -> str:
+    """`sbatch SCRIPT` from `cwd`: the job's id."""
+    proc = subprocess.run(["sbatch", "--parsable", str(script)], env=env, cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip().split(";")[0]
 
 
 def _job_state(env: dict, job: str) -> tuple[str, str]:
@@ -72,6 +49,11 @@ def _job_state(env: dict, job: str) -> tuple[str, str]:
     state = re.search(r"JobState=(\S+)", text)
     code = re.search(r"ExitCode=(\S+)", text)
     return (state.group(1) if state else "UNKNOWN"), (code.group(1) if code else "")
+
+
+def _ended(env: dict, job: str) -> bool:
+    """Has the job ended (scontrol says so)?"""
+    return _job_state(env, job)[0] in ENDED
 
 
 def _wait_for(what: str, predicate, timeout: float, context) -> None:
@@ -86,6 +68,48 @@ def _training(run: Path) -> bool:
     """Has the run in `run` (a campaign's run directory) started its first epoch (its MLPerf log says so)?"""
     log = run / "mlperf.log"
     return log.is_file() and '"key": "epoch_start"' in log.read_text(errors="replace")
+
+
+def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm, cosmo_learnable, tmp_path):
+    site_file = tmp_path / "slurm-test.yaml"
+    site_file.write_text(yaml.safe_dump({
+        "name": "slurm-test", "description": "single-node Slurm started by the test", "scheduler": "slurm",
+        "launcher_args": "--mpi=pmix", "time_limit": "00:20:00", "ranks_per_node": 2, "cpus_per_rank": 1,
+        "python": sys.executable, "suite_dir": str(REPO), "data": {"cosmoflow": str(cosmo_learnable)},
+        "output_root": str(tmp_path / "out"), "stage_dir": str(tmp_path / "stage"),
+        "env": {"PYTHONPATH": checkout_first_on_path()}}))
+    config = write_learning_config(tmp_path / "small.yaml", cosmo_learnable, tmp_path / "unused")
+    script = tmp_path / "job.sh"
+    script.write_text(render(load_site(str(site_file)), Job(bench="cosmoflow", nodes=1, config=str(config))))
+    t0 = time.time()
+    # Followed with scontrol, not `sbatch --wait`: that polls the job 2, 8, then 32 s apart (up to half of
+    # MinJobAge), and so returned some 30 s after this job's end.
+    job = _submit(script, slurm, tmp_path)
+    log = tmp_path / f"cosmoflow-slurm-test-n1-{job}.out"  # the script's own --output, in the submit directory
+    read = lambda: log.read_text(errors="replace") if log.is_file() else ""  # noqa: E731
+    _wait_for("the job ending", lambda: _ended(slurm, job), 900, lambda: read()[-5000:])
+    output = read()
+    assert _job_state(slurm, job) == ("COMPLETED", "0:0"), f"{_job_state(slurm, job)}\n{output[-5000:]}"
+    runs = list((tmp_path / "out").glob("cosmoflow-*"))
+    assert len(runs) == 1, output[-3000:]
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["status"] == "success" and summary["final_metric"] < LEARNED_MAE
+    assert summary["io"]["ranks"][0]["staging"]["copied"] and str(tmp_path / "stage") in \
+        summary["io"]["ranks"][0]["staging"]["dir"]
+    checked = check_log(runs[0] / "mlperf.log")
+    assert checked.structural_problems == (), checked.messages
+    assert "compliance checker (hpc 3.0.0)" in output  # the script checked the log itself
+    print(f"the job took {time.time() - t0:.0f} s")
+
+
+# ---------------------------------------------------------------------------- a campaign driven as a chain of jobs
+CHAIN_JOBS = 4
+CHAIN_TIMEOUT = 1200  # seconds for the whole chain: four jobs, three trainings of under a minute each here
+# A larger model than the learning config's, evaluated after its 20 epochs only: a training runs 10-15 s
+# after its first epoch starts here (the signals, sent then, reach it within about 2 s, so they come while it
+# trains, with room for a faster host) and meets the target.
+CHAIN_RUN = {"model": {"conv_filters": [16, 32, 64, 64], "dense_units": [64, 32]},
+             "train": {"max_epochs": 20, "eval_every": 20}}
 
 
 def _render_chain(tmp_path: Path, config: Path) -> Path:
@@ -127,15 +151,14 @@ def test_a_campaign_chain_goes_on_after_a_stop_signal_and_a_cancelled_job(slurm,
     stop_signal = subprocess.run(["scancel", "--signal=USR1", "--batch", jobs[0]], env=slurm, capture_output=True,
                                  text=True)
     assert stop_signal.returncode == 0, stop_signal.stderr
-    _wait_for("job 1 ending", lambda: _job_state(slurm, jobs[0])[0] not in ("RUNNING", "PENDING"), 300, outputs)
+    _wait_for("job 1 ending", lambda: _ended(slurm, jobs[0]), 300, outputs)
     # job 2 moves job 1's stopped attempt aside and starts the run again
     aborted = campaign / "runs" / "aborted"
     _wait_for("job 2 training the first run again", lambda: _job_state(slurm, jobs[1])[0] == "RUNNING" and
               aborted.is_dir() and any(aborted.iterdir()) and _training(first_run), 600, outputs)
     cancel = subprocess.run(["scancel", jobs[1]], env=slurm, capture_output=True, text=True)
     assert cancel.returncode == 0, cancel.stderr
-    _wait_for("the chain ending", lambda: all(_job_state(slurm, j)[0] not in ("RUNNING", "PENDING", "COMPLETING")
-                                              for j in jobs), CHAIN_TIMEOUT, outputs)
+    _wait_for("the chain ending", lambda: all(_ended(slurm, j) for j in jobs), CHAIN_TIMEOUT, outputs)
     print(f"the chain of {CHAIN_JOBS} jobs took {time.time() - t0:.0f} s")
     states = [_job_state(slurm, j) for j in jobs]
     logs = {j: (tmp_path / f"cosmoflow-localhost-slurm-n1-{j}.out").read_text(errors="replace") for j in jobs}

@@ -2,30 +2,25 @@
 
 A shown command is `python -m MODULE ...`, `python SCRIPT.py ...`, a console script of setup.py (`sciml-...`),
 `data_prep ...`, `jobs render ...` or `make TARGET`, after any environment assignments, `time`, `nice` and
-launcher (`horovodrun ... python ...`). For each module or script one subprocess (this file run as a script)
+launcher (`horovodrun ... python ...`). For each module or script one subprocess (documented_commands_driver.py)
 takes the parser its `main()` builds, without running it: it parses every shown argument list of that command
 (an unknown flag or a renamed subcommand fails), prints `--help` of each shown subcommand, and for the training
 scripts runs the shown command with `--dry-run`. `make TARGET` must be a target of the Makefile.
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import importlib
 import importlib.util
-import io
 import json
 import re
-import runpy
 import shlex
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("documented_commands_driver.py")
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
 TICKS = re.compile(r"`([^`\n]+)`")
@@ -35,7 +30,6 @@ START = re.compile(r"(?<![\w/.-])(?:\S*python3? (?:-m \S+|\S+\.py)|make [\w-]+|s
 FOREIGN = ("pytest", "mlperf_logging.compliance_checker")
 # Shown modules whose main() takes no arguments (running it is the command: it is only checked to exist).
 NO_ARGUMENTS = ("jobs.docs",)
-TRAIN_SCRIPTS = ("cosmoflow/train.py", "deepcam/train.py", "cosmoflow.train", "deepcam.train")
 
 
 def entry_points() -> dict[str, str]:
@@ -116,141 +110,10 @@ def make_targets() -> set[str]:
     return set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
 
 
-# ----------------------------------------------------------------------------------------- the driver process
-_PLAIN = argparse.ArgumentParser.error, argparse.ArgumentParser.exit  # argparse's own, for the dry runs
-
-
-class _Parser(Exception):
-    """Raised from parse_args: the command's parser, taken before main() does anything with its arguments."""
-
-    def __init__(self, parser):
-        super().__init__("parser captured")
-        self.parser = parser
-
-
-class _Refused(Exception):
-    """argparse's error() or exit(), as an exception instead of the process's end."""
-
-
-def _take_parser(kind: str, target: str) -> argparse.ArgumentParser:
-    """The parser that `target`'s main() builds, from running it until it parses its arguments."""
-    def grab(self, *args, **kwargs):
-        raise _Parser(self)
-    saved = argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args
-    argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_known_args = grab
-    sys.argv = [target]
-    try:
-        if ":" in target:  # a console script's function
-            module, function = target.split(":")
-            getattr(importlib.import_module(module), function)()
-        elif kind == "script":
-            sys.path.insert(0, str((REPO / target).parent))
-            runpy.run_path(str(REPO / target), run_name="__main__")
-        else:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-    except _Parser as taken:
-        return taken.parser
-    finally:
-        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = saved
-    raise AssertionError(f"{target} ran without parsing any arguments")
-
-
-def _relax(parser: argparse.ArgumentParser) -> None:
-    """Nothing required, in `parser` and its subcommands: a page may show part of a command, and a missing
-    argument must not hide an unknown flag after it."""
-    for group in parser._mutually_exclusive_groups:
-        group.required = False
-    for action in parser._actions:
-        action.required = False
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in set(action.choices.values()):
-                _relax(sub)
-        elif not action.option_strings and action.nargs in (None, "+"):
-            action.nargs = "?" if action.nargs is None else "*"
-
-
-def _parse(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
-    """None when `args` parse, else why not; a placeholder's value (DIR, N, <...>) is no failure."""
-    try:
-        _, extra = parser.parse_known_args(args)
-    except _Refused as refused:
-        message = str(refused)
-        placeholder = re.search(r"(value|choice): '([A-Z_]+|PLACEHOLDER|[a-z])'", message)
-        if message == "exit 0" or placeholder:  # exit 0: a shown --help
-            return None
-        return message
-    unknown = [word for word in extra if re.match(r"--?[A-Za-z]", word)]
-    return f"unrecognized flags {unknown}" if unknown else None
-
-
-def _help(parser: argparse.ArgumentParser, subcommand: list[str]) -> str | None:
-    """None when `subcommand --help` prints help and exits 0, else what happened."""
-    try:
-        parser.parse_known_args([*subcommand, "--help"])
-    except _Refused as refused:
-        return None if str(refused) == "exit 0" else str(refused)
-    return "--help did not exit"
-
-
-def _dry_run(target: str, args: list[str], ranks: int) -> str | None:
-    """None when the shown training command with --dry-run exits 0, else its exit status."""
-    sys.argv = [target, *args, "--dry-run", "--ranks", str(ranks)]
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
-            if target.endswith(".py"):
-                runpy.run_path(str(REPO / target), run_name="__main__")
-            else:
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-    except SystemExit as done:
-        return None if done.code in (0, None) else f"--dry-run exited {done.code}: {said.getvalue()[-600:]}"
-    return None
-
-
-def _subcommand(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
-    """The shown subcommand (the first argument, when the parser has subcommands), for its --help."""
-    has_sub = any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
-    return args[:1] if has_sub and args and not args[0].startswith("-") else []
-
-
-def drive(kind: str, target: str, shown: list[dict]) -> dict:
-    """Check one command's shown argument lists in this process; returns the problems per shown line."""
-    def refuse(self, message):
-        raise _Refused(message)
-
-    def leave(self, status=0, message=None):
-        raise _Refused(f"exit {status}" if not message else message)
-    parser = _take_parser(kind, target)
-    _relax(parser)
-    argparse.ArgumentParser.error, argparse.ArgumentParser.exit = refuse, leave
-    problems, seen = {}, {}
-    for item in shown:
-        key = json.dumps([item["args"], item["ranks"]])
-        if key in seen:  # the same arguments shown again
-            if seen[key]:
-                problems[item["line"]] = seen[key]
-            continue
-        sub = _subcommand(parser, item["args"])
-        why = _parse(parser, item["args"]) or _help(parser, sub)
-        if why is None and _dry_runnable(target, item["args"]):
-            argparse.ArgumentParser.error, argparse.ArgumentParser.exit = _PLAIN
-            why = _dry_run(target, item["args"], item["ranks"])
-            argparse.ArgumentParser.error, argparse.ArgumentParser.exit = refuse, leave
-        seen[key] = why
-        if why:
-            problems[item["line"]] = why
-    return problems
-
-
-def _dry_runnable(target: str, args: list[str]) -> bool:
-    """A shown training command with its config, not elastic (whose dry run needs the elastic launcher)."""
-    return (target in TRAIN_SCRIPTS and bool(args) and args[0].endswith(".yaml")
-            and "dist.elastic.enabled=true" not in args)
-
-
 def run_driver(kind: str, target: str, shown: list[dict]) -> dict:
-    """`drive` in a fresh process (this file as a script), so that each command imports what it imports."""
-    proc = subprocess.run([sys.executable, __file__, kind, target, json.dumps(shown)], capture_output=True,
+    """The checks of one command in a fresh process (documented_commands_driver.py), so that each command
+    imports what it imports: {shown line: why it fails}."""
+    proc = subprocess.run([sys.executable, str(DRIVER), kind, target, json.dumps(shown)], capture_output=True,
                           text=True, cwd=REPO, timeout=300)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -259,15 +122,6 @@ def run_driver(kind: str, target: str, shown: list[dict]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------- tests
-@pytest.fixture(scope="module")
-def problems() -> dict:
-    """Every non-make command checked, two at a time: (kind, target) -> {shown line: why it fails}."""
-    checked = [key for key in COMMANDS if key[0] != "make" and key[1] not in NO_ARGUMENTS]
-    with ThreadPoolExecutor(2) as pool:
-        results = pool.map(lambda key: run_driver(*key, COMMANDS[key]), checked)
-    return dict(zip(checked, results))
-
-
 def test_the_pages_show_the_suites_commands():
     kinds = {kind for kind, _ in COMMANDS}
     assert kinds == {"make", "module", "script"}
@@ -280,12 +134,14 @@ def test_each_shown_make_target_exists(target):
     assert target in make_targets(), f"{COMMANDS['make', target][0]['page']} shows `make {target}`: no such target"
 
 
+# Each test runs its command's driver: a module fixture checking every command would run once in each
+# pytest-xdist worker that gets a test of this module.
 @pytest.mark.parametrize("key", sorted(k for k in COMMANDS if k[0] != "make"), ids=lambda k: k[1])
-def test_each_shown_command_accepts_its_shown_flags(key, problems):
+def test_each_shown_command_accepts_its_shown_flags(key):
     if key[1] in NO_ARGUMENTS:
         assert importlib.util.find_spec(key[1]) is not None, f"{key[1]} is shown but does not exist"
         return
-    found = problems[key]
+    found = run_driver(*key, COMMANDS[key])
     assert not found, "\n".join(f"{line!r}: {why}" for line, why in found.items())
 
 
@@ -307,10 +163,3 @@ def test_a_command_line_is_read_past_its_environment_and_launcher():
     assert command_of("sciml-export RUN_DIR --check", scripts) == ("module", "common.export:main",
                                                                    ["RUN_DIR", "--check"], 1)
     assert command_of("python -m pytest -q tests", scripts) is None
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    import common.base.cli
-    common.base.cli.exit_now = sys.exit  # the commands run in this process, which prints the verdict after them
-    print(json.dumps(drive(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))
