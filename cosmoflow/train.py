@@ -2,7 +2,7 @@
 
 Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
 mlperf.log (MLPerf HPC events, rank 0), summary.json and io_report.json. Exit codes: 0 target reached,
-1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss,
+1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss, 4 internal error,
 75 stopped by SIGTERM or SIGUSR1 (after a checkpoint; resume with checkpoint.resume=true).
 With parallel.spatial=[pd,ph] (pd * ph > 1) groups of pd * ph ranks split every sample's cube
 between them through Mesh-TensorFlow and the groups train data-parallel (cosmoflow/mesh/, docs/mesh.md);

@@ -2,7 +2,7 @@
 
 Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
 mlperf.log (MLPerf HPC events, rank 0), summary.json and io_report.json. Exit codes: 0 IoU target
-reached, 1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss,
+reached, 1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss, 4 internal error,
 75 stopped by SIGTERM or SIGUSR1 (after a checkpoint; resume with checkpoint.resume=true).
 With dist.elastic.enabled=true ranks may die or join (docs/faults.md).
 """

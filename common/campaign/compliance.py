@@ -3,7 +3,7 @@
 `python -m common.campaign.compliance RUN_DIR` checks RUN_DIR/mlperf.log with
 `python -m mlperf_logging.compliance_checker --usage hpc --ruleset 3.0.0`, keeps the
 checker's own log in RUN_DIR/compliance_checker.log, writes RUN_DIR/compliance.json and
-exits 0 only on the checker's SUCCESS.
+exits 0 on the checker's SUCCESS and 5 when it fails (common/base/exits.py).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.base import exits
 from common.base.cli import guarded
 from common.base.files import write_json_atomic
 from common.base.errors import BenchError
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
               f"{'SUCCESS' if result.passed else 'FAILED'}")
         for message in result.messages:
             print(f"  - {message}")
-        return 0 if result.passed else 1
+        return exits.SUCCESS if result.passed else exits.CHECKER_FAILED
 
     return guarded(run)
 

@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.base import exits
 from common.base.cli import guarded
 from common.base.files import write_json_atomic
 from common.base.errors import BenchError
@@ -51,7 +52,7 @@ from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, Camp
                                    load_spec, open_campaign, run_dir)
 
 PROGRESS_SECONDS = 60  # how often a running training's newest epoch line is shown
-EXIT_STOPPED = 75  # as a training stopped by a signal (common/runtime/dist.py): go on in a later job
+EXIT_STOPPED = exits.STOPPED  # as a training stopped by a signal (common/runtime/dist.py): go on in a later job
 
 
 class CampaignStopped(Exception):

@@ -27,6 +27,7 @@ import yaml
 
 from common.base import mlperf_log
 from common.base import documents
+from common.base import exits
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.version import REPO
@@ -35,7 +36,7 @@ from common.hpo.space import Param, Space, override
 from common.campaign.summary import SUMMARY_NAME, read_summary
 
 TRIAL_RECORD = "trial.json"
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = exits.BAD_INPUT
 PROGRESS_SECONDS = 60
 DISTANCE = {"eval_error": lambda v: v, "eval_accuracy": lambda v: 1.0 - v}  # CosmoFlow MAE, DeepCAM IoU
 

@@ -45,12 +45,17 @@ def main(app: App, description: str, train: Callable[[str, list, StopRequests], 
 def guarded_run(train: Callable[[StopRequests], int]) -> int:
     """A train entry point's run: `train(stop)` with the stop signals handled from the first moment (a signal
     during start-up is remembered, not fatal); returns its exit code, 2 for a BenchError, EXIT_STOPPED for a
-    stop before run_start (each with a one-paragraph message on stderr)."""
+    stop before run_start, 4 for any other exception (each with a message on stderr)."""
     stop = StopRequests().install()
     try:
-        return guarded(lambda: train(stop))
+        return guarded(lambda: _until_stopped(train, stop))
+    finally:
+        stop.uninstall()
+
+
+def _until_stopped(train: Callable[[StopRequests], int], stop: StopRequests) -> int:
+    try:
+        return train(stop)
     except StoppedBeforeStart as err:
         print(f"stopped: {err}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
-    finally:
-        stop.uninstall()

@@ -18,6 +18,7 @@ import os
 import signal
 from typing import Any, Sequence
 
+from common.base import exits
 from common.runtime import hvd_settings
 from common.runtime.config import DistConfig
 
@@ -237,7 +238,7 @@ def describe(env: DistEnv) -> str:
 # signal during start-up is remembered too: the run then ends before run_start (`StoppedBeforeStart`, also
 # EXIT_STOPPED), at the first point where its ranks meet (common/runtime/run.Run.init_start and start).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-EXIT_STOPPED = 75
+EXIT_STOPPED = exits.STOPPED
 
 
 class StoppedBeforeStart(Exception):

@@ -232,7 +232,7 @@ def _end_of_epoch(loop: Loop, totals: dict) -> None:
     loop.record({"loss": loss, "lr": loop.running.get("lr", 0.0), "steps": loop.step,
                  "train_seconds": loop.train_seconds, "samples_per_second": _rate(loop)} | totals)
     if not math.isfinite(loss):
-        loop.finish(RUN_ABORTED, f"non-finite training loss {loss} in epoch {epoch}", None)
+        loop.finish(RUN_ABORTED, f"non-finite training loss {loss} in epoch {epoch}", None, non_finite=True)
         return
     due = epoch == options.max_epochs or (not options.eval_every_steps and epoch % options.eval_every == 0)
     if loop.reached or (due and loop.evaluate()):

@@ -9,8 +9,9 @@ nothing below it calls back into it, and only this module sets what it trains (a
 Whatever ends a run after run_start, its MLPerf log ends with one run_stop and rank 0 writes summary.json:
 an exception leaving the `with` block is logged as run_stop aborted and written as the summary's reason
 before it goes on (`Run.abort`). A stop signal before run_start ends the run at init_start or start.
-Exit codes: 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite loss, 75 stopped
-by a signal (after run_start with a checkpoint of where it stopped). Faults and resuming: docs/faults.md.
+Exit codes (common/base/exits.py): 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite
+loss, 4 internal error (its traceback in the run directory's traceback.txt), 75 stopped by a signal (after
+run_start with a checkpoint of where it stopped). Faults and resuming: docs/faults.md.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from common.base.cli import write_traceback
+from common.base.errors import BenchError
 from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
 from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
@@ -312,6 +315,8 @@ class Run:
             return
         out = Path(self.cfg.run.output_dir)
         write_summary(failure_summary(self, error) | self._attempt_summary(), out)
+        if not isinstance(error, (BenchError, StoppedBeforeStart)):
+            write_traceback(error, out)  # an internal error: its traceback beside the summary (exit 4)
         self.log(f"aborted after {self.time_to_train:.1f} s of the timed run; summary in {out}/summary.json")
 
     def _stop_if_asked(self, before: str) -> None:

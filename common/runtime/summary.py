@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from common.base import exits
 from common.base.documents import Figure, check
 from common.base.files import write_json_atomic
 from common.runtime.config import MlperfConfig, to_dict
@@ -61,19 +62,21 @@ class FitResult:
     history: list[dict]
     train_seconds: float
     stopped: bool = False  # by a stop signal (exit code 75)
+    non_finite: bool = False  # by a non-finite training loss (exit code 3)
     checkpoint: str = ""  # the checkpoint written when it stopped
 
 
-EXIT_TARGET_NOT_REACHED = 1
-EXIT_NON_FINITE_LOSS = 3
+EXIT_TARGET_NOT_REACHED = exits.TARGET_NOT_REACHED
+EXIT_NON_FINITE_LOSS = exits.NON_FINITE_LOSS
 
 
 def exit_code(result: FitResult) -> int:
+    """The run's exit code, from how it ended (never from the text of its reason)."""
     if result.status == RUN_SUCCESS:
-        return 0
+        return exits.SUCCESS
     if result.stopped:
         return EXIT_STOPPED
-    return EXIT_NON_FINITE_LOSS if "non-finite" in result.reason else EXIT_TARGET_NOT_REACHED
+    return EXIT_NON_FINITE_LOSS if result.non_finite else EXIT_TARGET_NOT_REACHED
 
 
 def throughput(history: list[dict]) -> dict:

@@ -6,9 +6,12 @@ import json
 import os
 import signal
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from common.base import exits
 from common.base.errors import BenchError
 from common.io.input import Datasets
 from common.runtime.config import load_config
@@ -17,6 +20,7 @@ from common.runtime.loop import FitResult
 from common.runtime.command import guarded_run
 from common.runtime.run import Run, reading_as
 from common.runtime.strategy import DataParallel
+from common.runtime.summary import exit_code
 from cosmoflow.config import CosmoConfig
 from tests.conftest import REPO, run_cmd
 
@@ -104,6 +108,7 @@ def test_an_exception_after_run_stop_logs_no_second_one_and_still_leaves_the_sum
     events = _events(tmp_path)
     assert [e["key"] for e in events].count("run_stop") == 1 and events[-1]["metadata"]["status"] == "success"
     assert json.loads((tmp_path / "summary.json").read_text())["reason"] == "OSError: disk full"
+    assert "OSError: disk full" in (tmp_path / "traceback.txt").read_text()  # an internal error's traceback
 
 
 def _signalled(stop):
@@ -152,6 +157,43 @@ def test_guarded_run_turns_a_bench_error_into_exit_code_2(capsys):
         raise BenchError("data.dir /x not found")
 
     assert guarded_run(train) == 2 and "error: data.dir /x not found" in capsys.readouterr().err
+
+
+def test_any_other_exception_exits_4_with_one_line_and_its_traceback_in_a_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def train(_stop):
+        raise KeyError("cosmoflow")
+
+    assert guarded_run(train) == exits.INTERNAL_ERROR == 4
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("internal error: KeyError: 'cosmoflow' (raised at ")
+    assert f"{__file__}:" in err and "in train)" in err
+    path = Path(err.rsplit("traceback in ", 1)[1])
+    assert path.parent == tmp_path and path.name.endswith("-traceback.txt")
+    assert 'raise KeyError("cosmoflow")' in path.read_text() and "KeyError: 'cosmoflow'" in path.read_text()
+
+
+def test_a_run_in_its_directory_names_its_traceback_there(tmp_path, capsys):
+    def train(stop):
+        with Run.open("cosmoflow", _cfg(tmp_path), DistEnv(), stop) as run:
+            _until_started(run)
+            raise ZeroDivisionError("division by zero")
+
+    assert guarded_run(train) == 4
+    assert capsys.readouterr().err.strip().endswith(f"traceback in {tmp_path / 'traceback.txt'}")
+    assert "ZeroDivisionError: division by zero" in (tmp_path / "traceback.txt").read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["reason"] == "ZeroDivisionError: division by zero"
+
+
+def test_the_exit_code_comes_from_how_the_run_ended_not_from_its_reason():
+    ended = dict(epochs=2, metric=None, history=[], train_seconds=1.0)
+    assert exit_code(FitResult("aborted", "non-finite training loss nan in epoch 2", non_finite=True, **ended)) == 3
+    assert exit_code(FitResult("aborted", "a reason that says non-finite", **ended)) == 1
+    assert exit_code(FitResult("aborted", "stopped by SIGTERM", stopped=True, **ended)) == 75
+    assert exit_code(FitResult("success", "non-finite", **ended)) == 0
+    assert {exits.SUCCESS, exits.TARGET_NOT_REACHED, exits.BAD_INPUT, exits.NON_FINITE_LOSS, exits.INTERNAL_ERROR,
+            exits.CHECKER_FAILED, exits.STOPPED} == set(exits.MEANINGS) == {0, 1, 2, 3, 4, 5, 75}
 
 
 def test_exit_now_runs_the_exit_handlers_and_flushes_before_it_ends_the_process(tmp_path):

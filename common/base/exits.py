@@ -1,0 +1,29 @@
+"""The exit codes of every command of the suite: one meaning each (the README's "Exit codes" table).
+
+A training's code comes from its result (`common/runtime/summary.exit_code`), a command's from what ended it
+(`common/base/cli.guarded`); under horovodrun or srun every rank exits with the run's code.
+"""
+from __future__ import annotations
+
+SUCCESS = 0
+TARGET_NOT_REACHED = 1  # a training ended (train.max_epochs) without meeting its quality target
+BAD_INPUT = 2  # bad input or config: the message names the file or key, the value and what was expected
+NON_FINITE_LOSS = 3  # a training's loss became NaN or infinite
+INTERNAL_ERROR = 4  # an unexpected exception: a one-line message, the traceback in a file it names
+CHECKER_FAILED = 5  # the MLPerf compliance checker refused a log
+STOPPED = 75  # stopped by SIGTERM or SIGUSR1 (EX_TEMPFAIL: resume later, from the checkpoint when there is one)
+
+MEANINGS = {
+    SUCCESS: "success (a training: its quality target reached)",
+    TARGET_NOT_REACHED: "target not reached",
+    BAD_INPUT: "bad input or config",
+    NON_FINITE_LOSS: "non-finite loss",
+    INTERNAL_ERROR: "internal error",
+    CHECKER_FAILED: "compliance checker failed",
+    STOPPED: "stopped by a signal",
+}
+
+
+def meaning(code: int) -> str:
+    """What exit code `code` means, for messages ("exit 4 (internal error)")."""
+    return MEANINGS.get(code, "not a code of this suite")
