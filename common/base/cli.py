@@ -17,8 +17,6 @@ from common.base import exits
 from common.base.errors import BenchError
 from common.base.files import write_text_atomic
 
-EXIT_BAD_INPUT = exits.BAD_INPUT
-
 
 # Set on an exception whose traceback is already written (a training writes it into its run directory).
 TRACEBACK_FILE = "bench_traceback_file"
@@ -34,7 +32,7 @@ def guarded(run: Callable[[], int], prefix: str = "") -> int:
         message = textwrap.fill(f"{prefix}error: {err}", width=110, subsequent_indent="  ",
                                 break_long_words=False, break_on_hyphens=False)
         print(message, file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+        return exits.BAD_INPUT
     except Exception as err:  # noqa: BLE001 - every other failure is an internal error, exit 4
         path = getattr(err, TRACEBACK_FILE, None) or write_traceback(err, Path(tempfile.gettempdir()), unique=True)
         print(f"{prefix}internal error: {type(err).__name__}: {err} (raised at {raised_at(err)}); traceback in "

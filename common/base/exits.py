@@ -1,7 +1,7 @@
 """The exit codes of every command of the suite: one meaning each (the README's "Exit codes" table).
 
 A training's code comes from its result (`common/runtime/summary.exit_code`), a command's from what ended it
-(`common/base/cli.guarded`); under horovodrun or srun every rank exits with the run's code.
+(`common/base/cli.guarded`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,3 @@ MEANINGS = {
     STOPPED: "stopped by a signal",
 }
 
-
-def meaning(code: int) -> str:
-    """What exit code `code` means, for messages ("exit 4 (internal error)")."""
-    return MEANINGS.get(code, "not a code of this suite")

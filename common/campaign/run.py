@@ -52,7 +52,6 @@ from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, Camp
                                    load_spec, open_campaign, run_dir)
 
 PROGRESS_SECONDS = 60  # how often a running training's newest epoch line is shown
-EXIT_STOPPED = exits.STOPPED  # as a training stopped by a signal (common/runtime/dist.py): go on in a later job
 
 
 class CampaignStopped(Exception):
@@ -124,7 +123,7 @@ def was_stopped(out: Path, index: int, code: int) -> bool:
     ended on its own: exit 75, a summary saying it stopped (horovodrun exits 1 when its workers exit 75), or
     none (the signal came before the trainings handled it) all count as stopped, and the run runs again."""
     summary = run_dir(out, index) / SUMMARY_NAME
-    return code == EXIT_STOPPED or not summary.is_file() or read_summary(summary).stopped
+    return code == exits.STOPPED or not summary.is_file() or read_summary(summary).stopped
 
 
 def stage_path(spec: CampaignSpec, out: Path, index: int) -> Path:
@@ -447,7 +446,7 @@ def main(argv=None) -> int:
                 how = f"by {signal.Signals(stop.signum).name}" if stop.signum else "before its deadline"
                 print(f"campaign {out} stopped {how}: {err}; start it again with the same arguments to go on",
                       flush=True)
-                return EXIT_STOPPED
+                return exits.STOPPED  # as a stopped training: go on in a later job
         result = score_campaign(out, system_file=args.system_file)
         return 0 if result.valid else 1
 

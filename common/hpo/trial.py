@@ -36,7 +36,6 @@ from common.hpo.space import Param, Space, override
 from common.campaign.summary import SUMMARY_NAME, read_summary
 
 TRIAL_RECORD = "trial.json"
-EXIT_BAD_INPUT = exits.BAD_INPUT
 PROGRESS_SECONDS = 60
 DISTANCE = {"eval_error": lambda v: v, "eval_accuracy": lambda v: 1.0 - v}  # CosmoFlow MAE, DeepCAM IoU
 
@@ -193,7 +192,7 @@ def _result(space: Space, directory: Path, number: int, values: dict, code: int,
             pruned_at: float | None) -> TrialResult:
     summary_path = directory / SUMMARY_NAME
     summary = read_summary(summary_path) if summary_path.is_file() else None
-    if code == EXIT_BAD_INPUT and pruned_at is None:
+    if code == exits.BAD_INPUT and pruned_at is None:
         raise BenchError(f"trial {number} was refused its input or config (exit 2): see {directory / 'train.log'}; "
                          f"every trial would fail the same way")
     status = "pruned" if pruned_at is not None else summary.status if summary else "crashed"

@@ -1,7 +1,7 @@
 """A train.py's command line: `python <benchmark>/train.py CONFIG [key=value ...] [--dry-run [--json] [--ranks N]]`.
 
 `main` parses it and runs `train(config, overrides, stop)` under `guarded_run` (the stop signals handled from
-the first moment, a BenchError turned into exit code 2, a stop before run_start into EXIT_STOPPED), or with
+the first moment, a BenchError turned into exit code 2, a stop before run_start into exit code 75), or with
 --dry-run prints the plan of the run (common/runtime/plan.py). The run itself: common/runtime/run.py.
 """
 from __future__ import annotations
@@ -10,8 +10,9 @@ import argparse
 import sys
 from typing import Callable
 
+from common.base import exits
 from common.base.cli import guarded
-from common.runtime.dist import EXIT_STOPPED, StopRequests, StoppedBeforeStart
+from common.runtime.dist import StopRequests, StoppedBeforeStart
 from common.runtime.run import App, choose_strategy
 
 
@@ -44,7 +45,7 @@ def main(app: App, description: str, train: Callable[[str, list, StopRequests], 
 
 def guarded_run(train: Callable[[StopRequests], int]) -> int:
     """A train entry point's run: `train(stop)` with the stop signals handled from the first moment (a signal
-    during start-up is remembered, not fatal); returns its exit code, 2 for a BenchError, EXIT_STOPPED for a
+    during start-up is remembered, not fatal); returns its exit code, 2 for a BenchError, 75 for a
     stop before run_start, 4 for any other exception (each with a message on stderr)."""
     stop = StopRequests().install()
     try:
@@ -58,4 +59,4 @@ def _until_stopped(train: Callable[[StopRequests], int], stop: StopRequests) -> 
         return train(stop)
     except StoppedBeforeStart as err:
         print(f"stopped: {err}", file=sys.stderr, flush=True)
-        return EXIT_STOPPED
+        return exits.STOPPED

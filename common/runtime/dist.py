@@ -18,7 +18,6 @@ import os
 import signal
 from typing import Any, Sequence
 
-from common.base import exits
 from common.runtime import hvd_settings
 from common.runtime.config import DistConfig
 
@@ -232,13 +231,12 @@ def describe(env: DistEnv) -> str:
 # training step's gradient allreduce (`StopRequests.flag`, one more scalar in the fused allreduce; no collective of its
 # own), and the loop reads the agreed value after the step. Steps that do not carry it fall back to `agreed_now`,
 # a blocking one-scalar allreduce per step. Then every rank writes a checkpoint, logs run_stop with status
-# aborted and exits with EXIT_STOPPED (75, EX_TEMPFAIL: try again later, from the checkpoint).
+# aborted and exits with common/base/exits.STOPPED (75, EX_TEMPFAIL: try again later, from the checkpoint).
 #
 # The train entry points install the handler before anything else (common/runtime/command.guarded_run), so a
 # signal during start-up is remembered too: the run then ends before run_start (`StoppedBeforeStart`, also
-# EXIT_STOPPED), at the first point where its ranks meet (common/runtime/run.Run.init_start and start).
+# exit 75), at the first point where its ranks meet (common/runtime/run.Run.init_start and start).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-EXIT_STOPPED = exits.STOPPED
 
 
 class StoppedBeforeStart(Exception):

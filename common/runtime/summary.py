@@ -17,7 +17,6 @@ from common.base.documents import Figure, check
 from common.base.files import write_json_atomic
 from common.runtime.config import MlperfConfig, to_dict
 from common.base.errors import BenchError
-from common.runtime.dist import EXIT_STOPPED
 
 
 PARTIAL_KEYS = ("loss_sum", "seconds")  # Progress.partial: the running sums of the epoch in progress
@@ -66,17 +65,13 @@ class FitResult:
     checkpoint: str = ""  # the checkpoint written when it stopped
 
 
-EXIT_TARGET_NOT_REACHED = exits.TARGET_NOT_REACHED
-EXIT_NON_FINITE_LOSS = exits.NON_FINITE_LOSS
-
-
 def exit_code(result: FitResult) -> int:
     """The run's exit code, from how it ended (never from the text of its reason)."""
     if result.status == RUN_SUCCESS:
         return exits.SUCCESS
     if result.stopped:
-        return EXIT_STOPPED
-    return EXIT_NON_FINITE_LOSS if result.non_finite else EXIT_TARGET_NOT_REACHED
+        return exits.STOPPED
+    return exits.NON_FINITE_LOSS if result.non_finite else exits.TARGET_NOT_REACHED
 
 
 def throughput(history: list[dict]) -> dict:

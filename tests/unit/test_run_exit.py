@@ -15,7 +15,7 @@ from common.base import exits
 from common.base.errors import BenchError
 from common.io.input import Datasets
 from common.runtime.config import load_config
-from common.runtime.dist import DistEnv, EXIT_STOPPED, StopRequests, StoppedBeforeStart
+from common.runtime.dist import DistEnv, StopRequests, StoppedBeforeStart
 from common.runtime.loop import FitResult
 from common.runtime.command import guarded_run
 from common.runtime.run import Run, reading_as
@@ -146,7 +146,7 @@ def test_guarded_run_handles_the_stop_signals_from_the_start_and_restores_them(t
             _until_started(run)
         return 0
 
-    assert guarded_run(train) == EXIT_STOPPED
+    assert guarded_run(train) == exits.STOPPED
     assert "stopped: SIGTERM during start-up, before init_start" in " ".join(capsys.readouterr().err.split())
     assert signal.getsignal(signal.SIGTERM) == before
     assert guarded_run(lambda stop: 3) == 3
