@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
 
     def run() -> int:
-        from jobs.render import Job, render
+        from jobs.render import Job, init_estimate, render
         from jobs.site import example_sites, load_site
         if args.command == "sites":
             for name in example_sites():
@@ -58,6 +58,9 @@ def main(argv=None) -> int:
                   stop_margin=args.stop_margin, hpo=args.hpo, trials=args.trials, study_dir=args.study_dir)
         site = load_site(args.site)
         script = render(site, job)
+        line, late = init_estimate(site, job)
+        if line:  # on stderr: the script may be on stdout
+            print(("warning: " if late else "") + line, file=sys.stderr)
         if job.chain and not args.out:
             raise BenchError("--chain writes two scripts (the job and its submission): give --out")
         if not args.out:

@@ -21,6 +21,7 @@ import shlex
 from pathlib import Path
 
 from common.base.errors import BenchError
+from common.io import stage_rate
 from jobs import chain as chains
 from jobs import hpo as searches
 from jobs.site import Site
@@ -200,6 +201,8 @@ def settings(site: Site, job: Job, driven: bool) -> list[str]:
            f"dist.fusion_threshold_mb={h.fusion_threshold_mb:g}", f"dist.cycle_time_ms={h.cycle_time_ms:g}",
            f"dist.hierarchical_allreduce={str(h.hierarchical_allreduce).lower()}",
            f"dist.hierarchical_allgather={str(h.hierarchical_allgather).lower()}", f"mlperf.platform={site.name}"]
+    if site.stage_rate_gb_s:
+        out += [f"data.stage_rate_gb_s={site.stage_rate_gb_s:g}"]
     if site.stage_dir and not driven:  # a driver gives every run its own directory (--stage-dir)
         out += ["data.stage_dir=${STAGE_DIR:+$STAGE_DIR/$STAGE_NAME}", f"data.stage_mode={site.stage_mode}"]
     elif site.stage_dir:
@@ -476,6 +479,22 @@ def check_stage_capacity(site: Site, job: Job) -> None:
                      f"node (stage_capacity_gb), less than the {share:.0f} GB per node that {mode} staging of the "
                      f"{job.bench} dataset ({size:g} GB) on {job.nodes} nodes needs; use {more}, or another "
                      f"stage_dir (a larger node-local file system, or none to read data.dir in place)")
+
+
+def init_estimate(site: Site, job: Job) -> tuple[str, bool]:
+    """(the line, whether it warns) estimating how long the job's staging keeps init busy: the node's share of
+    the dataset (`stage_share_gb`) at the site's stage_rate_gb_s or the staging benchmark's rate; ("", False)
+    for a job that does not stage, or stages in the timed run."""
+    timing = "in_init"
+    for override in (*site.overrides.get(job.bench, ()), *job.overrides):
+        key, _, value = override.partition("=")
+        timing = value.strip() if key == "data.stage_timing" else timing
+    if not site.stage_dir or timing != "in_init":
+        return "", False
+    mode, _, _ = staging_of(site, job)
+    at = stage_rate.rate(site.stage_rate_gb_s, "plain", mode, key=f"site file {site.source or site.name}: "
+                                                                   f"stage_rate_gb_s")
+    return stage_rate.estimate(stage_share_gb(site, job) * 1e9, at, timing)
 
 
 def _stage_cleanup(site: Site, job: Job, campaign: bool) -> list[str]:

@@ -80,6 +80,10 @@ class Site:
     # whose share of the dataset per node is larger (jobs/render.py, `check_stage_capacity`). With Fugaku's
     # $PJM_LOCALTMP it is also the LLIO node temporary area the job asks for (#PJM --llio localtmp-size).
     stage_capacity_gb: float = 0.0
+    # GB/s one node stages at (from data, into stage_dir); 0: the rate benchmarks/staging_throughput.py measured
+    # on the machine `jobs render` runs on. Used for the estimate of init's length (common/io/stage_rate.py) and
+    # passed to the trainings as data.stage_rate_gb_s.
+    stage_rate_gb_s: float = 0.0
     # benchmark -> GB the staged dataset takes, where it is not the official one (jobs/render.py, DATASET_GB)
     dataset_gb: dict[str, float] = dataclasses.field(default_factory=dict)
     container: ContainerConfig = ContainerConfig()
@@ -161,6 +165,8 @@ def _check_staging(site: Site) -> None:
     """The node-local capacity and the dataset sizes: positive figures, for known benchmarks."""
     if site.stage_capacity_gb < 0:
         raise BenchError(f"stage_capacity_gb {site.stage_capacity_gb:g}: expected >= 0 (0: not known)")
+    if site.stage_rate_gb_s < 0:
+        raise BenchError(f"stage_rate_gb_s {site.stage_rate_gb_s:g}: expected >= 0 (0: the staging benchmark's rate)")
     if site.stage_capacity_gb and not site.stage_dir:
         raise BenchError(f"stage_capacity_gb {site.stage_capacity_gb:g} with an empty stage_dir: give the node-local "
                          f"directory it is the capacity of")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make demo: for each benchmark named on the command line, generate its mini synthetic dataset
 # (once), train with horovodrun -np $NP to the quality target (staging the dataset to $STAGE_DIR
-# first: before init, outside the timed run, as hpc 3.0.0 allows), run the official MLPerf compliance
+# inside init, logged and untimed, as hpc 3.0.0 allows), run the official MLPerf compliance
 # checker on the log, and print a summary table of the runs.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -14,7 +14,7 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 # editable install, which `python cosmoflow/train.py` would otherwise import.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 STAMP=$(date +%Y%m%d-%H%M%S)
-# Node-local directory below which each run stages its data (before init_start, untimed) into a directory of
+# Node-local directory below which each run stages its data (inside init, untimed) into a directory of
 # its own, removed after the run (STAGE_DIR itself is left alone).
 STAGE_DIR=${STAGE_DIR:-$DEMO_DIR/stage}
 runs=()

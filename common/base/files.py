@@ -65,3 +65,21 @@ def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return path
+
+
+RAM_FILESYSTEMS = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}  # statfs f_type magic numbers (linux/magic.h)
+
+
+def ram_filesystem(path: str | os.PathLike) -> str:
+    """"tmpfs" or "ramfs" when the resolved `path` lies on a file system held in RAM (statfs's f_type), else ""
+    (a path that does not exist, or a system without statfs, counts as not in RAM)."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return ""
+    buf = ctypes.create_string_buffer(256)  # struct statfs (120 bytes on 64-bit Linux); f_type comes first
+    if libc.statfs(os.fsencode(os.path.realpath(path)), buf) != 0:
+        return ""
+    return RAM_FILESYSTEMS.get(ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF, "")

@@ -205,8 +205,10 @@ def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str, decomp
 
 
 # ---------------------------------------------------------------------------- in a training run
-def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False) -> "StageResult":
-    """Stage data_cfg.dir into data_cfg.stage_dir on the ranks the mode picks; the others wait.
+def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False,
+                  planned: Callable[[Source, Plan], None] = lambda _source, _plan: None) -> "StageResult":
+    """Stage data_cfg.dir into data_cfg.stage_dir on the ranks the mode picks; the others wait. `planned` is
+    called with the source and this rank's plan before anything is copied.
 
     Collective: every rank calls it. When any staging rank fails, every rank raises its error
     (rather than waiting forever or reading a partial copy).
@@ -218,6 +220,7 @@ def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False)
     the_plan, result, error = None, None, None
     try:
         the_plan = plan(source, data_cfg.stage_mode, layout, rank_files, data_cfg.stage_decompress)
+        planned(source, the_plan)
         if the_plan.copies:
             result = stage(source, the_plan, data_cfg.stage_dir, threads=data_cfg.stage_threads,
                            reuse=data_cfg.stage_reuse, progress=progress)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypeVar
 import yaml
 
 from common.base import documents
+from common.base.files import ram_filesystem
 from common.base.errors import BenchError
 
 if TYPE_CHECKING:
@@ -178,10 +179,15 @@ class StagedDataConfig:
     # rank: each rank stages the files it reads; node: local rank 0 stages everything once per node;
     # node_share: local rank 0 stages the node's 1/nodes share, which the node's ranks reshuffle every epoch.
     stage_mode: Literal["rank", "node", "node_share"] = "node"
-    # before_run: staging precedes init_start, outside the timed run, as the hpc 3.0.0 rules the logs are
-    # checked against allow; in_run: staging is timed, between run_start and the first epoch (the stricter
-    # rule of MLPerf HPC v1.0 and v2.0, which the paper describes).
-    stage_timing: Literal["in_run", "before_run"] = "before_run"
+    # When staging happens (docs/fidelity.md, "Staging: the state of the rules"): in_init, inside init between
+    # staging_start and staging_stop, untimed, the order of NVIDIA's v3.0 logs and mlcommons/logging issue 318;
+    # in_run, timed, between run_start and the first epoch (the rule of v1.0 and v2.0, which the paper describes);
+    # before_init, before init_start, untimed and unlogged (the log then says open). One of STAGE_TIMINGS:
+    # checked in __post_init__, so that the old name before_run gets an error naming its new one.
+    stage_timing: str = "in_init"
+    # GB/s one node's staging copies at, for the estimate of init's length (common/io/stage_rate.py); 0: the
+    # rate benchmarks/staging_throughput.py measured on this machine kind.
+    stage_rate_gb_s: float = 0.0
     stage_threads: int = 0  # files or archives copied in parallel by a staging rank; 0: its cores
     stage_reuse: bool = False  # keep files an earlier staging verified and nothing changed since, else re-hash or
     # copy them (docs/staging.md, "Reuse"); the staging time then covers less
@@ -196,6 +202,15 @@ class StagedDataConfig:
 
     def __post_init__(self):
         check(self.stage_threads >= 0, "data.stage_threads", self.stage_threads, ">= 0 (0: the rank's cores)")
+        check(self.stage_timing != "before_run", "data.stage_timing", self.stage_timing,
+              "before_init (the old name before_run: staging before init_start, untimed and unlogged), or the "
+              "default in_init, or in_run")
+        check(self.stage_timing in STAGE_TIMINGS, "data.stage_timing", self.stage_timing, f"one of {STAGE_TIMINGS}")
+        check(self.stage_rate_gb_s >= 0, "data.stage_rate_gb_s", self.stage_rate_gb_s,
+              ">= 0 (0: the staging benchmark's rate)")
+
+
+STAGE_TIMINGS = ("in_init", "in_run", "before_init")
 
 
 def check(ok: bool, key: str, value: Any, expected: str) -> None:
@@ -236,10 +251,24 @@ def resolve(cfg: T, replicas: int, with_rcp: Callable, closed_differences: Calla
     local batch x `replicas`), mlperf.division settled (closed only for the reference's run); an auto
     division that falls to open is announced with the reasons."""
     cfg = with_rcp(cfg, cfg.train.local_batch_size * replicas)
-    found = closed_differences(cfg)
+    found = closed_differences(cfg) + data_differences(cfg.data)
     if found and cfg.mlperf.division == "auto":
         announce(f"mlperf.division=auto: logging open; not the reference's: {'; '.join(found)}")
     return resolve_division(cfg, found)
+
+
+def data_differences(data: StagedDataConfig) -> list[str]:
+    """How the run's data and its staging depart from the hpc rules (docs/fidelity.md): staging before
+    init_start, which the log cannot show, and a data.dir held in RAM (a stage_dir in RAM is allowed)."""
+    found = []
+    if data.stage_dir and data.stage_timing == "before_init":
+        found.append("data.stage_timing before_init (staging before init_start, untimed and unlogged; the rules' "
+                     "order stages inside init: in_init)")
+    ram = ram_filesystem(data.dir) if data.dir else ""
+    if ram:
+        found.append(f"data.dir {data.dir} is on {ram}, in RAM (the rules: data start on durable storage, which "
+                     f"\"explicitly excludes RAM\"; stage into RAM with data.stage_dir instead)")
+    return found
 
 
 def requested_rcp(cfg, benchmark: str, global_batch: int) -> Rcp | None:

@@ -69,8 +69,9 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences, announce=root_log(dist))
     rank_files = functools.partial(app.rank_files, cfg)
     with Run.open(app.name, cfg, dist, stop) as run:
-        run.stage(rank_files, "before_run")  # with data.stage_timing=before_run: outside the timed run
+        run.stage(rank_files, "before_init")  # data.stage_timing=before_init: untimed, unlogged, open division
         run.init_start()
+        run.stage(rank_files, "in_init")  # the default: staging_start, staging_stop inside init
         run.trainee = app.build(cfg, strategy)  # no data read in init
         strategy.prepare(cfg)  # hybrid: each group's Mesh-TF cluster and graphs
         run.init_stop(strategy, app.hyperparameters(cfg, strategy))
@@ -198,7 +199,7 @@ class Run:
         """Stage data.dir into data.stage_dir when data.stage_timing is `timing`; returns the data section the
         input pipelines read. The in-run call also starts the I/O counters of the training phase."""
         data = self.cfg.data
-        if not data.stage_dir and timing == "before_run":
+        if not data.stage_dir and timing == "before_init":
             check_unstaged_source(data)
         elif data.stage_dir and data.stage_timing == timing:
             self.staging = self._stage(rank_files)
@@ -337,16 +338,34 @@ class Run:
         self.monitor.stopped()
 
     def _stage(self, rank_files: RankFiles) -> StageResult:
-        """Stage the dataset to data.stage_dir between staging_start and staging_stop."""
+        """Stage the dataset to data.stage_dir, logged between staging_start and staging_stop (with its bytes and
+        rate) unless data.stage_timing is before_init; first the estimate of its time."""
         data = self.cfg.data
-        self.log(f"staging {data.dir} to {data.stage_dir} (data.stage_mode={data.stage_mode})")
+        logged = data.stage_timing != "before_init"
+        self.log(f"staging {data.dir} to {data.stage_dir} (data.stage_mode={data.stage_mode}, "
+                 f"data.stage_timing={data.stage_timing})")
         from common.io.staging import stage_for_run  # only a staged run loads the staging code
-        self.mlperf.start("staging_start")
-        staging = stage_for_run(data, self.dist, rank_files, progress=self.dist.is_root)
-        self.mlperf.end("staging_stop", staging_seconds=staging.seconds, staged_bytes=staging.bytes_written)
+        if logged:
+            self.mlperf.start("staging_start")
+        staging = stage_for_run(data, self.dist, rank_files, progress=self.dist.is_root, planned=self._estimate)
+        if logged:
+            self.mlperf.end("staging_stop", staging_seconds=round(staging.seconds, 3),
+                            staged_bytes=staging.bytes_written,
+                            staging_gb_per_second=round(staging.bytes_written / max(staging.seconds, 1e-9) / 1e9, 3))
         self.log(f"staged into {staging.dir}: {staging.files} files, {staging.bytes_written / 1e9:.3f} GB in "
                  f"{staging.seconds:.2f} s on rank 0" + ("" if staging.copied else " (waiting for its node's stager)"))
         return staging
+
+    def _estimate(self, source: Any, plan: Any) -> None:
+        """Print (rank 0) how long staging `plan` should take, with a warning when init may pass 25 minutes."""
+        if not self.dist.is_root:
+            return
+        from common.io import stage_rate
+        data = self.cfg.data
+        kind = source.compression if source.pack else "plain"
+        line, late = stage_rate.estimate(plan.node_bytes, stage_rate.rate(data.stage_rate_gb_s, kind, plan.mode),
+                                         data.stage_timing)
+        self.log(("warning: " if late else "") + line)
 
     def _attempt_summary(self, stopped: bool = False, checkpoint: str = "") -> dict:
         """The summary fields of a resumed run (or of one that stopped on a signal)."""

@@ -22,7 +22,7 @@ def cosmo(cosmo_dataset, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(cosmo, cosmo_two_rank_run, tmp_path_factory):
     """The module's 2-rank CosmoFlow trainings: `share` stages the packed copy node_share, timed in the run;
-    `rank` stages the packed copy, each rank its own share, before the run (the default stage_timing); `direct`
+    `rank` stages the packed copy, each rank its own share, inside init (the default stage_timing); `direct`
     reads the plain dataset where it lies (the session's `cosmo_two_rank_run`, of the same config). Each:
     (output directory, process). A plain dataset staged once per node (stage_mode=node): the hybrid run of
     test_mesh_train.py."""
@@ -61,10 +61,17 @@ def test_each_rank_staging_its_share_of_a_packed_copy_trains_as_the_data_read_in
     assert rank_report["files"] == 24  # each rank its own 12
 
 
-def test_staging_before_the_run_precedes_init_and_passes_the_checker(runs):
-    out, _ = runs["rank"]
-    keys = [e["key"] for e in log_events(out / "mlperf.log")]
-    assert keys[:2] == ["staging_start", "staging_stop"] and keys[2] == "init_start"
+def test_staging_by_default_is_inside_init_with_its_bytes_and_rate_and_passes_the_checker(runs):
+    out, proc = runs["rank"]
+    events = log_events(out / "mlperf.log")
+    keys = [e["key"] for e in events]
+    assert keys[0] == "init_start" and keys.index("init_start") < keys.index("staging_start") \
+        < keys.index("staging_stop") < keys.index("init_stop") < keys.index("run_start")
+    meta = events[keys.index("staging_stop")]["metadata"]
+    report = json.loads((out / "io_report.json").read_text())["staging"]
+    assert meta["staged_bytes"] > 0 and meta["staging_seconds"] > 0 and meta["staging_gb_per_second"] > 0
+    assert "GB per node at" in proc.stdout and "of init" in proc.stdout  # the estimate, before staging
+    assert report["files"] == 24
     assert check_log(out / "mlperf.log").structural_problems == ()
 
 

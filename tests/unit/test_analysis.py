@@ -40,6 +40,22 @@ def test_a_run_splits_into_staging_training_evaluation_and_other(tmp_path):
     assert failed["status"] == "aborted" and not failed["converged"] and math.isnan(failed["epochs_to_converge"])
 
 
+def test_staging_in_init_is_its_own_column_and_not_part_of_the_time_to_train(tmp_path):
+    """The staging events moved before run_start (data.stage_timing=in_init): the timed parts still add up."""
+    run = make_run(tmp_path / "camp", "run_000", minutes=10)
+    events = mlperf_log.read_events(run / "mlperf.log", strict=True)
+    start = next(e["time_ms"] for e in events if e["key"] == "run_start")
+    for e in events:
+        if e["key"] in ("staging_start", "staging_stop"):
+            e["time_ms"] = start - 20_000 + (5_000 if e["key"] == "staging_stop" else 0)
+    (run / "mlperf.log").write_text("".join(":::MLLOG " + json.dumps(e) + "\n" for e in events))
+    row, _ = logs.parse_run(run)
+    assert row["staging"] == 0 and row["init_staging"] == pytest.approx(5)
+    assert row["training"] + row["evaluation"] + row["other"] == pytest.approx(row["time_to_train"], abs=0.01)
+    assert row["staging_ratio"] == pytest.approx(5 / (row["training"] / 7))
+
+
+
 def test_runs_are_found_below_campaigns_but_not_in_aborted_or_submission(tmp_path):
     make_run(tmp_path / "camp", "run_000", 10)
     make_run(tmp_path / "camp", "run_001", 11)

@@ -175,7 +175,8 @@ def _run_row(run, attempts: list[_Attempt], summary, metrics, metric_key, train_
     training = sum(ms for ms, _ in pieces) / 1000
     whole_ms, whole_epochs = sum(ms for ms, w in pieces if w), sum(w for _, w in pieces)
     epochs = sorted({n for att in attempts for n, _, _ in att.epochs})
-    staging = sum(_staging_seconds(att.events) for att in attempts)
+    staging = sum(_staging_seconds(att.events, att.start, timed=True) for att in attempts)  # inside the run
+    init_staging = sum(_staging_seconds(att.events, att.start, timed=False) for att in attempts)  # before it
     ttt = sum(att.end - att.start for att in attempts) / 1000
     converged = status == "success"
     epoch_mean = whole_ms / 1000 / whole_epochs if whole_epochs else math.nan
@@ -188,7 +189,8 @@ def _run_row(run, attempts: list[_Attempt], summary, metrics, metric_key, train_
         "global_batch_size": global_batch,
         "local_batch_size": global_batch // ranks if global_batch and ranks and global_batch % ranks == 0 else None,
         "train_samples": train_samples, "eval_samples": _first(events, "eval_samples"),
-        "time_to_train": ttt, "staging": staging, "training": training, "evaluation": evaluation,
+        "time_to_train": ttt, "staging": staging, "init_staging": init_staging, "training": training,
+        "evaluation": evaluation,
         "other": max(ttt - staging - training - evaluation, 0.0), "epochs": len(epochs),
         "epochs_to_converge": max(metrics) if converged and metrics else math.nan,
         "metric_name": METRIC_KEYS.get(metric_key, metric_key),
@@ -196,7 +198,7 @@ def _run_row(run, attempts: list[_Attempt], summary, metrics, metric_key, train_
         "samples_per_second": train_samples * whole_epochs / (whole_ms / 1000) if train_samples and whole_ms > 0
         else math.nan,
         "epoch_seconds_mean": epoch_mean,
-        "staging_ratio": staging / epoch_mean if epochs and epoch_mean > 0 else math.nan,
+        "staging_ratio": (staging + init_staging) / epoch_mean if epochs and epoch_mean > 0 else math.nan,
         "unit_hours": units * ttt / 3600,
         "attempts": len(attempts),
         **system_columns(summary.get("system")),
@@ -221,9 +223,12 @@ def _number(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
-def _staging_seconds(events: list[dict]) -> float:
+def _staging_seconds(events: list[dict], run_start: float, timed: bool) -> float:
+    """The logged staging's seconds when it is inside the timed run (`timed`) or before run_start (not), else 0."""
     a, b = _first(events, "staging_start", "time"), _first(events, "staging_stop", "time")
-    return (b - a) / 1000 if a is not None and b is not None else 0.0
+    if a is None or b is None or (a >= run_start) != timed:
+        return 0.0
+    return (b - a) / 1000
 
 
 def _summary(run: Path) -> dict:
