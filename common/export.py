@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
+from common.base import exits
 from common.base.cli import exit_now, guarded
 from common.base.errors import BenchError
 from common.runtime.checkpoint import MODEL_FILE, check_checkpoint, checkpoint_dir, list_checkpoints
@@ -30,8 +31,8 @@ from common.runtime.config import CheckpointConfig, load_config
 FORMATS = ("onnx",)
 TOLERANCE = 1e-4  # of the largest absolute Keras output
 CONFIG_FILE = "config.yaml"
-HOW_TO_CHECKPOINT = ("train with checkpoint.every_epochs=1 (a checkpoint at the end of every epoch, and of the "
-                     "weights that reach the target)")
+HOW_TO_CHECKPOINT = ("a run that reaches its target keeps the weights that met it (checkpoint.keep_trained, the "
+                     "default); for others, train with checkpoint.every_epochs=1 (a checkpoint at every epoch's end)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +266,7 @@ def export_run(args: argparse.Namespace) -> int:
     if not args.check:
         return 0
     x = app.inputs(run.cfg, args.samples)
-    return 0 if check(model, session, x, args.tolerance, args.repeats).ok else 1
+    return exits.SUCCESS if check(model, session, x, args.tolerance, args.repeats).ok else exits.CHECKER_FAILED
 
 
 def main(argv=None) -> int:

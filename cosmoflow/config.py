@@ -65,7 +65,16 @@ class CosmoModelConfig:
     output_scale: float = 1.2
 
     def __post_init__(self):
-        check(len(self.input_shape) == 4, "model.input_shape", list(self.input_shape), "[D, H, W, C]")
+        check(len(self.input_shape) == 4 and min(self.input_shape) >= 1, "model.input_shape", list(self.input_shape),
+              "[D, H, W, C], each >= 1")
+        for key in ("kernel_size", "pool_size", "target_size"):
+            check(getattr(self, key) >= 1, f"model.{key}", getattr(self, key), "an integer >= 1")
+        for key in ("conv_filters", "dense_units"):
+            check(all(n >= 1 for n in getattr(self, key)), f"model.{key}", list(getattr(self, key)),
+                  "a list of integers >= 1")
+        check(len(self.conv_filters) >= 1, "model.conv_filters", list(self.conv_filters), "at least one layer")
+        check(self.leaky_slope >= 0, "model.leaky_slope", self.leaky_slope, ">= 0")
+        check(self.output_scale > 0, "model.output_scale", self.output_scale, "> 0")
         smallest = self.pool_size ** len(self.conv_filters)
         check(all(s >= smallest for s in self.input_shape[:3]), "model.input_shape", list(self.input_shape),
                f"spatial sizes >= {smallest} for {len(self.conv_filters)} poolings of {self.pool_size}")

@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from common.base import exits
 from common.base.files import write_json_atomic
 from common.io.formats import cosmoflow as cosmo_format
 from common.io.formats import deepcam as deepcam_format
@@ -572,4 +573,4 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json_atomic(report.to_dict(), args.json)
     print(format_report(report, args.max_per_kind), flush=True)
-    return 1 if report.findings else 0
+    return exits.BAD_INPUT if report.findings else exits.SUCCESS  # a dataset with findings is bad input

@@ -58,7 +58,8 @@ class DeepCamModelConfig:
     middle_blocks: int = 16  # Xception middle-flow blocks; 16 is the reference (fewer: quick smoke tests)
 
     def __post_init__(self):
-        check(len(self.input_shape) == 3, "model.input_shape", list(self.input_shape), "[H, W, C]")
+        check(len(self.input_shape) == 3 and self.input_shape[2] >= 1, "model.input_shape", list(self.input_shape),
+              "[H, W, C], C >= 1")
         check(all(s % 16 == 0 and s > 0 for s in self.input_shape[:2]), "model.input_shape",
                list(self.input_shape), "H and W positive multiples of 16 (output stride 16)")
         check(self.num_classes >= 2, "model.num_classes", self.num_classes, ">= 2")

@@ -74,6 +74,10 @@ class Job:
             raise BenchError(f"benchmark {self.bench!r}: expected one of {sorted(BENCH_CONFIGS)}")
         if self.nodes < 1:
             raise BenchError(f"--nodes {self.nodes}: expected >= 1")
+        for flag, value in (("--runs", self.runs), ("--instances", self.instances), ("--trials", self.trials),
+                            ("--stop-margin", self.stop_margin)):
+            if value < 0:
+                raise BenchError(f"{flag} {value}: expected an integer >= 0")
         if self.runs and self.instances:
             raise BenchError(f"--runs {self.runs} and --instances {self.instances}: give one")
         if self.chain < 0:

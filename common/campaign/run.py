@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import shlex
@@ -49,7 +48,7 @@ from common.base.errors import BenchError
 from common.base.version import REPO
 from common.campaign.summary import SUMMARY_NAME, read_summary
 from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, CampaignSpec, RunRecord, load_record,
-                                   load_spec, open_campaign, run_dir)
+                                   open_campaign, run_dir)
 
 PROGRESS_SECONDS = 60  # how often a running training's newest epoch line is shown
 
@@ -403,6 +402,17 @@ def spec_from_args(args: argparse.Namespace) -> CampaignSpec:
                         launcher=args.launcher, stage_dir=args.stage_dir, python=args.python)
 
 
+def check_config(spec: CampaignSpec) -> None:
+    """The trainings' config (the campaign's overrides and its last run's seed) checked by the application's
+    dry run, before any run starts: a bad override is refused now rather than by every run."""
+    from common.hpo.space import plan
+    try:
+        plan(spec.benchmark, Path(spec.config), [*spec.overrides, f"run.seed={spec.seed_of(spec.count - 1)}"],
+             spec.ranks)
+    except BenchError as err:
+        raise BenchError(f"the campaign's trainings would refuse their config: {err}") from None
+
+
 def _analysis_command(args: argparse.Namespace) -> int:
     """compare, rcp and rcp-check: commands on finished campaigns."""
     if args.command == "compare":
@@ -415,7 +425,7 @@ def _analysis_command(args: argparse.Namespace) -> int:
         return 0
     verdict = rcps.check_campaign(Path(args.campaign), Path(args.rcps))
     print(f"RCP checker: {'passed' if verdict['passed'] else 'failed'}: {verdict['message']} ({verdict['log']})")
-    return 0 if verdict["passed"] else 1
+    return exits.SUCCESS if verdict["passed"] else exits.CHECKER_FAILED
 
 
 def _exit_on_sigterm(signum, frame) -> None:
@@ -437,6 +447,7 @@ def main(argv=None) -> int:
             spec = spec_from_args(args)
             if not Path(spec.config).is_file():
                 raise BenchError(f"config {spec.config}: no such file")
+            check_config(spec)
             print(f"campaign {out}: {spec.benchmark}, {spec.count} runs "
                   f"{'at once' if spec.mode == 'throughput' else 'one after the other'}, {spec.ranks} ranks each",
                   flush=True)
@@ -448,7 +459,7 @@ def main(argv=None) -> int:
                       flush=True)
                 return exits.STOPPED  # as a stopped training: go on in a later job
         result = score_campaign(out, system_file=args.system_file)
-        return 0 if result.valid else 1
+        return exits.SUCCESS if result.valid else exits.TARGET_NOT_REACHED  # no valid score: too few runs converged
 
     return guarded(run)
 

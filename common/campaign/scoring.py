@@ -63,6 +63,7 @@ class RunScore:
     scale: int | None  # nodes x max(accelerators per node, 1), as the summariser counts an instance
     counted: bool = False  # in the olympic mean (time to train) or the instances (throughput)
     epochs: int | None = None  # the epoch of the last evaluation (of a compliant run: epochs to converge)
+    only_target_failed: bool = False  # not compliant, but the checker without the quality target's rule passes it
 
     @property
     def minutes(self) -> float | None:
@@ -181,6 +182,7 @@ def score_run(out: Path, index: int, spec: CampaignSpec) -> RunScore:
         return score
     checked = check_log(log, usage=USAGE, ruleset=RULESET)
     score.compliant, score.problems = checked.passed, list(checked.messages if not checked.passed else ())
+    score.only_target_failed = checked.only_target_failed
     keys = log_values(log)
     score.run_start_ms, score.run_stop_ms = keys.get("run_start"), keys.get("run_stop")
     score.epochs = keys.get("last_eval_epoch")

@@ -115,6 +115,7 @@ class SamplerSpec:
 
     def __post_init__(self):
         check(self.startup_trials >= 0, "startup_trials", self.startup_trials, ">= 0")
+        check(0 <= self.seed < 2 ** 32, "seed", self.seed, "an integer in [0, 2^32) (optuna's sampler seed)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +146,7 @@ class SpaceFile:
 
     def __post_init__(self):
         check(self.failure_penalty >= 1, "failure_penalty", self.failure_penalty, ">= 1 (a miss must not beat a hit)")
+        check(0 <= self.seed < 2 ** 31, "seed", self.seed, "an integer in [0, 2^31) (every trial's run.seed)")
         check(bool(self.params), "params", self.params, "a non-empty mapping of config keys to ranges")
         for name in self.params:
             check(name not in FIXED_BY_SEARCH and "." in name, f"params.{name}", name,

@@ -60,10 +60,6 @@ class Checkpoints(Callback):
         self.attempt = Progress()  # where this attempt began: its number and the earlier attempts' seconds
         self.last_time = time.monotonic()  # of the last checkpoint (every_minutes)
 
-    @property
-    def scheduled(self) -> bool:
-        return bool(self.cfg.every_epochs or self.cfg.every_minutes)
-
     def due(self, epoch: int) -> bool:
         """Whether the end of `epoch` is a periodic checkpoint (every_epochs, or every_minutes since the last)."""
         by_epochs = self.cfg.every_epochs and epoch % self.cfg.every_epochs == 0
@@ -91,16 +87,15 @@ class Checkpoints(Callback):
         if self.due(loop.epoch):
             self.save(loop, Progress(loop.epoch + 1, 0, loop.history))
 
-    def end(self, loop: Loop) -> None:
-        """A run that met its target saves the weights that met it when it checkpoints on a schedule: at the
-        epoch's end, the checkpoint of that end; inside the epoch, one of the step reached. `python -m
-        common.export` then exports the model that met the target (docs/export.md)."""
-        if loop.result.status != RUN_SUCCESS or not self.scheduled:
-            return
+    def keep_trained(self, loop: Loop) -> str:
+        """After run_stop (run.py `Run.keep_trained`), in a run that met its target: save the weights that met it
+        (collective; no input state, nothing is to resume): at the epoch's end, the checkpoint of that end;
+        inside the epoch, one of the step reached. `python -m common.export` then exports the model that met
+        the target (docs/export.md). Returns the checkpoint's path."""
+        self.input_state = False
         if loop.step == loop.data.train_steps:
-            self.save(loop, Progress(loop.epoch + 1, 0, loop.history))
-        else:
-            self.save(loop, Progress(loop.epoch, loop.step, loop.history, loop.partial()))
+            return self.save(loop, Progress(loop.epoch + 1, 0, loop.history))
+        return self.save(loop, Progress(loop.epoch, loop.step, loop.history, loop.partial()))
 
     def save(self, loop: Loop, progress: Progress) -> str:
         """Checkpoint `progress` (collective); returns its path."""
@@ -112,6 +107,15 @@ class Checkpoints(Callback):
                                       self.input_state)
         self.last_time = time.monotonic()
         return str(path)
+
+
+def keep_trained(loop: Loop) -> str:
+    """After run_stop: in a run that met its target, the weights that met it saved by its Checkpoints callback
+    (checkpoint.keep_trained; collective); returns the checkpoint's path, "" when none is written."""
+    checkpoints = next((c for c in loop.callbacks if isinstance(c, Checkpoints)), None)
+    if checkpoints is None or loop.result.status != RUN_SUCCESS or not checkpoints.cfg.keep_trained:
+        return ""
+    return checkpoints.keep_trained(loop)
 
 
 class StopSignal(Callback):

@@ -34,7 +34,11 @@ class RunConfig:
 
     name: str = "run"
     output_dir: str = "runs/${run.name}"
-    seed: int = 0
+    seed: int = 0  # in [0, 2^31): what TensorFlow, NumPy and DALI accept; a campaign's runs take seed + i
+
+    def __post_init__(self):
+        check(self.output_dir.strip() != "", "run.output_dir", self.output_dir, "a directory (not empty)")
+        check(0 <= self.seed < 2 ** 31, "run.seed", self.seed, "an integer in [0, 2^31)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,9 @@ class CheckpointConfig:
     on_signal: bool = True
     input_state: bool = True  # save each rank's tf.data iterator (exact resume; DALI's cannot be saved)
     resume: bool = False  # continue from the newest valid checkpoint (from scratch when there is none)
+    # A run that meets its target saves the weights that met it as its newest checkpoint, after run_stop (not
+    # timed), so that export and evaluation work on any successful run; false: it writes none for that.
+    keep_trained: bool = True
 
     def __post_init__(self):
         check(self.every_epochs >= 0, "checkpoint.every_epochs", self.every_epochs, ">= 0")

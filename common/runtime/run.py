@@ -27,7 +27,7 @@ from common.base.errors import BenchError
 from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
 from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
-from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal, keep_trained
 from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
@@ -82,12 +82,14 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
         run.data = app.input(cfg, data_cfg, strategy, plan.seed)
         run.input_ready()
         read_error = functools.partial(app.read_error, data_cfg, cfg.train.local_batch_size, strategy.input_dist)
+        loop = None if strategy.elastic else run.loop(strategy, run.callbacks(strategy, plan))
         with reading_as(read_error, run):
             if strategy.elastic:
                 result = strategy.run(functools.partial(elastic_attempt, app, run, strategy, data_cfg), run.mlperf)
             else:
-                result = fit(run.loop(strategy, run.callbacks(strategy, plan)))
+                result = fit(loop)
         run.stopped(result, strategy)
+        run.keep_trained(loop)  # after run_stop: the weights that met the target
         return run.finish(strategy, result)  # io_report.json, summary.json
 
 
@@ -162,6 +164,7 @@ class Run:
         self.data: Datasets | None = None
         self.monitor = RunMonitor(cfg, dist)
         self.attempts = 0  # an elastic run's (re)starts so far
+        self.trained = ""  # the checkpoint of the weights that met the target (keep_trained)
 
     @classmethod
     def open(cls, benchmark: str, cfg: Any, dist: DistEnv, stop: StopRequests) -> "Run":
@@ -266,7 +269,7 @@ class Run:
                                  input_layout(cfg, self.dist, strategy))
         resume = self.resume if not strategy.elastic else None
         checkpoints = None
-        if resume or ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal:
+        if resume or ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal or ckpt.keep_trained:
             input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
             checkpoints = Checkpoints(ckpt, lambda: self.checkpointer(position), input_state, self.run_start,
                                       resume, plan)
@@ -288,6 +291,12 @@ class Run:
         self._run_stop(result.status)
         self.io = io_stop(self.io, self.data, result.history, strategy.reads)
 
+    def keep_trained(self, loop: Loop | None) -> None:
+        """After run_stop, untimed: a run that met its target saves the weights that met it as its newest
+        checkpoint (checkpoint.keep_trained; collective). An elastic run (`loop` None) keeps only its commits."""
+        if loop is not None:
+            self.trained = keep_trained(loop)
+
     def finish(self, strategy: DataParallel, result: FitResult) -> int:
         """io_report.json and summary.json (rank 0; collectives on every rank); returns the exit code."""
         report = io_report(self.io, self.staging, result.history, self.dist)  # collective
@@ -300,7 +309,7 @@ class Run:
             summary = run_summary(self, result, self.trainee.metric.name, strategy.replicas) | extra | {
                 "io": report, "system": figures}
             write_io_report(report, out)
-            write_summary(summary | self._attempt_summary(result.stopped, result.checkpoint), out)
+            write_summary(summary | self._attempt_summary(result.stopped, result.checkpoint or self.trained), out)
             self.log(f"{result.status}: {result.reason}; time to train {self.time_to_train:.1f} s; summary in "
                      f"{out}/summary.json")
         # A rank that exits non-zero (target not reached) makes mpirun kill the others: wait for rank 0's summary.
@@ -368,7 +377,8 @@ class Run:
         self.log(("warning: " if late else "") + line)
 
     def _attempt_summary(self, stopped: bool = False, checkpoint: str = "") -> dict:
-        """The summary fields of a resumed run (or of one that stopped on a signal)."""
+        """The summary fields of a resumed run, of one that stopped on a signal, and the checkpoint it left (where
+        a stopped run resumes, or the weights that met the target)."""
         fields = {}
         if self.resume:
             progress = self.resume.progress
@@ -376,7 +386,9 @@ class Run:
                 "checkpoint": str(self.resume.path), "epoch": progress.epoch, "step": progress.step},
                 "time_to_train_all_attempts_seconds": progress.earlier_seconds + self.time_to_train}
         if stopped:
-            fields |= {"stopped": True, "checkpoint": checkpoint}
+            fields["stopped"] = True
+        if stopped or checkpoint:
+            fields["checkpoint"] = checkpoint
         return fields
 
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,19 @@ pytestmark = pytest.mark.slow
 def campaign_args(config, out, *extra):
     return [sys.executable, "-m", "common.campaign", "run", "cosmoflow", str(config), "--out", str(out), "--np", "1",
             "--system", "tinybox", *extra]
+
+
+def assert_kept_trained_weights(run):
+    """A run that met its target (with no checkpoint schedule) keeps the weights that met it: a checkpoint without
+    input state, written after run_stop, which summary.json names (checkpoint.keep_trained)."""
+    summary = json.loads((run / "summary.json").read_text())
+    checkpoint = run / "checkpoints" / Path(summary["checkpoint"]).name
+    assert summary["status"] == "success" and Path(summary["checkpoint"]) == checkpoint
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    assert meta["input_state"] is False and meta["progress"]["history"][-1]["epoch"] == summary["epochs"]
+    run_stop = next(json.loads(line[9:]) for line in (run / "mlperf.log").read_text().splitlines()
+                    if '"key": "run_stop"' in line)["time_ms"]
+    assert (checkpoint / "meta.json").stat().st_mtime * 1000 >= run_stop
 
 
 def test_a_killed_campaign_resumes_with_the_next_run(cosmo_learnable, tmp_path):
@@ -60,14 +74,16 @@ def test_a_killed_campaign_resumes_with_the_next_run(cosmo_learnable, tmp_path):
         log = (out / f"runs/run_{i:03d}/mlperf.log").read_text()
         seeds.append(json.loads(next(line for line in log.splitlines() if '"key": "seed"' in line)[9:])["value"])
         assert json.loads((out / f"runs/run_{i:03d}/campaign_run.json").read_text())["status"] == "success"
+        assert_kept_trained_weights(out / f"runs/run_{i:03d}")
     assert seeds == [1000, 1001]
     assert not list((tmp_path / "stage").iterdir())  # every run's staged copy removed after it
 
     score = json.loads((out / "score.json").read_text())
     assert again.returncode == 1, show(again)  # no valid score
     assert score["score_minutes"] is None and "2 runs failed" in score["reason"]
-    for run in score["runs"]:  # structurally compliant; only the rules' quality target is missed
-        assert not run["compliant"] and run["problems"] and all(p.startswith("Failed checks for eval_")
+    for run in score["runs"]:  # the checker's verdict: only the rules' quality target is missed
+        assert not run["compliant"] and run["only_target_failed"] and run["problems"] and all(
+            p.startswith("Failed checks for eval_")
                                                                 for p in run["problems"]), run
     assert sorted(p.name for p in (out / "submission/results/tinybox/strong/cosmoflow").iterdir()) == \
         ["result_0.txt", "result_1.txt"]

@@ -36,9 +36,9 @@ def test_two_rank_mini_run_evaluating_every_2_steps_writes_an_open_division_log_
     keys = [e["key"] for e in events]
     assert keys.count("eval_accuracy") == 4 and keys.count("epoch_start") == 2
     assert "iou" in proc.stdout and "step 6" in proc.stdout
-    # The checker's only finding may be the quality target, which a 2-epoch tiny run cannot reach.
+    # The checker's verdict: only the quality target fails, which a 2-epoch tiny run cannot reach.
     result = check_log(out / "mlperf.log")
-    assert "open_deepcam.yaml" in result.output and result.structural_problems == (), result.output
+    assert "open_deepcam.yaml" in result.output and result.only_target_failed, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["benchmark"] == "deepcam" and summary["ranks"] == 2 and summary["status"] == "aborted"
     assert 0.0 < summary["final_metric"] <= 1.0 and summary["epochs"] == 2

@@ -138,7 +138,7 @@ def test_a_signal_to_one_rank_stops_both_with_a_checkpoint_and_the_resumed_run_f
     resume = [e for e in events if e["key"] == "resumed_from_checkpoint"]
     assert len(resume) == 1 and resume[0]["value"]["epoch"] == epoch and resume[0]["value"]["attempt"] == 2
     assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"] == list(range(epoch, EPOCHS + 1))
-    assert check_log(out / "mlperf.log").structural_problems == ()
+    assert check_log(out / "mlperf.log").only_target_failed
     print(f"stop signal to exit: {took:.1f} s; stopped at epoch {meta['progress']['epoch']} step "
           f"{meta['progress']['step']}")
 
@@ -161,4 +161,4 @@ def test_the_hybrid_mesh_path_resumed_from_a_checkpoint_gives_its_straight_run(c
     _assert_same_run(outs["straight"], outs["resumed"])
     summary = json.loads((outs["resumed"] / "summary.json").read_text())
     assert summary["attempt"] == 2 and summary["epochs"] == 2 and summary["parallel"]["weights_identical"]
-    assert check_log(outs["resumed"] / "mlperf.log").structural_problems == ()
+    assert check_log(outs["resumed"] / "mlperf.log").only_target_failed

@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 
+from common.campaign.compliance import check_log
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.cosmo_fixtures import LEARNED_MAE, write_learning_config
 
@@ -62,6 +63,8 @@ def test_a_search_prunes_a_bad_trial_survives_a_killed_worker_and_reports_the_be
     assert list(done) == [0] and done[0]["state"] == "complete", said  # trial 1: no record, it did not run its course
     assert done[0]["status"] == "success" and done[0]["epochs"] <= 8 and done[0]["value"] == done[0]["epochs"]
     assert "trial 0 (1/2): target reached" in said and "trial 1: optimizer.base_lr=0.0002" in said, said
+    # trial 0 reached the test's target, not the rules': the checker fails that check and no other
+    assert check_log(out / "runs" / "run_000" / "mlperf.log").only_target_failed
 
     # the next start runs the killed trial's settings again, and the pruner stops them
     again = hpo(["run", space, "--out", out, "--trials", 2])

@@ -97,7 +97,7 @@ def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm
     assert summary["io"]["ranks"][0]["staging"]["copied"] and str(tmp_path / "stage") in \
         summary["io"]["ranks"][0]["staging"]["dir"]
     checked = check_log(runs[0] / "mlperf.log")
-    assert checked.structural_problems == (), checked.messages
+    assert checked.only_target_failed, checked.output
     assert "compliance checker (hpc 3.0.0)" in output  # the script checked the log itself
     print(f"the job took {time.time() - t0:.0f} s")
 

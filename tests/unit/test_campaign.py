@@ -7,6 +7,7 @@ import pytest
 
 from common.campaign import run as campaign
 from common.campaign.run import CampaignSpec, open_campaign, run_command, spec_from_args
+from common.campaign.spec import load_spec
 from common.base.errors import BenchError
 
 
@@ -74,9 +75,9 @@ def test_a_campaign_resumes_only_with_its_own_arguments_but_may_grow(tmp_path, c
     assert "extended from 2 to 3 runs" in capsys.readouterr().out
     saved = json.loads((out / "campaign.json").read_text())
     assert saved["spec"]["runs"] == 3 and saved["code"]["commit"]
-    assert campaign.load_spec(out) == spec(runs=3)
+    assert load_spec(out) == spec(runs=3)
     with pytest.raises(BenchError, match=r"nothing: no campaign.json; not a campaign directory"):
-        campaign.load_spec(tmp_path / "nothing")
+        load_spec(tmp_path / "nothing")
 
 
 def test_the_progress_line_is_the_newest_epoch_line_without_launcher_prefixes(tmp_path):
@@ -96,7 +97,7 @@ def test_a_campaign_json_without_newer_keys_resumes_with_their_defaults(tmp_path
     del saved["spec"]["python"]  # written before the key existed
     (out / "campaign.json").write_text(json.dumps(saved))
     open_campaign(out, spec(runs=2))
-    assert campaign.load_spec(out) == spec(runs=2)
+    assert load_spec(out) == spec(runs=2)
 
 
 def test_code_version_names_modified_files_whole(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from common.runtime.config import CheckpointConfig, TrainConfig
 from common.runtime.dist import DistEnv, StopRequests
 from common.base.errors import BenchError
 from common.io.input import Datasets
-from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal
+from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal, keep_trained
 from common.runtime.loop import Loop, Trainee, fit
 from common.runtime.strategy import data_parallel_steps
 from common.runtime.summary import MLPerfLog
@@ -47,12 +47,16 @@ class StopAt(StopRequests):
         super().arm()
 
 
-def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, target=0.0, eval_every_steps=0):
+def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, target=0.0, eval_every_steps=0,
+         keep_weights=True):
+    """fit() of a small model with the run's checkpoint callbacks, then what run.py does after run_stop
+    (`keep_trained`); returns the result and the model's final weights."""
     import keras
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
                               keras.layers.Dropout(0.3), keras.layers.Dense(4)])
-    cfg = CheckpointConfig(dir=str(out / "ckpt"), every_epochs=every_epochs, keep=keep, resume=resume)
+    cfg = CheckpointConfig(dir=str(out / "ckpt"), every_epochs=every_epochs, keep=keep, resume=resume,
+                           keep_trained=keep_weights)
     found = newest_valid(out / "ckpt", warn=lambda _m: None) if resume else None
     checkpoints = Checkpoints(cfg, lambda: Checkpointer(cfg, str(out), DistEnv(), "cosmoflow", lambda _m: None),
                               input_state=True, run_start=time.time(), resume=found,
@@ -63,8 +67,10 @@ def _fit(out, max_epochs, resume=False, stop=None, every_epochs=1, keep=10, targ
     trainee = Trainee(model, keras.optimizers.SGD(0.1, momentum=0.9), mse_loss, MeanAbsoluteError(),
                       lambda _data: lambda epoch: 0.05 * (1 + epoch))
     options = TrainConfig(max_epochs=max_epochs, target=target, eval_every_steps=eval_every_steps)
-    result = fit(Loop(trainee, _data(), data_parallel_steps(trainee, DistEnv(), stop.flag() if stop else None),
-                      DistEnv(), mlperf, options, callbacks, log=lambda _m: None))
+    loop = Loop(trainee, _data(), data_parallel_steps(trainee, DistEnv(), stop.flag() if stop else None),
+                DistEnv(), mlperf, options, callbacks, log=lambda _m: None)
+    result = fit(loop)
+    keep_trained(loop)
     mlperf.close()
     return result, [v.numpy() for v in model.variables]
 
@@ -201,18 +207,19 @@ def test_the_checkpoint_to_resume_is_its_meta_with_its_path(tmp_path):
     assert (found.progress.epoch, found.progress.step, found.progress.attempt) == (2, 0, 1)
 
 
-@pytest.mark.parametrize("every_epochs,saved", [(3, True), (0, False)])
-def test_the_epoch_that_reaches_the_target_saves_its_weights_when_checkpoints_are_scheduled(tmp_path, every_epochs,
-                                                                                            saved):
-    """Target reached in epoch 1, whose end is not due (every 3 epochs): the final weights are saved all the same,
-    so an export gets the model that met the target; a run without a schedule (signals only) saves nothing."""
-    result, final = _fit(tmp_path, 5, every_epochs=every_epochs, target=10.0)
+@pytest.mark.parametrize("every_epochs,keep,saved", [(3, True, True), (0, True, True), (3, False, False)])
+def test_the_epoch_that_reaches_the_target_keeps_its_weights_after_the_run_unless_told_not_to(tmp_path, every_epochs,
+                                                                                             keep, saved):
+    """Target reached in epoch 1, whose end is not due (every 3 epochs, or no schedule): after the run
+    (keep_trained, which run.py calls after run_stop) the final weights are saved all the same, without input
+    state, so an export gets the model that met the target; checkpoint.keep_trained=false saves nothing."""
+    result, final = _fit(tmp_path, 5, every_epochs=every_epochs, target=10.0, keep_weights=keep)
     assert result.status == "success" and result.epochs == 1
     found = list_checkpoints(tmp_path / "ckpt")
     assert [p.name for p in found] == (["ckpt-000000004"] if saved else [])
     if saved:
         meta = check_checkpoint(found[0])
-        assert (meta["progress"]["epoch"], meta["progress"]["step"]) == (2, 0)
+        assert (meta["progress"]["epoch"], meta["progress"]["step"]) == (2, 0) and meta["input_state"] is False
         with np.load(found[0] / "model.npz") as arrays:
             _same([arrays[f"v{i:05d}"] for i in range(2)], final[:2])  # the first Dense layer's kernel and bias
 

@@ -54,6 +54,13 @@ def test_int_accepted_for_float(cfg_file):
     ("noequals", ["section.key=value"]),
     ("dist.elastic.hang_timeout_s=2", ["dist.elastic.hang_timeout_s", "0 (no watchdog) or seconds >= 5"]),
     ("dist.elastic.hang_timeout_s=-1", ["dist.elastic.hang_timeout_s", "-1"]),
+    ("model.kernel_size=0", ["model.kernel_size", "0", "an integer >= 1"]),
+    ("model.pool_size=0", ["model.pool_size", "0", "an integer >= 1"]),
+    ("model.target_size=0", ["model.target_size", "an integer >= 1"]),
+    ("model.dense_units=[0]", ["model.dense_units", "[0]", "integers >= 1"]),
+    ("model.conv_filters=[]", ["model.conv_filters", "at least one layer"]),
+    ("run.seed=-1", ["run.seed", "-1", "[0, 2^31)"]),
+    ("run.output_dir=", ["run.output_dir", "''", "not empty"]),
 ])
 def test_bad_keys_and_values_name_the_key(cfg_file, override, words):
     with pytest.raises(BenchError) as err:

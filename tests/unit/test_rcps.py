@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from common.base import exits
 from common.base.errors import BenchError
 from common.campaign import rcps, scoring
 from common.campaign.run import main as campaign_main, run_dir
@@ -51,7 +52,7 @@ def test_an_rcp_file_from_a_campaign_round_trips_through_mlperf_loggings_checker
     fast = campaign_with_epochs(tmp_path / "fast", [3, 3, 4, 3, 3])
     verdict = rcps.check_campaign(fast, out)
     assert not verdict["passed"] and "RCP test FAILED" in verdict["message"]
-    assert campaign_main(["rcp-check", str(fast), "--rcps", str(out)]) == 1
+    assert campaign_main(["rcp-check", str(fast), "--rcps", str(out)]) == exits.CHECKER_FAILED == 5
 
 
 def test_runs_that_did_not_converge_are_left_out_and_too_few_are_refused(tmp_path):

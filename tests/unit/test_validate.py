@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.base import exits
 from common.io import tfrecord
 from common.io.manifest import MANIFEST_NAME
 from data_prep import tfrecords, validate
@@ -351,7 +352,7 @@ def test_several_problems_are_all_reported(copy, capsys):
                 ("unlisted", "validation/stray.tmp", None)}
     assert found(check(data)) == expected
     code, out, _ = cli(capsys, data, "--max-per-kind", 1)
-    assert code == 1
+    assert code == exits.BAD_INPUT == 2  # a dataset with findings is bad input
     assert "7 problems: missing 1, size 1, checksum 1, unlisted 1, framing 1, crc 2\n" in out
     assert f"  {train[0]} record 1: " in out and f"  {train[0]} record 6: " not in out  # one crc line shown
     assert "  ... and 1 more (--json writes them all)" in out
@@ -365,7 +366,7 @@ def test_json_report(copy, capsys):
     flip(data / rel, record_offset(data, rel, 1) + 100)
     out_path = data.parent / "reports" / "validate.json"
     code, _, _ = cli(capsys, data, "--json", out_path)
-    assert code == 1
+    assert code == exits.BAD_INPUT
     report = json.loads(out_path.read_text())
     assert report["dataset"] == str(data) and report["format"] == "deepcam-tfrecord"
     assert report["clean"] is False and report["problems"] == 2
