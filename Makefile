@@ -8,11 +8,12 @@ STAMP := $(VENV)/.setup-stamp
 DEMO_DIR ?= demo
 NP ?= 2
 
-.PHONY: setup demo slurm-demo test test-suite test-fast bench bench-reference study hpo-study scaling clean-demo help
+.PHONY: setup demo slurm-demo test test-suite test-fast fuzz bench bench-reference study hpo-study scaling clean-demo help
 help:
 	@echo "make demo    set up, generate the mini dataset, train with horovodrun -np $(NP) to the target,"
 	@echo "             check the MLPerf log, print a summary   (BENCH=cosmoflow|deepcam|all)"
 	@echo "make test    set up, run the test suite"
+	@echo "make fuzz    the command-line fuzz tests with 1,000 inputs per command (FUZZ_EXAMPLES=N)"
 	@echo "make slurm-demo  CosmoFlow mini to its target through a rendered Slurm script, submitted to a"
 	@echo "             one-node Slurm started on this host (needs root; docs/jobs.md)"
 	@echo "make setup   (re)install Debian packages, .venv, TensorFlow, Horovod, DALI, the project"
@@ -53,6 +54,9 @@ test: $(STAMP)
 test-suite:
 	$(PY) -m pytest tests/unit tests/fuzz -n $(TEST_WORKERS) $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/unit.xml)
 	$(PY) -m pytest tests/integration $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/integration.xml)
+
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(PY) -m pytest tests/fuzz -m fuzz -n $(TEST_WORKERS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "not slow"

@@ -24,6 +24,7 @@ import yaml
 
 from common.base import exits
 from common.base.cli import exit_now, guarded
+from common.base.files import check_target
 from common.base.errors import BenchError
 from common.runtime.checkpoint import MODEL_FILE, check_checkpoint, checkpoint_dir, list_checkpoints
 from common.runtime.config import CheckpointConfig, load_config
@@ -184,6 +185,8 @@ def export_onnx(model, out: Path) -> float:
     """Write `model` to `out` as ONNX through a temporary file; returns the seconds it took."""
     if not out.parent.is_dir():
         raise BenchError(f"--out {out}: directory {out.parent} does not exist")
+    if check_target(out).is_dir():
+        raise BenchError(f"--out {out}: a directory; expected the ONNX file's name")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.onnx")
     t0 = time.perf_counter()
     try:

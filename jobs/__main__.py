@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from common.base.cli import guarded
+from common.base.files import check_target
 from common.base.errors import BenchError
 from jobs import __doc__ as DOC
 from jobs.chain import DEFAULT_MARGIN
@@ -83,6 +84,11 @@ def submit_path(out: Path) -> Path:
 
 def _write(out: Path, text: str) -> None:
     """An executable script, written whole under a temporary name first."""
+    out = check_target(out)
+    if out.is_dir():
+        raise BenchError(f"--out {out}: a directory; expected the script's file name")
+    if not out.parent.is_dir():
+        raise BenchError(f"--out {out}: directory {out.parent} does not exist")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     tmp.chmod(0o755)

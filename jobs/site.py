@@ -119,8 +119,10 @@ def load_site(name_or_path: str) -> Site:
     if not path.is_file():
         raise BenchError(f"site {name_or_path!r}: {path} does not exist (examples: {', '.join(example_sites())})")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise BenchError(f"site file {path} is not UTF-8 text ({err})") from None
+    except (yaml.YAMLError, RecursionError) as err:
         raise BenchError(f"site file {path} is not valid YAML: {err}") from None
     if isinstance(raw, dict) and "source" in raw:
         raise BenchError(f"site file {path}: source is set to the file's path when it is read, not a key of the file")

@@ -31,7 +31,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     A directory replaces an existing `final` directory whole (the old one is deleted just before the rename).
     The parent directory is created when missing.
     """
-    final = Path(final)
+    final = check_target(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(final)
     remove_path(tmp)  # a leftover of an earlier process that had this pid
@@ -42,6 +42,19 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, final)
     finally:
         remove_path(tmp)  # still there only when the block or the rename failed
+
+
+def check_target(final: str | os.PathLike) -> Path:
+    """`final` as a Path, refused (BenchError) when the rename would replace something other than a file or a
+    directory (a device such as /dev/null, a socket, a pipe) or when it names no entry (/, ., ..)."""
+    from common.base.errors import BenchError
+    path = Path(final)
+    if path.name in ("", ".", ".."):
+        raise BenchError(f"{final}: names no file to write (expected a path ending in a file name)")
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise BenchError(f"{final}: exists and is neither a file nor a directory (a device, pipe or socket); "
+                         f"expected a path to write a file at")
+    return path
 
 
 def remove_path(path: str | os.PathLike) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from common.io.manifest import sha256_file
 from cosmoflow import train
-from tests.conftest import REPO, log_events, run_cmd
+from tests.conftest import REPO, horovodrun, log_events, run_cmd
 from tests.integration.cosmo_fixtures import write_config
 
 pytestmark = pytest.mark.slow
@@ -141,10 +141,12 @@ def test_unknown_config_key_in_a_real_process(dataset, tmp_path):
     assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1
 
 
-def test_non_finite_loss_aborts(dataset, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_non_finite_loss_aborts_and_the_launcher_exits_3(dataset, tmp_path, ranks):
+    """One process, and two ranks under horovodrun: every rank exits 3, so the launcher's code is the run's."""
     cfg = write_config(tmp_path / "c.yaml", dataset, tmp_path / "run")
-    proc = run_cmd([sys.executable, REPO / "cosmoflow/train.py", cfg, "optimizer.base_lr=1e12",
-                    "train.max_epochs=3"])
+    args = [REPO / "cosmoflow/train.py", cfg, "optimizer.base_lr=1e12", "train.max_epochs=3"]
+    proc = run_cmd([sys.executable, *args]) if ranks == 1 else horovodrun(2, args)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     last = log_events(tmp_path / "run/mlperf.log")[-1]
     assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted"

@@ -1,6 +1,7 @@
 """Bad input that commands once accepted or crashed on (issue 47 §3): each is refused with exit 2 and a message
 naming the value and what was expected, before any work starts."""
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,30 @@ def test_a_campaign_with_a_bad_override_is_refused_before_its_first_run(tmp_path
     err = " ".join(capsys.readouterr().err.split())
     assert code == exits.BAD_INPUT and "would refuse their config" in err and "model.kernel_size = 0" in err, err
     assert not (out / "runs").exists()  # no run started
+
+
+@pytest.mark.parametrize("out, words", [("/dev/null", "neither a file nor a directory"),
+                                        ("/no-such-dir/x.sh", "directory /no-such-dir does not exist"),
+                                        ("/tmp", "a directory")])
+def test_jobs_render_writes_its_script_only_to_a_file_path(capsys, out, words):
+    code = jobs_main(["render", "--site", "localhost", "--bench", "cosmoflow", "--nodes", "1", "--out", out])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == exits.BAD_INPUT and words in err and "Traceback" not in err, err
+    assert Path("/dev/null").is_char_device()  # never replaced by a rename
+
+
+def test_an_atomic_write_refuses_to_replace_a_device_or_a_path_without_a_name(tmp_path):
+    from common.base.files import write_text_atomic
+    for target in ("/dev/null", "/", str(tmp_path) + "/.."):
+        with pytest.raises(BenchError):
+            write_text_atomic("x", target)
+    assert Path("/dev/null").is_char_device()
+    assert write_text_atomic("x", tmp_path / "a.txt").read_text() == "x"
+
+
+def test_a_site_file_that_is_not_utf8_is_bad_input(tmp_path, capsys):
+    site = tmp_path / "site.yaml"
+    site.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    code = jobs_main(["render", "--site", str(site), "--bench", "cosmoflow", "--nodes", "1"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == exits.BAD_INPUT and f"site file {site} is not UTF-8 text" in err and "Traceback" not in err, err
