@@ -73,7 +73,6 @@ class CosmoModelConfig:
             check(all(n >= 1 for n in getattr(self, key)), f"model.{key}", list(getattr(self, key)),
                   "a list of integers >= 1")
         check(len(self.conv_filters) >= 1, "model.conv_filters", list(self.conv_filters), "at least one layer")
-        check(self.leaky_slope >= 0, "model.leaky_slope", self.leaky_slope, ">= 0")
         check(self.output_scale > 0, "model.output_scale", self.output_scale, "> 0")
         smallest = self.pool_size ** len(self.conv_filters)
         check(all(s >= smallest for s in self.input_shape[:3]), "model.input_shape", list(self.input_shape),
