@@ -92,19 +92,19 @@ class Checkpoints(Callback):
         (collective; no input state, nothing is to resume): at the epoch's end, the checkpoint of that end;
         inside the epoch, one of the step reached. `python -m common.export` then exports the model that met
         the target (docs/export.md). Returns the checkpoint's path."""
-        self.input_state = False
         if loop.step == loop.data.train_steps:
-            return self.save(loop, Progress(loop.epoch + 1, 0, loop.history))
-        return self.save(loop, Progress(loop.epoch, loop.step, loop.history, loop.partial()))
+            return self.save(loop, Progress(loop.epoch + 1, 0, loop.history), input_state=False)
+        return self.save(loop, Progress(loop.epoch, loop.step, loop.history, loop.partial()), input_state=False)
 
-    def save(self, loop: Loop, progress: Progress) -> str:
-        """Checkpoint `progress` (collective); returns its path."""
+    def save(self, loop: Loop, progress: Progress, input_state: bool | None = None) -> str:
+        """Checkpoint `progress` (collective), with each rank's input state unless `input_state` is False (None:
+        the callback's setting); returns its path."""
         progress = dataclasses.replace(progress, earlier_seconds=self.attempt.earlier_seconds + time.time()
                                        - self.run_start, attempt=self.attempt.attempt, history=list(progress.history))
         step = progress.global_step(loop.data.train_steps)
         self.checkpointer = self.checkpointer or self.writer()
         path = self.checkpointer.save(progress, step, loop.trainee.model, loop.trainee.optimizer, loop.train_iter,
-                                      self.input_state)
+                                      self.input_state if input_state is None else input_state)
         self.last_time = time.monotonic()
         return str(path)
 

@@ -358,9 +358,9 @@ class Run:
             self.mlperf.start("staging_start")
         staging = stage_for_run(data, self.dist, rank_files, progress=self.dist.is_root, planned=self._estimate)
         if logged:
+            rate = staging.figures()["write_gb_per_second"] or 0.0  # rank 0 stages (local rank 0 of its node)
             self.mlperf.end("staging_stop", staging_seconds=round(staging.seconds, 3),
-                            staged_bytes=staging.bytes_written,
-                            staging_gb_per_second=round(staging.bytes_written / max(staging.seconds, 1e-9) / 1e9, 3))
+                            staged_bytes=staging.bytes_written, staging_gb_per_second=round(rate, 3))
         self.log(f"staged into {staging.dir}: {staging.files} files, {staging.bytes_written / 1e9:.3f} GB in "
                  f"{staging.seconds:.2f} s on rank 0" + ("" if staging.copied else " (waiting for its node's stager)"))
         return staging
