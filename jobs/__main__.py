@@ -38,6 +38,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     render.add_argument("--study-dir", default="",
                         help="with --hpo: the study's directory, absolute or below the output root "
                              "(default: hpo-<space file's name>-<site>-n<nodes>)")
+    render.add_argument("--separate-jobs", action="store_true",
+                        help="with --instances M: one job per instance, each with its own seed, started together; "
+                             "--out then names the scripts' stem: <stem>-instance_<i>.sh, <stem>-submit.sh submits "
+                             "them, <stem>-instances.json records the seeds")
+    render.add_argument("--start-at", default="", metavar="WHEN",
+                        help="with --separate-jobs: the instances' shared start (seconds since the epoch or ISO 8601 "
+                             "with a time zone; default: a barrier, once every instance's job has started)")
     render.add_argument("--out", help="write the script here (default: print it)")
     render.add_argument("overrides", nargs="*", help="config overrides for every training, section.key=value")
     sub.add_parser("sites", help="list the example site descriptions")
@@ -56,8 +63,11 @@ def main(argv=None) -> int:
             return 0
         job = Job(bench=args.bench, nodes=args.nodes, config=args.config, overrides=tuple(args.overrides),
                   runs=args.runs, instances=args.instances, time_limit=args.time, chain=args.chain,
-                  stop_margin=args.stop_margin, hpo=args.hpo, trials=args.trials, study_dir=args.study_dir)
+                  stop_margin=args.stop_margin, hpo=args.hpo, trials=args.trials, study_dir=args.study_dir,
+                  separate=args.separate_jobs, start_at=args.start_at)
         site = load_site(args.site)
+        if job.separate:
+            return _write_instances(site, job, args.out)
         script = render(site, job)
         line, late = init_estimate(site, job)
         if line:  # on stderr: the script may be on stdout
@@ -77,13 +87,34 @@ def main(argv=None) -> int:
     return guarded(run)
 
 
+def _write_instances(site, job, out: str | None) -> int:
+    """--separate-jobs: every instance's script, the submit script and the seeds' record (jobs/instances.py)."""
+    from jobs import instances
+    from jobs.render import init_estimate, render
+    if not out:
+        raise BenchError(f"--separate-jobs writes {job.instances + 2} files (a script per instance, the submit "
+                         f"script, the seeds' record): give --out STEM.sh")
+    scripts = instances.render_all(site, job, render)
+    line, late = init_estimate(site, job)
+    if line:
+        print(("warning: " if late else "") + line, file=sys.stderr)
+    path = Path(out)
+    stem = path.stem
+    files = [(path.with_name(instances.script_name(stem, i)), script, 0o755) for i, script in scripts]
+    files += [(submit_path(path), instances.submit_script(site, job, stem), 0o755),
+              (path.with_name(f"{stem}-instances.json"), instances.manifest(site, job, stem), 0o644)]
+    for target, text, mode in files:  # every text made before the first file is written
+        _write(target, text, mode)
+    return 0
+
+
 def submit_path(out: Path) -> Path:
     """Where a chain's submit script goes: beside the job script, `<stem>-submit.sh`."""
     return out.with_name(f"{out.stem}-submit.sh")
 
 
-def _write(out: Path, text: str) -> None:
-    """An executable script, written whole under a temporary name first."""
+def _write(out: Path, text: str, mode: int = 0o755) -> None:
+    """An executable script (or a file of `mode`), written whole under a temporary name first."""
     out = check_target(out)
     if out.is_dir():
         raise BenchError(f"--out {out}: a directory; expected the script's file name")
@@ -91,7 +122,7 @@ def _write(out: Path, text: str) -> None:
         raise BenchError(f"--out {out}: directory {out.parent} does not exist")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
-    tmp.chmod(0o755)
+    tmp.chmod(mode)
     tmp.replace(out)
     print(f"wrote {out}", file=sys.stderr)
 

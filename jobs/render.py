@@ -24,6 +24,7 @@ from common.base.errors import BenchError
 from common.io import stage_rate
 from jobs import chain as chains
 from jobs import hpo as searches
+from jobs import instances as instance_jobs
 from jobs.site import Site
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -63,11 +64,20 @@ class Job:
     hpo: str = ""  # a search space file (relative to the suite's checkout): the job is a worker of the search
     trials: int = 0  # with hpo: the finished trials the study should hold
     study_dir: str = ""  # with hpo: the study's directory ("": jobs/hpo.py's name under the output root)
+    separate: bool = False  # with instances: one job per instance (jobs/instances.py), started together
+    start_at: str = ""  # with separate: the instances' shared start ("": a barrier on the shared file system)
+    instance: int = -1  # the instance a separate job runs (jobs/instances.py sets it)
 
     @property
     def allocated_nodes(self) -> int:
-        """A throughput campaign's instances train at once, each on `nodes` nodes of their own."""
-        return self.nodes * max(self.instances, 1)
+        """A throughput campaign's instances train at once, each on `nodes` nodes of their own (in one job, or
+        each in a separate job)."""
+        return self.nodes * max(self.together, 1)
+
+    @property
+    def together(self) -> int:
+        """The instances this job's allocation holds (0: a job without instances, or one of separate jobs)."""
+        return 0 if self.separate else self.instances
 
     def __post_init__(self):
         if self.bench not in BENCH_CONFIGS:
@@ -86,6 +96,7 @@ class Job:
             if "=" not in o or o.startswith("-"):
                 raise BenchError(f"override {o!r}: expected section.key=value")
         searches.check_flags(self)
+        instance_jobs.check_flags(self)
 
 
 def fill(template: str, values: dict[str, str], where: str) -> str:
@@ -216,7 +227,8 @@ def settings(site: Site, job: Job, driven: bool) -> list[str]:
 
 def render(site: Site, job: Job) -> str:
     """The batch script's text."""
-    name = f"{'hpo-' if job.hpo else ''}{job.bench}-{site.name}-n{job.nodes}"
+    name = f"{'hpo-' if job.hpo else ''}{job.bench}-{site.name}-n{job.nodes}" + \
+        (f"-i{job.instance:03d}" if job.separate else "")
     data = site.data.get(job.bench, "")
     if not site.suite_dir or not data or not site.output_root:
         missing = [k for k, v in (("suite_dir", site.suite_dir), (f"data.{job.bench}", data),
@@ -283,11 +295,13 @@ def _note(site: Site, job: Job) -> str:
              f"--stop-margin {job.stop_margin}" if job.chain and job.stop_margin != chains.DEFAULT_MARGIN else "",
              f"--hpo {job.hpo} --trials {job.trials}" if job.hpo else "",
              f"--study-dir {job.study_dir}" if job.study_dir else "",
+             "--separate-jobs" if job.separate else "", f"--start-at {job.start_at}" if job.start_at else "",
              *map(shlex.quote, job.overrides)]
     return (f"# Rendered by `{' '.join(w for w in words if w)}`\n"
             f"# from the site description of {site.name}: {site.description}\n"
             f"# {job.nodes} node(s) x {site.ranks_per_node} rank(s) = {job.nodes * site.ranks_per_node} ranks"
-            f"{f' per instance, {job.instances} instances on {job.allocated_nodes} nodes' if job.instances else ''}.\n")
+            f"{f' per instance, {job.instances} instances on {job.allocated_nodes} nodes' if job.together else ''}"
+            f"{instance_jobs.note(job) if job.separate else ''}.\n")
 
 
 def _in_suite(path: str) -> str:
@@ -325,6 +339,7 @@ def _single(site: Site, job: Job) -> list[str]:
 def _campaign(site: Site, job: Job) -> list[str]:
     place, words = _placement(site, job)
     count = f"--runs {job.runs}" if job.runs else f"--instances {job.instances}"
+    count += instance_jobs.driver_flags(job) if job.separate else ""
     stage = ' --stage-dir "$STAGE_DIR"' if site.stage_dir else ""
     ranks = job.nodes * site.ranks_per_node
     driver = [f'"$DRIVER_PYTHON" -m common.campaign run {job.bench} "$CONFIG" --out "$CAMPAIGN_DIR" {count} \\',
@@ -335,12 +350,21 @@ def _campaign(site: Site, job: Job) -> list[str]:
         limit = _seconds(job.time_limit or site.time_limit)
         return ["# ---- the campaign, resumed where the job before stopped", *place, "cd \"$SUITE_DIR\"",
                 *chains.run_driver(site, job, limit, driver)]
+    if job.separate:
+        return [*instance_jobs.driver_comment(job), f'CAMPAIGN_DIR="$OUTPUT_ROOT/{campaign_dir(site, job)}"', *place,
+                "cd \"$SUITE_DIR\"", *driver]
     return ["# ---- a campaign: the driver runs here, each training through the launcher; the directory does not",
             "# depend on the job, so submitting the same script again resumes the campaign",
-            f'CAMPAIGN_DIR="$OUTPUT_ROOT/{chains.campaign_name(site, job)}"',
+            f'CAMPAIGN_DIR="$OUTPUT_ROOT/{campaign_dir(site, job)}"',
             *place,
             "cd \"$SUITE_DIR\"",
             *driver]
+
+
+def campaign_dir(site: Site, job: Job) -> str:
+    """The campaign's directory under the output root: a chain's (jobs/chain.py), or the separate instance jobs'
+    shared one (jobs/instances.py)."""
+    return instance_jobs.campaign_name(site, job) if job.separate else chains.campaign_name(site, job)
 
 
 def _search(site: Site, job: Job) -> list[str]:
@@ -352,7 +376,7 @@ def _placement(site: Site, job: Job) -> tuple[list[str], list[str]]:
     """The shell lines that write the files placing the ranks, and the launcher that reads them: a host
     file for mpirun under Grid Engine; for a throughput campaign under PBS or with ibrun, one file per
     instance (named by the campaign's {run}), so that every instance gets nodes of its own."""
-    kind, instances = site.launcher_kind, job.instances
+    kind, instances = site.launcher_kind, job.together
     if site.scheduler == "sge" and kind == "mpirun":
         hostfile = f"$HOSTS_DIR/{INSTANCE_FILE if instances else 'all'}"
         split = [f'split -d -a 3 -l {job.nodes} "$HOSTS_DIR/all" "$HOSTS_DIR/instance_"'] if instances else []
@@ -506,7 +530,8 @@ def _stage_cleanup(site: Site, job: Job, campaign: bool) -> list[str]:
     every node of the job (one task per node through the scheduler's launcher)."""
     if not site.stage_dir:
         return []
-    name = (f"'{chains.campaign_name(site, job)}-run_*'" if campaign else f'"{job.bench}-$JOB_ID"')
+    run = f"{job.instance:03d}" if job.separate else "*"  # a separate instance job: its own run's only
+    name = (f"'{campaign_dir(site, job)}-run_{run}'" if campaign else f'"{job.bench}-$JOB_ID"')
     prep, launch = _per_node(site, job.allocated_nodes)
     return ["# ---- node-local staging: the job's runs stage into $STAGE_DIR/$STAGE_NAME (a campaign's run i into",
             "# <campaign>-run_<i>); when the script exits, however it exits (bash runs the EXIT trap after an",

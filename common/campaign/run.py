@@ -4,6 +4,7 @@ M instances training at once (its throughput score), then the submission layout 
     python -m common.campaign run cosmoflow cosmoflow/configs/cosmo_mini.yaml --out campaigns/cosmo \\
         [--runs 10] [--instances M] [--np 2] [--seed 1000] [--system NAME] [--stage-dir DIR] \\
         [--launcher TEMPLATE] [--python PATH] [config overrides, e.g. data.dir=... train.local_batch_size=8]
+    python -m common.campaign run cosmoflow CONFIG --out OUT --instances M --instance I (--barrier | --start-at T) ...
     python -m common.campaign score campaigns/cosmo
     python -m common.campaign compare campaigns/cosmo-a campaigns/cosmo-b [--confidence 0.95]
     python -m common.campaign rcp campaigns/cosmo-b8-* --out rcps_cosmoflow_mine.json [--label local]
@@ -17,7 +18,9 @@ count: the rules' 10 for CosmoFlow, 5 for DeepCAM). A run is finished when its `
 exists; a campaign started again with the same arguments keeps the finished runs and continues (a run
 cut off half-way is moved to `OUT/runs/aborted/` and run again with its seed; a throughput campaign
 restarts its round, as the instances must train together). A larger --runs extends a sequential
-campaign; any other difference from the arguments it was started with is refused. When every run is done the campaign is scored (common/campaign/scoring.py). `compare` says whether one
+campaign; any other difference from the arguments it was started with is refused. With --instance I, the
+process runs instance I only, one of M separate jobs given the same arguments, after their shared start
+(common/campaign/start.py); the last to end scores the campaign. When every run is done the campaign is scored (common/campaign/scoring.py). `compare` says whether one
 campaign's time to train is shorter than another's given run-to-run variation (common/campaign/uncertainty.py).
 
 SIGUSR1 (a scheduler's warning before the time limit, forwarded by a chained job script: docs/jobs.md)
@@ -46,6 +49,7 @@ from common.base.cli import guarded
 from common.base.files import write_json_atomic
 from common.base.errors import BenchError
 from common.base.version import REPO
+from common.campaign.start import StartAbandoned, StartPlan, parse_when, wait_for_start
 from common.campaign.summary import SUMMARY_NAME, read_summary
 from common.campaign.spec import (BENCHMARKS, DEFAULT_LAUNCHER, RUN_RECORD, CampaignSpec, RunRecord, load_record,
                                    open_campaign, run_dir)
@@ -220,24 +224,47 @@ def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest, deadline: 
         if stop.signum:
             raise CampaignStopped(f"{len(records)} of {spec.count} runs done; run {index + 1} not started")
         _check_time_left(records, deadline, index, spec.count)
-        proc, command, started = start_run(spec, out, index)
-        print(f"run {index + 1}/{spec.count} (seed {spec.seed_of(index)}): started, log "
-              f"{run_dir(out, index) / 'train.log'}", flush=True)
-        try:
-            code = _wait_all([proc], out, [index], stop)[0]
-        except BaseException:
-            stop_processes([proc])
-            _remove_staged(spec, out, [index])
-            raise
-        if stop.signum and was_stopped(out, index, code):
-            _remove_staged(spec, out, [index])
-            raise CampaignStopped(f"{len(records)} of {spec.count} runs done; run {index + 1} stopped "
-                                  f"(exit {code}) and runs again from its start")
-        records.append(finish_run(spec, out, index, code, command, started))
+        records.append(_run_single(spec, out, index, stop, len(records)))
         ran += 1
         print(f"run {index + 1}/{spec.count}: {describe_run(out, records[-1])}; {_eta(t0, ran, spec.count - index - 1)}",
               flush=True)
     return records
+
+
+def _run_single(spec: CampaignSpec, out: Path, index: int, stop: StopRequest, done: int) -> RunRecord:
+    """Run `index` alone, start to end, and its record; `done`: how many of the campaign's runs are done."""
+    proc, command, started = start_run(spec, out, index)
+    print(f"run {index + 1}/{spec.count} (seed {spec.seed_of(index)}): started, log "
+          f"{run_dir(out, index) / 'train.log'}", flush=True)
+    try:
+        code = _wait_all([proc], out, [index], stop)[0]
+    except BaseException:
+        stop_processes([proc])
+        _remove_staged(spec, out, [index])
+        raise
+    if stop.signum and was_stopped(out, index, code):
+        _remove_staged(spec, out, [index])
+        raise CampaignStopped(f"{done} of {spec.count} runs done; run {index + 1} stopped "
+                              f"(exit {code}) and runs again from its start")
+    return finish_run(spec, out, index, code, command, started)
+
+
+def run_instance(spec: CampaignSpec, out: Path, index: int, plan: StartPlan, stop: StopRequest) -> RunRecord:
+    """Instance `index` of a throughput campaign whose instances are separate jobs (each with the same spec):
+    after the shared start (common/campaign/start.py), before its training's init_start; its record."""
+    open_campaign(out, spec)
+    done = load_record(out, index)
+    if done:
+        print(f"instance {index} (seed {done.seed}): done earlier, {done.status}", flush=True)
+        return done
+    try:
+        wait_for_start(plan, out, index, spec.count, lambda: bool(stop.signum))
+    except StartAbandoned as err:
+        raise CampaignStopped(str(err)) from None
+    finished = sum(load_record(out, i) is not None for i in range(spec.count))
+    record = _run_single(spec, out, index, stop, finished)
+    print(f"instance {index}: {describe_run(out, record)}", flush=True)
+    return record
 
 
 def _check_time_left(records: list[RunRecord], deadline: float, index: int, count: int) -> None:
@@ -367,6 +394,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                           "after it (a chained job's stop margin: docs/jobs.md); exit 75 instead")
     run.add_argument("--launcher", default=DEFAULT_LAUNCHER,
                      help="how a run is launched; {np}, {run} and {python} are filled in (default: %(default)s)")
+    run.add_argument("--instance", type=int, default=None, metavar="I",
+                     help="with --instances M: run instance I (0 to M-1) only, one of M separate jobs given the same "
+                          "arguments, after their shared start (--start-at or --barrier)")
+    run.add_argument("--start-at", default="", metavar="WHEN",
+                     help="with --instance: the shared start, seconds since the epoch or ISO 8601 with a time zone")
+    run.add_argument("--barrier", action="store_true",
+                     help="with --instance: start once every instance's job has arrived (files in OUT/barrier/)")
+    run.add_argument("--wait-limit", type=float, default=0.0, metavar="SECONDS",
+                     help="with --instance: stop waiting for the shared start after this long, exit 75 "
+                          "(default 0: until the job's time limit)")
     score = sub.add_parser("score", help="(re)write the submission layout and the score of a campaign")
     score.add_argument("out", help="the campaign directory")
     score.add_argument("--system-file", help="a system description JSON whose fields replace the detected ones")
@@ -400,6 +437,27 @@ def spec_from_args(args: argparse.Namespace) -> CampaignSpec:
                         mode="throughput" if args.instances else "time_to_train",
                         runs=args.instances or args.runs, ranks=args.np, seed=args.seed, system=args.system,
                         launcher=args.launcher, stage_dir=args.stage_dir, python=args.python)
+
+
+def start_plan(args: argparse.Namespace) -> StartPlan | None:
+    """The shared start of an instance submitted as a separate job (--instance), or None for a whole campaign."""
+    given = [flag for flag, on in (("--start-at", args.start_at), ("--barrier", args.barrier),
+                                   ("--wait-limit", args.wait_limit)) if on]
+    if args.instance is None:
+        if given:
+            raise BenchError(f"{' and '.join(given)}: the shared start of instances submitted as separate jobs; give "
+                             f"--instance I too (a campaign's own instances start together)")
+        return None
+    if not args.instances or not 0 <= args.instance < args.instances:
+        raise BenchError(f"--instance {args.instance}: expected 0 to M-1 with --instances M (given: "
+                         f"--instances {args.instances})")
+    if bool(args.start_at) == args.barrier:
+        raise BenchError(f"--instance {args.instance}: give one shared start, --start-at WHEN or --barrier "
+                         f"(given: {' and '.join(given) or 'neither'})")
+    if not 0 <= args.wait_limit < float("inf"):
+        raise BenchError(f"--wait-limit {args.wait_limit}: expected seconds >= 0 (0: no limit)")
+    return StartPlan(at=parse_when(args.start_at) if args.start_at else None, barrier=args.barrier,
+                     wait_limit=args.wait_limit)
 
 
 def check_config(spec: CampaignSpec) -> None:
@@ -444,24 +502,59 @@ def main(argv=None) -> int:
             return _analysis_command(args)
         out = Path(args.out)
         if args.command == "run":
-            spec = spec_from_args(args)
-            if not Path(spec.config).is_file():
-                raise BenchError(f"config {spec.config}: no such file")
-            check_config(spec)
-            print(f"campaign {out}: {spec.benchmark}, {spec.count} runs "
-                  f"{'at once' if spec.mode == 'throughput' else 'one after the other'}, {spec.ranks} ranks each",
-                  flush=True)
-            try:
-                run_campaign(spec, out, stop, args.deadline)
-            except CampaignStopped as err:
-                how = f"by {signal.Signals(stop.signum).name}" if stop.signum else "before its deadline"
-                print(f"campaign {out} stopped {how}: {err}; start it again with the same arguments to go on",
-                      flush=True)
-                return exits.STOPPED  # as a stopped training: go on in a later job
+            left = _run_command(args, out, stop)
+            if left is not None:
+                return left
         result = score_campaign(out, system_file=args.system_file)
         return exits.SUCCESS if result.valid else exits.TARGET_NOT_REACHED  # no valid score: too few runs converged
 
     return guarded(run)
+
+
+def _run_command(args: argparse.Namespace, out: Path, stop: StopRequest) -> int | None:
+    """`run`: the campaign's runs (or one instance's), then None for scoring it, else the exit code: 75 when it was
+    stopped; an instance's training's code while other instances are left (or another instance scores them)."""
+    spec, plan = spec_from_args(args), start_plan(args)
+    if not Path(spec.config).is_file():
+        raise BenchError(f"config {spec.config}: no such file")
+    check_config(spec)
+    what = f"instance {args.instance} of {spec.count}" if plan else \
+        f"{spec.count} runs {'at once' if spec.mode == 'throughput' else 'one after the other'}"
+    print(f"campaign {out}: {spec.benchmark}, {what}, {spec.ranks} ranks each", flush=True)
+    try:
+        if plan is None:
+            run_campaign(spec, out, stop, args.deadline)
+            return None
+        record = run_instance(spec, out, args.instance, plan, stop)
+    except CampaignStopped as err:
+        how = f"by {signal.Signals(stop.signum).name}" if stop.signum else "before its deadline" if plan is None \
+            else "waiting for the shared start"
+        print(f"campaign {out} stopped {how}: {err}; start it again with the same arguments to go on", flush=True)
+        return exits.STOPPED  # as a stopped training: go on in a later job
+    return _after_instance(spec, out, record, args.system_file)
+
+
+def _after_instance(spec: CampaignSpec, out: Path, record: RunRecord, system_file: str | None) -> int:
+    """When every instance is done, the campaign's score (by this process if it claims the scoring: OUT/.scoring,
+    created once, so that two instances ending together do not score at once); else the instance's exit code."""
+    done = sum(load_record(out, i) is not None for i in range(spec.count))
+    own = record.exit_code if record.exit_code in exits.MEANINGS else exits.INTERNAL_ERROR
+    if done < spec.count:
+        print(f"{done} of {spec.count} instances done; the last to end scores the campaign (or: python -m "
+              f"common.campaign score {out})", flush=True)
+        return own
+    claim = out / ".scoring"
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        print(f"every instance is done; another instance is scoring the campaign ({claim})", flush=True)
+        return own
+    from common.campaign.scoring import score_campaign
+    try:
+        result = score_campaign(out, system_file=system_file)
+    finally:
+        claim.unlink(missing_ok=True)
+    return exits.SUCCESS if result.valid else exits.TARGET_NOT_REACHED
 
 
 if __name__ == "__main__":

@@ -190,3 +190,68 @@ def test_a_campaign_chain_goes_on_after_a_stop_signal_and_a_cancelled_job(slurm,
     assert [r["status"] for r in score["runs"]] == ["success"] and not score["valid"], score
     assert (campaign / "score.md").is_file(), report
     assert not (tmp_path / "stage").exists() or not any((tmp_path / "stage").iterdir()), "staged copies left"
+
+
+# ---------------------------------------------------------------------------- throughput instances as separate jobs
+HELD_SECONDS = 20  # how long the second instance's job stays queued after the first has reached the barrier
+
+
+def _init_start_ms(log: Path) -> float:
+    return next(json.loads(line[9:]) for line in log.read_text().splitlines() if '"key": "init_start"' in line)["time_ms"]
+
+
+def _logged_seed(log: Path) -> int:
+    return next(json.loads(line[9:]) for line in log.read_text().splitlines() if '"key": "seed"' in line)["value"]
+
+
+def test_separate_instance_jobs_start_their_trainings_together_after_the_later_ones_queueing(
+        slurm, cosmo_learnable, tmp_path):
+    """Two instances of one throughput result rendered as separate jobs (`--separate-jobs`, a barrier): the second
+    job is held in the queue (`sbatch --hold`) for HELD_SECONDS after the first has reached the barrier; neither
+    training starts before the second arrives, so both init_starts follow the barrier's start moment, within seconds
+    of each other; each trained with the seed the renderer gave it, and the last to end scored the campaign."""
+    site_file = tmp_path / "instances.yaml"
+    site_file.write_text(yaml.safe_dump({
+        "name": "slurm-instances", "description": "single-node Slurm started by the test, one task per instance",
+        "scheduler": "slurm", "launcher_args": "--mpi=pmix", "time_limit": "00:20:00", "ranks_per_node": 1,
+        "cpus_per_rank": 1, "python": sys.executable, "driver_python": sys.executable, "suite_dir": str(REPO),
+        "data": {"cosmoflow": str(cosmo_learnable)}, "output_root": str(tmp_path / "out"),
+        "stage_dir": str(tmp_path / "stage"), "env": {"PYTHONPATH": checkout_first_on_path()}}))
+    config = write_learning_config(tmp_path / "small.yaml", cosmo_learnable, tmp_path / "unused")
+    proc = run_cmd([sys.executable, "-m", "jobs", "render", "--site", site_file, "--bench", "cosmoflow", "--nodes", 1,
+                    "--instances", 2, "--separate-jobs", "--config", config, "--out", tmp_path / "tp.sh"])
+    assert proc.returncode == 0, show(proc)
+    seeds = {j["index"]: j["seed"] for j in json.loads((tmp_path / "tp-instances.json").read_text())["jobs"]}
+    campaign = tmp_path / "out" / "throughput-cosmoflow-slurm-instances-n1x2"
+    first = _submit(tmp_path / "tp-instance_000.sh", slurm, tmp_path)
+    held = subprocess.run(["sbatch", "--parsable", "--hold", str(tmp_path / "tp-instance_001.sh")], env=slurm,
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert held.returncode == 0, held.stderr
+    second = held.stdout.strip().split(";")[0]
+    outputs = lambda: "".join(p.read_text(errors="replace")[-4000:] for p in sorted(tmp_path.glob("*.out")))  # noqa: E731
+    _wait_for("instance 0 at the barrier", lambda: (campaign / "barrier" / "ready_000.json").is_file(), 300, outputs)
+    time.sleep(HELD_SECONDS)
+    assert not (campaign / "runs" / "run_000").exists(), outputs()  # no training before the second arrives
+    release = subprocess.run(["scontrol", "release", second], env=slurm, capture_output=True, text=True)
+    assert release.returncode == 0, release.stderr
+    released = time.time()
+    _wait_for("both jobs ending", lambda: _ended(slurm, first) and _ended(slurm, second), 900, outputs)
+    report = outputs()
+    opened = json.loads((campaign / "barrier" / "start.json").read_text())
+    assert opened["instances"] == [0, 1] and opened["start_at"] >= released - 1, (opened, report)
+    starts = []
+    for index in (0, 1):
+        log = campaign / "runs" / f"run_{index:03d}" / "mlperf.log"
+        assert _logged_seed(log) == seeds[index] == 1000 + index, report
+        starts.append(_init_start_ms(log))
+        assert starts[-1] >= opened["start_at"] * 1000, report  # the wait is before init_start
+        assert check_log(log).only_target_failed, report
+    assert abs(starts[0] - starts[1]) < 10_000, (starts, report)  # together, though queued 20 s apart
+    print(f"init_starts {abs(starts[0] - starts[1]):.0f} ms apart, {min(starts) / 1000 - opened['start_at']:.1f} s "
+          f"after the shared start, which came {opened['start_at'] - released:.1f} s after the release")
+    codes = sorted(_job_state(slurm, j)[1] for j in (first, second))
+    assert "1:0" in codes and set(codes) <= {"0:0", "1:0"}, (codes, report)  # the scorer: 2 of the rules' 10 instances
+    score = json.loads((campaign / "score.json").read_text())
+    assert score["mode"] == "throughput" and [r["seed"] for r in score["runs"]] == [1000, 1001], score
+    assert all(r["only_target_failed"] for r in score["runs"]), score
+    assert not (tmp_path / "stage").exists() or not any((tmp_path / "stage").iterdir()), "staged copies left"

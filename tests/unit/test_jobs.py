@@ -12,7 +12,8 @@ from jobs.site import example_sites, load_site
 from tests.conftest import REPO
 
 SITES = example_sites()
-JOBS = {"one": {}, "runs": {"runs": 3}, "instances": {"instances": 2}}
+JOBS = {"one": {}, "runs": {"runs": 3}, "instances": {"instances": 2},
+        "separate": {"instances": 2, "separate": True, "instance": 1}}
 
 
 def nodes_for(site) -> int:
@@ -43,7 +44,7 @@ def test_every_site_renders_every_job_and_it_passes_bash_and_shellcheck(site_nam
     if kind == "one":
         assert f'"$SUITE_DIR/{bench}/train.py"' in script and "common.campaign.compliance" in script
     else:
-        count = "--runs 3" if kind == "runs" else "--instances 2"
+        count = {"runs": "--runs 3", "instances": "--instances 2"}.get(kind, "--instances 2 --instance 1 --seed 1000")
         assert f"-m common.campaign run {bench}" in script and count in script and "--launcher" in script
 
 
