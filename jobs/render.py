@@ -457,18 +457,16 @@ def staging_of(site: Site, job: Job) -> tuple[str, bool, int]:
     """(stage mode, decompress, ranks per spatial group) the job's trainings stage with: the site's mode,
     then the last data.stage_mode, data.stage_decompress and parallel.spatial among the site's and the
     job's overrides (which the trainings apply after the site's settings)."""
-    mode, decompress, group = site.stage_mode, False, 1
-    for override in (*site.overrides.get(job.bench, ()), *job.overrides):
-        key, _, value = override.partition("=")
-        if key == "data.stage_mode":
-            mode = value
-        elif key == "data.stage_decompress":
-            decompress = value.strip().lower() in ("true", "1", "yes")
-        elif key == "parallel.spatial":
-            group = 1
-            for part in re.findall(r"\d+", value):
-                group *= int(part)
+    last = _last_overrides(site, job)
+    mode = last.get("data.stage_mode", site.stage_mode)
+    decompress = last.get("data.stage_decompress", "false").strip().lower() in ("true", "1", "yes")
+    group = math.prod(int(part) for part in re.findall(r"\d+", last.get("parallel.spatial", "")))
     return mode, decompress, group
+
+
+def _last_overrides(site: Site, job: Job) -> dict[str, str]:
+    """Each key's last value among the site's and the job's overrides, in the order the trainings apply them."""
+    return dict(o.partition("=")[::2] for o in (*site.overrides.get(job.bench, ()), *job.overrides))
 
 
 def dataset_gb(site: Site, job: Job) -> float:
@@ -513,10 +511,7 @@ def init_estimate(site: Site, job: Job) -> tuple[str, bool]:
     """(the line, whether it warns) estimating how long the job's staging keeps init busy: the node's share of
     the dataset (`stage_share_gb`) at the site's stage_rate_gb_s or the staging benchmark's rate; ("", False)
     for a job that does not stage, or stages in the timed run."""
-    timing = "in_init"
-    for override in (*site.overrides.get(job.bench, ()), *job.overrides):
-        key, _, value = override.partition("=")
-        timing = value.strip() if key == "data.stage_timing" else timing
+    timing = _last_overrides(site, job).get("data.stage_timing", "in_init").strip()
     if not site.stage_dir or timing != "in_init":
         return "", False
     mode, _, _ = staging_of(site, job)

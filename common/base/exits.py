@@ -17,7 +17,8 @@ INTERNAL_ERROR = 4  # an unexpected exception: a one-line message, the traceback
 # a check the command runs failed: the MLPerf compliance checker refused a log, mlperf-logging's RCP checker a
 # campaign (`campaign rcp-check`), or the exported model's outputs differ from the checkpoint's (`export --check`)
 CHECKER_FAILED = 5
-STOPPED = 75  # stopped by SIGTERM or SIGUSR1 (EX_TEMPFAIL: resume later, from the checkpoint when there is one)
+STOPPED = 75  # stopped by SIGTERM or SIGUSR1, or an instance job that gave up waiting for its shared start
+# (EX_TEMPFAIL: resume later, from the checkpoint when there is one)
 
 MEANINGS = {
     SUCCESS: "success (a training: its quality target reached)",

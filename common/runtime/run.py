@@ -32,6 +32,7 @@ from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy
 from common.runtime.loop import Callback, Loop, Trainee, fit
+from common.runtime.failures import shared_failures
 from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code, failure_summary,
                                     run_summary, scale_keys, throughput, write_summary)
 from common.runtime.strategy import DataParallel, reseeded
@@ -68,7 +69,8 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
     # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences, announce=root_log(dist))
     rank_files = functools.partial(app.rank_files, cfg)
-    with Run.open(app.name, cfg, dist, stop) as run:
+    # (shared_failures inside Run: a failure that another rank's became is what Run.abort records)
+    with Run.open(app.name, cfg, dist, stop) as run, shared_failures(Path(cfg.run.output_dir), dist):
         run.stage(rank_files, "before_init")  # data.stage_timing=before_init: untimed, unlogged, open division
         run.init_start()
         run.stage(rank_files, "in_init")  # the default: staging_start, staging_stop inside init

@@ -152,3 +152,26 @@ def test_non_finite_loss_aborts_and_the_launcher_exits_3(dataset, tmp_path, rank
     assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted"
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["status"] == "aborted" and "non-finite" in summary["reason"]
+
+
+def test_bad_input_that_one_rank_meets_is_every_ranks_and_the_launchers_code(dataset, tmp_path):
+    """A corrupt record in a file only rank 1 reads (the last train file, its shard): rank 1 refuses it (exit 2);
+    rank 0, whose collective fails with Horovod's shutdown, ends as rank 1 did (common/runtime/failures.py): exit
+    2, not an internal error, and summary.json names rank 1's cause. So the launcher's code is 2 whether it
+    reports the first failed rank's code (horovodrun) or the largest (srun: tests/integration/test_slurm.py)."""
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    victim = dataset / manifest["splits"]["train"]["files"][-1]["path"]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    cfg = write_config(tmp_path / "c.yaml", dataset, tmp_path / "run")
+    proc = horovodrun(2, [REPO / "cosmoflow/train.py", cfg, "data.shuffle=false", "data.loader=tfdata",
+                          "train.max_epochs=2"])
+    output = proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 2, output
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["status"] == "aborted" and summary["error"] == "PeerFailed", summary
+    assert summary["reason"].startswith("rank 1: ") and victim.name in summary["reason"], summary
+    assert "internal error" not in proc.stdout + proc.stderr, output
+    assert "[1,0]<stderr>:error: rank 1: " in proc.stdout + proc.stderr, output
+    assert not (tmp_path / "run/traceback.txt").exists()

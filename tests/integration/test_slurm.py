@@ -25,7 +25,7 @@ from common.campaign.compliance import check_log
 from jobs.render import Job, render
 from jobs.site import load_site
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
-from tests.integration.cosmo_fixtures import LEARNED_MAE, write_learning_config
+from tests.integration.cosmo_fixtures import LEARNED_MAE, write_config, write_learning_config
 
 pytestmark = pytest.mark.slow
 
@@ -70,14 +70,21 @@ def _training(run: Path) -> bool:
     return log.is_file() and '"key": "epoch_start"' in log.read_text(errors="replace")
 
 
-def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm, cosmo_learnable, tmp_path):
+def _two_task_site(tmp_path: Path, data: Path, stage: bool = True) -> Path:
+    """A site file for the test's Slurm: 2 tasks (srun --mpi=pmix), this checkout, `data` as CosmoFlow's, staged to
+    a directory of the test's (`stage`) or read in place."""
     site_file = tmp_path / "slurm-test.yaml"
     site_file.write_text(yaml.safe_dump({
         "name": "slurm-test", "description": "single-node Slurm started by the test", "scheduler": "slurm",
         "launcher_args": "--mpi=pmix", "time_limit": "00:20:00", "ranks_per_node": 2, "cpus_per_rank": 1,
-        "python": sys.executable, "suite_dir": str(REPO), "data": {"cosmoflow": str(cosmo_learnable)},
-        "output_root": str(tmp_path / "out"), "stage_dir": str(tmp_path / "stage"),
+        "python": sys.executable, "suite_dir": str(REPO), "data": {"cosmoflow": str(data)},
+        "output_root": str(tmp_path / "out"), "stage_dir": str(tmp_path / "stage") if stage else "",
         "env": {"PYTHONPATH": checkout_first_on_path()}}))
+    return site_file
+
+
+def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm, cosmo_learnable, tmp_path):
+    site_file = _two_task_site(tmp_path, cosmo_learnable)
     config = write_learning_config(tmp_path / "small.yaml", cosmo_learnable, tmp_path / "unused")
     script = tmp_path / "job.sh"
     script.write_text(render(load_site(str(site_file)), Job(bench="cosmoflow", nodes=1, config=str(config))))
@@ -100,6 +107,30 @@ def test_a_rendered_script_runs_under_slurm_and_its_log_passes_the_checker(slurm
     assert checked.only_target_failed, checked.output
     assert "compliance checker (hpc 3.0.0)" in output  # the script checked the log itself
     print(f"the job took {time.time() - t0:.0f} s")
+
+
+def test_bad_input_that_one_task_meets_is_the_jobs_exit_code_under_srun(slurm, cosmo_small, writable_copy, tmp_path):
+    """A corrupt record only task 1 reads: srun reports the largest of its tasks' codes, and task 0 ends as task 1
+    did (common/runtime/failures.py), so the job's code is the run's, 2 (bad input), not 4 (internal error)."""
+    data = writable_copy(cosmo_small)
+    manifest = json.loads((data / "manifest.json").read_text())
+    victim = data / manifest["splits"]["train"]["files"][-1]["path"]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    config = write_config(tmp_path / "tiny.yaml", data, tmp_path / "unused")
+    script = tmp_path / "job.sh"
+    # read in place: staging would check every file's checksum on every node first (each rank then exits 2 itself)
+    script.write_text(render(load_site(str(_two_task_site(tmp_path, data, stage=False))),
+                             Job(bench="cosmoflow", nodes=1, config=str(config),
+                                 overrides=("data.shuffle=false", "data.loader=tfdata", "train.max_epochs=2"))))
+    job = _submit(script, slurm, tmp_path)
+    log = tmp_path / f"cosmoflow-slurm-test-n1-{job}.out"
+    read = lambda: log.read_text(errors="replace") if log.is_file() else ""  # noqa: E731
+    _wait_for("the job ending", lambda: _ended(slurm, job), 600, lambda: read()[-5000:])
+    assert _job_state(slurm, job) == ("FAILED", "2:0"), f"{_job_state(slurm, job)}\n{read()[-5000:]}"
+    summary = json.loads(next((tmp_path / "out").glob("cosmoflow-*/summary.json")).read_text())
+    assert summary["error"] == "PeerFailed" and summary["reason"].startswith("rank 1: "), summary
 
 
 # ---------------------------------------------------------------------------- a campaign driven as a chain of jobs

@@ -1,0 +1,96 @@
+"""One rank's failure as the whole run's, so that every rank exits with the run's code (docs/faults.md).
+
+A rank that an exception ends writes OUT/failures/rank_<r>.json (its exit code, 2 for a BenchError and 4
+for anything else, and its message) before it exits. A rank whose own error is only Horovod's shutdown (a
+collective that failed because another rank ended) waits up to PEER_WAIT_SECONDS for such a note and ends
+as that rank did: its code, its message as "rank <r>: ...", in summary.json too. The launcher's code is
+then the run's whether it reports the first failed task's code (mpirun, horovodrun) or the largest (srun).
+Notes older than this process are an earlier attempt's and are passed over. The ranks must share OUT (a
+node-local run.output_dir leaves the shutdown an internal error, exit 4, as before).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+from common.base import exits
+from common.base.errors import BenchError
+from common.base.files import write_json_atomic
+from common.runtime.dist import DistEnv, StoppedBeforeStart
+
+FAILURES_DIR = "failures"
+PEER_WAIT_SECONDS = 10.0
+PROCESS_START = time.time()
+# How Horovod says a collective failed because a rank has ended (its TensorFlow ops raise UnknownError with it).
+SHUTDOWN_TEXT = "Horovod has been shut down"
+
+
+class PeerFailed(BenchError):
+    """Bad input that another rank met: this rank ends as it did (exit 2)."""
+
+
+class PeerInternalError(RuntimeError):
+    """An internal error on another rank: this rank ends as it did (exit 4)."""
+
+
+@contextlib.contextmanager
+def shared_failures(out: Path, dist: DistEnv) -> Iterator[None]:
+    """Inside: an exception writes this rank's note, or, when it is Horovod's shutdown after another rank's
+    failure, becomes that rank's failure."""
+    try:
+        yield
+    except StoppedBeforeStart:
+        raise
+    except Exception as err:
+        if dist.size == 1:
+            raise
+        if not peer_shutdown(err):
+            write_note(out, dist.rank, err)
+            raise
+        note = wait_for_note(out, dist.rank)
+        if note is None:
+            raise
+        kind = PeerFailed if note["code"] == exits.BAD_INPUT else PeerInternalError
+        raise kind(f"rank {note['rank']}: {note['reason']}") from err
+
+
+def peer_shutdown(err: BaseException) -> bool:
+    return type(err).__name__ == "HorovodInternalError" or SHUTDOWN_TEXT in str(err)
+
+
+def write_note(out: Path, rank: int, err: BaseException) -> None:
+    """OUT/failures/rank_<r>.json: this rank's exit code and message (written whole, then renamed)."""
+    code = exits.BAD_INPUT if isinstance(err, BenchError) else exits.INTERNAL_ERROR
+    reason = str(err) if isinstance(err, BenchError) else f"{type(err).__name__}: {err}"
+    try:
+        write_json_atomic({"rank": rank, "code": code, "error": type(err).__name__, "reason": reason},
+                          out / FAILURES_DIR / f"rank_{rank:05d}.json")
+    except OSError:
+        pass  # no note: the other ranks end with the shutdown itself, an internal error
+
+
+def wait_for_note(out: Path, rank: int) -> dict | None:
+    """The first note another rank wrote during this process's life, waited for up to PEER_WAIT_SECONDS."""
+    deadline = time.monotonic() + PEER_WAIT_SECONDS
+    while True:
+        notes = sorted((out / FAILURES_DIR).glob("rank_*.json"))
+        for path in notes:
+            note = _read(path)
+            if note is not None and note["rank"] != rank:
+                return note
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        if path.stat().st_mtime < PROCESS_START:
+            return None
+        note = json.loads(path.read_text())
+        return note if {"rank", "code", "reason"} <= set(note) else None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,58 @@
+"""One rank's failure as every rank's (common/runtime/failures.py): the failing rank's note, and a rank whose
+collective failed with Horovod's shutdown ending as the noted rank did."""
+import os
+import types
+
+import pytest
+
+from common.base.errors import BenchError
+from common.runtime import failures
+
+SHUTDOWN = RuntimeError("{{function_node x}} Horovod has been shut down. This was caused by an exception on one of "
+                        "the ranks")
+
+
+def dist(rank, size=2):
+    return types.SimpleNamespace(rank=rank, size=size)
+
+
+def fail_with(err, out, rank, size=2):
+    with failures.shared_failures(out, dist(rank, size)):
+        raise err
+
+
+def test_a_ranks_own_error_is_noted_with_its_code_and_raised_as_it_was(tmp_path):
+    with pytest.raises(BenchError, match="corrupt record"):
+        fail_with(BenchError("train/u4.tfrecord: corrupt record"), tmp_path, 1)
+    with pytest.raises(KeyError):
+        fail_with(KeyError("x"), tmp_path, 0)
+    notes = {n["rank"]: n for n in (failures._read(p) for p in (tmp_path / "failures").glob("rank_*.json"))}
+    assert notes[1]["code"] == 2 and notes[1]["reason"] == "train/u4.tfrecord: corrupt record"
+    assert notes[0]["code"] == 4 and notes[0]["reason"] == "KeyError: 'x'"
+
+
+@pytest.mark.parametrize("code, kind", [(2, failures.PeerFailed), (4, failures.PeerInternalError)])
+def test_horovods_shutdown_becomes_the_noted_ranks_failure(tmp_path, code, kind):
+    cause = BenchError("u4: corrupt") if code == 2 else ValueError("boom")
+    with pytest.raises(type(cause)):
+        fail_with(cause, tmp_path, 1)
+    with pytest.raises(kind, match=r"^rank 1: .*(u4: corrupt|ValueError: boom)") as raised:
+        fail_with(SHUTDOWN, tmp_path, 0)
+    assert raised.value.__cause__ is SHUTDOWN
+
+
+def test_a_shutdown_without_a_note_stays_what_it_was_and_old_notes_are_passed_over(tmp_path, monkeypatch):
+    monkeypatch.setattr(failures, "PEER_WAIT_SECONDS", 0.3)
+    with pytest.raises(BenchError):
+        fail_with(BenchError("bad"), tmp_path, 1)
+    old = failures.PROCESS_START - 60
+    for note in (tmp_path / "failures").iterdir():
+        os.utime(note, (old, old))  # an earlier attempt's
+    with pytest.raises(RuntimeError, match="Horovod has been shut down"):
+        fail_with(SHUTDOWN, tmp_path, 0)
+
+
+def test_one_process_writes_no_note(tmp_path):
+    with pytest.raises(BenchError):
+        fail_with(BenchError("bad"), tmp_path, 0, size=1)
+    assert not (tmp_path / "failures").exists()
