@@ -66,6 +66,18 @@ def _synth_and_convert(root: Path, synth_args: list, convert_args: list) -> Path
     return records
 
 
+def corrupt_last_train_file(data_dir: Path) -> Path:
+    """Flip a byte in the middle of the last training file (the one only rank 1 of 2 reads): its record CRC and
+    its checksum no longer match. Returns the file."""
+    import json
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    victim = data_dir / manifest["splits"]["train"]["files"][-1]["path"]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    return victim
+
+
 def write_config(path: Path, data_dir: Path, out_dir: Path, **sections) -> Path:
     """The mini config with the tiny model and `sections` merged over it (a section given replaces the tiny
     model's section of that name)."""

@@ -7,7 +7,7 @@ import pytest
 from common.io.manifest import sha256_file
 from cosmoflow import train
 from tests.conftest import REPO, horovodrun, log_events, run_cmd
-from tests.integration.cosmo_fixtures import write_config
+from tests.integration.cosmo_fixtures import corrupt_last_train_file, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -159,11 +159,7 @@ def test_bad_input_that_one_rank_meets_is_every_ranks_and_the_launchers_code(dat
     rank 0, whose collective fails with Horovod's shutdown, ends as rank 1 did (common/runtime/failures.py): exit
     2, not an internal error, and summary.json names rank 1's cause. So the launcher's code is 2 whether it
     reports the first failed rank's code (horovodrun) or the largest (srun: tests/integration/test_slurm.py)."""
-    manifest = json.loads((dataset / "manifest.json").read_text())
-    victim = dataset / manifest["splits"]["train"]["files"][-1]["path"]
-    raw = bytearray(victim.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    victim.write_bytes(bytes(raw))
+    victim = corrupt_last_train_file(dataset)
     cfg = write_config(tmp_path / "c.yaml", dataset, tmp_path / "run")
     proc = horovodrun(2, [REPO / "cosmoflow/train.py", cfg, "data.shuffle=false", "data.loader=tfdata",
                           "train.max_epochs=2"])

@@ -25,7 +25,7 @@ from common.campaign.compliance import check_log
 from jobs.render import Job, render
 from jobs.site import load_site
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
-from tests.integration.cosmo_fixtures import LEARNED_MAE, write_config, write_learning_config
+from tests.integration.cosmo_fixtures import LEARNED_MAE, corrupt_last_train_file, write_config, write_learning_config
 
 pytestmark = pytest.mark.slow
 
@@ -113,11 +113,7 @@ def test_bad_input_that_one_task_meets_is_the_jobs_exit_code_under_srun(slurm, c
     """A corrupt record only task 1 reads: srun reports the largest of its tasks' codes, and task 0 ends as task 1
     did (common/runtime/failures.py), so the job's code is the run's, 2 (bad input), not 4 (internal error)."""
     data = writable_copy(cosmo_small)
-    manifest = json.loads((data / "manifest.json").read_text())
-    victim = data / manifest["splits"]["train"]["files"][-1]["path"]
-    raw = bytearray(victim.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    victim.write_bytes(bytes(raw))
+    corrupt_last_train_file(data)
     config = write_config(tmp_path / "tiny.yaml", data, tmp_path / "unused")
     script = tmp_path / "job.sh"
     # read in place: staging would check every file's checksum on every node first (each rank then exits 2 itself)
