@@ -10,7 +10,7 @@ from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, R
                                    section_differences)
 
 if TYPE_CHECKING:  # an RCP's module is imported by a run that names one
-    from common.runtime.rcp import Rcp
+    from common.base.rcp import Rcp
 
 
 @dataclasses.dataclass(frozen=True)

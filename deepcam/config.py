@@ -12,7 +12,7 @@ from common.runtime.config import (CheckpointConfig, DistConfig, MlperfConfig, R
                                    section_differences)
 
 if TYPE_CHECKING:  # an RCP's module is imported by a run that names one
-    from common.runtime.rcp import Rcp
+    from common.base.rcp import Rcp
 
 LOADERS = ("auto", "tfdata", "dali")
 NORMALIZATIONS = ("minmax", "meanstd")

@@ -24,15 +24,16 @@ TRACEBACK_NAME = "traceback.txt"
 
 
 def guarded(run: Callable[[], int], prefix: str = "") -> int:
-    """Call `run`; a BenchError becomes `error: <message>` on stderr and exit code 2; any other exception one line
-    naming it and where it was raised, its traceback written to a file that line names, and exit code 4."""
+    """Call `run`; a BenchError becomes `error: <message>` on stderr and exit code 2 (or the error's `exit_code`:
+    another rank's failure carries that rank's); any other exception one line naming it and where it was raised,
+    its traceback written to a file that line names, and exit code 4."""
     try:
         return int(run() or 0)
     except BenchError as err:
         message = textwrap.fill(f"{prefix}error: {err}", width=110, subsequent_indent="  ",
                                 break_long_words=False, break_on_hyphens=False)
         print(message, file=sys.stderr, flush=True)
-        return exits.BAD_INPUT
+        return getattr(err, "exit_code", exits.BAD_INPUT)
     except Exception as err:  # noqa: BLE001 - every other failure is an internal error, exit 4
         path = getattr(err, TRACEBACK_FILE, None) or write_traceback(err, Path(tempfile.gettempdir()), unique=True)
         print(f"{prefix}internal error: {type(err).__name__}: {err} (raised at {raised_at(err)}); traceback in "

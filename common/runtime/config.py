@@ -22,7 +22,7 @@ from common.base.files import ram_filesystem
 from common.base.errors import BenchError
 
 if TYPE_CHECKING:
-    from common.runtime.rcp import Rcp
+    from common.base.rcp import Rcp
 
 T = TypeVar("T")
 
@@ -282,7 +282,7 @@ def requested_rcp(cfg, benchmark: str, global_batch: int) -> Rcp | None:
     """The RCP `cfg.optimizer.rcp` names, refused unless the run's global batch is its; None for no RCP."""
     if not cfg.optimizer.rcp:
         return None
-    from common.runtime.rcp import load_rcp  # only a run that names an RCP reads mlperf-logging's RCP files
+    from common.base.rcp import load_rcp  # only a run that names an RCP reads mlperf-logging's RCP files
     rcp = load_rcp(benchmark, cfg.optimizer.rcp)
     local = cfg.train.local_batch_size
     rcp.check_global_batch(global_batch, f"train.local_batch_size {local} x {global_batch // local} "

@@ -29,11 +29,12 @@ SHUTDOWN_TEXT = "Horovod has been shut down"
 
 
 class PeerFailed(BenchError):
-    """Bad input that another rank met: this rank ends as it did (exit 2)."""
+    """Another rank's failure, which this rank ends with: its message and its exit code (2 for bad input, 4 for an
+    internal error; `guarded` exits with `exit_code`)."""
 
-
-class PeerInternalError(RuntimeError):
-    """An internal error on another rank: this rank ends as it did (exit 4)."""
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @contextlib.contextmanager
@@ -53,8 +54,7 @@ def shared_failures(out: Path, dist: DistEnv) -> Iterator[None]:
         note = wait_for_note(out, dist.rank)
         if note is None:
             raise
-        kind = PeerFailed if note["code"] == exits.BAD_INPUT else PeerInternalError
-        raise kind(f"rank {note['rank']}: {note['reason']}") from err
+        raise PeerFailed(f"rank {note['rank']}: {note['reason']}", note["code"]) from err
 
 
 def peer_shutdown(err: BaseException) -> bool:

@@ -6,6 +6,7 @@ import types
 import pytest
 
 from common.base.errors import BenchError
+from common.base.cli import guarded
 from common.runtime import failures
 
 SHUTDOWN = RuntimeError("{{function_node x}} Horovod has been shut down. This was caused by an exception on one of "
@@ -31,14 +32,18 @@ def test_a_ranks_own_error_is_noted_with_its_code_and_raised_as_it_was(tmp_path)
     assert notes[0]["code"] == 4 and notes[0]["reason"] == "KeyError: 'x'"
 
 
-@pytest.mark.parametrize("code, kind", [(2, failures.PeerFailed), (4, failures.PeerInternalError)])
-def test_horovods_shutdown_becomes_the_noted_ranks_failure(tmp_path, code, kind):
+@pytest.mark.parametrize("code", [2, 4])
+def test_horovods_shutdown_becomes_the_noted_ranks_failure_with_its_exit_code(tmp_path, code):
     cause = BenchError("u4: corrupt") if code == 2 else ValueError("boom")
     with pytest.raises(type(cause)):
         fail_with(cause, tmp_path, 1)
-    with pytest.raises(kind, match=r"^rank 1: .*(u4: corrupt|ValueError: boom)") as raised:
+    with pytest.raises(failures.PeerFailed, match=r"^rank 1: .*(u4: corrupt|ValueError: boom)") as raised:
         fail_with(SHUTDOWN, tmp_path, 0)
-    assert raised.value.__cause__ is SHUTDOWN
+    assert raised.value.__cause__ is SHUTDOWN and raised.value.exit_code == code
+
+    def peer_failed():
+        raise raised.value
+    assert guarded(peer_failed) == code
 
 
 def test_a_shutdown_without_a_note_stays_what_it_was_and_old_notes_are_passed_over(tmp_path, monkeypatch):

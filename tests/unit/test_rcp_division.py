@@ -5,7 +5,7 @@ import pytest
 
 from common.base.errors import BenchError
 from common.runtime.config import load_config, resolve_division
-from common.runtime.rcp import load_rcp, rcp_file, rcp_names
+from common.base.rcp import load_rcp, rcp_file, rcp_names
 from cosmoflow.config import CosmoConfig
 from cosmoflow.config import closed_differences, with_rcp
 from cosmoflow.train import LRSchedule

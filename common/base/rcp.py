@@ -3,7 +3,8 @@
 mlperf-logging's `rcp_checker/hpc_<ruleset>/rcps_<benchmark>.json` holds, per RCP name (e.g. `cosmoflow_ref_128`),
 the global batch size, the hyperparameters the reference ran with (under their MLPerf log keys) and the epochs its
 runs took to converge. `optimizer.rcp` names one (common/runtime/config.py's `requested_rcp` loads it); each
-application maps the hyperparameters onto its config sections (its config.py's `with_rcp`).
+application maps the hyperparameters onto its config sections (its config.py's `with_rcp`). It is read when a
+config is, not by the run's machinery, so it sits in base beside the MLPerf log reader.
 """
 from __future__ import annotations
 
