@@ -183,6 +183,18 @@ def test_the_round_comes_from_a_folder_named_hpc_results_vX_Y(tmp_path):
     assert {r.round for r in scores.score_roots([root], "3.0").rows} == {"3.0"}  # --round wins
 
 
+def test_a_v0_7_tree_has_no_scaling_level_and_is_scored_with_the_1_0_rules(tmp_path, capsys):
+    system = tmp_path / "hpc_results_v0.7/NVIDIA/results/dgxa100_n256_ngc21.09_pytorch"
+    shutil.copytree(FIXTURE / DEEPCAM, system / "deepcam")
+    assert main(["scores", str(tmp_path / "hpc_results_v0.7"), "--json"]) == 0
+    captured = capsys.readouterr()
+    (row,) = json.loads(captured.out)
+    assert (row["round"], row["scaling"], row["benchmark"]) == ("0.7", "strong", "deepcam")
+    assert row["score_minutes"] == pytest.approx(1.6677277777777777, abs=1e-12)
+    assert row["score_minutes_rcp"] is None and row["division"] == "closed"  # no RCPs; the division from the logs
+    assert "note: round 0.7 has no ruleset in mlperf-logging: scored with the 1.0 targets" in captured.err
+
+
 @pytest.mark.parametrize("make", ["missing", "file", "empty"])
 def test_a_bad_root_is_exit_2(tmp_path, capsys, make):
     root = tmp_path / "root"

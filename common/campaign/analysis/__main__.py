@@ -60,6 +60,8 @@ def scores(args: argparse.Namespace) -> int:
     result = scoring.score_roots([Path(p) for p in args.paths], args.round, args.check)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
     print(json.dumps([r.as_json() for r in result.rows], indent=1) if args.json else scoring.table(result.rows))
     rate = result.megabytes / result.read_seconds if result.read_seconds > 0 else float("inf")
     print(f"{len(result.rows)} submissions, {result.megabytes:.1f} MB of logs read and scored in "

@@ -293,6 +293,7 @@ class Scored:
     megabytes: float
     read_seconds: float
     check_seconds: float | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)  # what the rules applied where a round has none
 
 
 def read_all(subs: list[Submission], warnings: list[str]) -> list[list[RunLog]]:
@@ -329,7 +330,8 @@ def score_roots(roots: list[Path], round_: str | None, check: bool = False) -> S
     rows = [score_submission(sub, sub_logs, warnings) for sub, sub_logs in zip(subs, logs)]
     seconds = time.perf_counter() - start
     megabytes = sum(log.size for sub_logs in logs for log in sub_logs) / 1e6
-    scored = Scored(rows, warnings, megabytes, seconds)
+    scored = Scored(rows, warnings, megabytes, seconds, notes=[rules.V07_NOTE] if any(s.round == "0.7" for s in subs)
+                    else [])
     if check:
         start = time.perf_counter()
         warnings.extend(compliance_findings(subs))
