@@ -320,7 +320,8 @@ def test_a_benchmark_outside_the_round_is_listed_unscored(tmp_path):
 
 # ---------------------------------------------------------------------------- system descriptions
 @pytest.mark.parametrize("value, expected", [("16", 16), (8, 8), ("4.0", 4), ("", None), ("N/A", None),
-                                             (None, None), ("2x", None), (True, None), ("-1", None), (1.5, 1)])
+                                             (None, None), ("2x", None), (True, None), ("-1", None), (1.5, None),
+                                             ("1e999", None), (float("nan"), None), (2 ** 70, 2 ** 70)])
 def test_system_numbers_are_read_tolerantly(value, expected):
     assert published.tolerant_int(value) == expected
 

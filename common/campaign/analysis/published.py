@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -29,18 +30,17 @@ CAMPAIGN_ROUND = "3.0"  # the suite's campaigns are scored with ruleset 3.0.0 (c
 
 
 def tolerant_int(value: Any) -> int | None:
-    """A count as a system JSON spells it: 16, "16", "16.0" -> 16; "", "N/A", "2x", None -> None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return int(value) if value == value and value >= 0 else None  # NaN != NaN
+    """A count as a system JSON or a log spells it: 16, "16", "16.0" -> 16; "", "N/A", "2x", -1, inf, None -> None."""
     if isinstance(value, str):
         try:
-            number = float(value.strip())
+            value = float(value.strip())
         except ValueError:
             return None
-        return int(number) if number == number and number >= 0 and number == int(number) else None
-    return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value == int(value)):
+        return None
+    return int(value) if value >= 0 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +190,8 @@ METRICS = ("eval_error", "eval_accuracy")
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    """A finite JSON number (not a bool, NaN or infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _clean_events(read: mlperf_log.LogRead, path: Path, warnings: list[str]) -> list[dict]:
