@@ -25,7 +25,8 @@ ROUNDS = {"0.7": "1.0.0", "1.0": "1.0.0", "2.0": "2.0.0", "3.0": "3.0.0"}  # rou
 RCP_ROUNDS = ("1.0", "2.0", "3.0")  # rounds with reference convergence points in mlperf-logging
 PRUNE_SEEDS_FROM = "2.0"
 MAX_FAILED = 1  # the olympic mean drops one run as the slowest, which a failed run may be
-V07_NOTE = "round 0.7 has no ruleset in mlperf-logging: scored with the 1.0 targets and run counts, no RCPs"
+V07_NOTE = ("round 0.7 has no ruleset in mlperf-logging: scored with the 1.0 targets and run counts, no RCPs; "
+            "--check applies the 1.0.0 checker")
 
 
 @dataclasses.dataclass(frozen=True)
