@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from common.base.version import code_version
-from common.campaign import uncertainty
+from common.campaign import rules, uncertainty
 from common.campaign.spec import CampaignSpec, load_record, load_spec, required_runs, run_dir
 from common.base.files import atomic_path, write_json_atomic
 from common.campaign.compliance import check_log
@@ -93,32 +93,21 @@ class CampaignScore:
     epochs_interval: dict | None = None  # and its interval
 
 
-# ---------------------------------------------------------------------------- the rules, here
+# ---------------------------------------------------------------------------- the rules (rules.py)
 def olympic_minutes(runs: list[RunScore]) -> tuple[float | None, str]:
     """The olympic mean of the compliant runs' minutes (marks the counted runs), and why when there is none."""
-    failed = sum(not r.compliant for r in runs)
-    passing = sorted((r for r in runs if r.compliant), key=lambda r: r.minutes)
-    if failed > 1:
-        return None, f"{failed} runs failed; the rules drop at most one (as the slowest)"
-    counted = passing[1:len(passing) - (1 - failed)]
-    if not counted:
-        return None, f"{len(passing)} compliant runs leave none once the fastest and slowest are dropped"
-    for r in counted:
-        r.counted = True
-    return sum(r.minutes for r in counted) / len(counted), ""
+    result = rules.olympic([r.minutes if r.compliant else None for r in runs])
+    for i in result.counted:
+        runs[i].counted = True
+    return result.minutes, result.reason
 
 
 def throughput_minutes(runs: list[RunScore], required: int) -> tuple[float | None, str]:
     """time_to_train_all over the compliant instances (marks them), or why there is no score."""
-    passing = [r for r in runs if r.compliant]
-    for r in passing:
-        r.counted = True
-    if not passing:
-        return None, "no instance has a compliant log"
-    minutes = (max(r.run_stop_ms for r in passing) - min(r.run_start_ms for r in passing)) / 60_000
-    if len(passing) < required:
-        return minutes, f"{len(passing)} instances converged; the rules ask for at least {required}"
-    return minutes, ""
+    for r in runs:
+        r.counted = r.compliant
+    return rules.time_to_train_all([(r.run_start_ms, r.run_stop_ms) if r.compliant else None for r in runs],
+                                   required)
 
 
 # ---------------------------------------------------------------------------- mlperf-logging's summariser

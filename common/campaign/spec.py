@@ -62,8 +62,8 @@ class CampaignSpec:
 
 def required_runs(benchmark: str) -> int:
     """How many runs MLPerf HPC asks of a benchmark (mlperf-logging's table: CosmoFlow 10, DeepCAM 5)."""
-    from mlperf_logging.benchmark_meta import get_result_file_counts
-    return get_result_file_counts("hpc")[benchmark]
+    from common.campaign import rules
+    return rules.required_runs(benchmark)
 
 
 def run_dir(out: Path, index: int) -> Path:

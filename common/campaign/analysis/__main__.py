@@ -8,6 +8,7 @@ from pathlib import Path
 from common.campaign.analysis import __doc__ as DOC
 from common.base.cli import guarded
 from common.base.errors import BenchError
+from common.campaign.rules import ROUNDS
 
 
 def target(text: str) -> tuple[str, int, int]:
@@ -41,11 +42,39 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.add_argument("--out", required=True, help="the report directory (replaced)")
         if name == "runs":
             p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
+    p = sub.add_parser("scores", help="score published MLPerf HPC results trees (or campaigns) as the rules do")
+    p.add_argument("paths", nargs="+", metavar="ROOT",
+                   help="a results round's folder (submitters below it), one submitter's folder, or a campaign")
+    p.add_argument("--round", choices=ROUNDS, help="the round of the logs (else a folder named hpc_results_vX.Y "
+                                                   "in ROOT's path)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
+    p.add_argument("--check", action="store_true", help="also run mlperf-logging's compliance checker on every "
+                                                        "result file (timed apart)")
     return parser.parse_args(argv)
+
+
+def scores(args: argparse.Namespace) -> int:
+    """The scores subcommand: rows on stdout, warnings and timings on stderr; writes nothing."""
+    import json
+    from common.campaign.analysis import scores as scoring
+    result = scoring.score_roots([Path(p) for p in args.paths], args.round, args.check)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(json.dumps([r.as_json() for r in result.rows], indent=1) if args.json else scoring.table(result.rows))
+    rate = result.megabytes / result.read_seconds if result.read_seconds > 0 else float("inf")
+    print(f"{len(result.rows)} submissions, {result.megabytes:.1f} MB of logs read and scored in "
+          f"{result.read_seconds:.2f} s ({rate:.1f} MB/s), {len(result.warnings)} warnings"
+          + (f"; compliance checker {result.check_seconds:.1f} s" if result.check_seconds is not None else ""),
+          file=sys.stderr, flush=True)
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.command == "scores":
+        return guarded(lambda: scores(args))
 
     def run() -> int:
         from common.campaign.analysis import report

@@ -63,7 +63,7 @@ def read_events(log: Path) -> list[dict]:
     return events
 
 
-def _intervals(events: list[dict], start: str, stop: str) -> list[tuple[int, float, float]]:
+def intervals(events: list[dict], start: str, stop: str) -> list[tuple[int, float, float]]:
     """(epoch_num, start ms, stop ms) of the start/stop pairs that have both, in order (an epoch may hold
     several: DeepCAM evaluates twice per epoch)."""
     opened, out = {}, []
@@ -76,9 +76,9 @@ def _intervals(events: list[dict], start: str, stop: str) -> list[tuple[int, flo
     return out
 
 
-def _overlap(a: float, b: float, intervals: list[tuple[int, float, float]]) -> float:
-    """Milliseconds of `intervals` inside [a, b]: evaluations run inside DeepCAM's epochs, after CosmoFlow's."""
-    return sum(max(0.0, min(b, y) - max(a, x)) for _, x, y in intervals)
+def overlap(a: float, b: float, spans: list[tuple[int, float, float]]) -> float:
+    """Milliseconds of `spans` inside [a, b]: evaluations run inside DeepCAM's epochs, after CosmoFlow's."""
+    return sum(max(0.0, min(b, y) - max(a, x)) for _, x, y in spans)
 
 
 def _first(events: list[dict], key: str, field: str = "value"):
@@ -116,9 +116,9 @@ class _Attempt:
         start, stop = _first(events, "run_start", "time"), _first(events, "run_stop", "time")
         if start is None:
             raise BenchError(f"{log}: no run_start; the run did not get past init")
-        epochs = _intervals(events, "epoch_start", "epoch_stop")
+        epochs = intervals(events, "epoch_start", "epoch_stop")
         end = stop if stop is not None else max(e["time_ms"] for e in events)
-        return cls(events, start, end, epochs, _intervals(events, "eval_start", "eval_stop"), [True] * len(epochs))
+        return cls(events, start, end, epochs, intervals(events, "eval_start", "eval_stop"), [True] * len(epochs))
 
     @property
     def resumed_inside_an_epoch(self) -> bool:
@@ -150,7 +150,7 @@ def parse_run(run: Path) -> tuple[dict, list[dict]]:
     epoch_rows, before = [], 0.0
     for number, attempt in enumerate(attempts, 1):
         for (n, a, b), whole in zip(attempt.epochs, attempt.whole):
-            train_ms = (b - a) - _overlap(a, b, attempt.evals)
+            train_ms = (b - a) - overlap(a, b, attempt.evals)
             epoch_rows.append({"benchmark": row["benchmark"], "campaign": row["campaign"], "run": row["run"],
                                "attempt": number, "epoch": n, "start": before + (a - attempt.start) / 1000,
                                "epoch_seconds": train_ms / 1000,
@@ -170,7 +170,7 @@ def _run_row(run, attempts: list[_Attempt], summary, metrics, metric_key, train_
     ranks = summary.get("ranks") or (nodes or 1) * max(accelerators, 1)
     evaluation = sum(b - a for att in attempts for _, a, b in att.evals) / 1000
     # Training time: evaluations inside epochs excluded; throughput only from whole epochs.
-    pieces = [((b - a) - _overlap(a, b, att.evals), whole) for att in attempts
+    pieces = [((b - a) - overlap(a, b, att.evals), whole) for att in attempts
               for (_, a, b), whole in zip(att.epochs, att.whole)]
     training = sum(ms for ms, _ in pieces) / 1000
     whole_ms, whole_epochs = sum(ms for ms, w in pieces if w), sum(w for _, w in pieces)
