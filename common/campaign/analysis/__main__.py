@@ -36,10 +36,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("runs", "print (or save) the table of runs"),
                        ("predict", "predict time to solution at the given configurations")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("paths", nargs="+", help="run or campaign directories")
+        p.add_argument("paths", nargs="+", help="run or campaign directories" + (
+            "; for report also published submission trees (a round's or a submitter's folder)" if name == "report"
+            else ""))
         p.add_argument("--predict", type=target, action="append", default=[], metavar="BENCH:UNITS:BATCH")
         if name == "report":
             p.add_argument("--out", required=True, help="the report directory (replaced)")
+            p.add_argument("--round", choices=ROUNDS, help="the round of published trees among the paths (else a "
+                                                           "folder named hpc_results_vX.Y in their path)")
         if name == "runs":
             p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
     p = sub.add_parser("scores", help="score published MLPerf HPC results trees (or campaigns) as the rules do")
@@ -71,10 +75,37 @@ def scores(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_report(args: argparse.Namespace) -> int:
+    """The report subcommand: the runs' analyses of run and campaign directories, and the published submissions
+    and the campaigns scored together on the paper's axes (common/campaign/analysis/standing.py)."""
+    import pandas as pd
+    from common.campaign.analysis import report, standing
+    from common.campaign.analysis.logs import load_runs
+    from common.campaign.analysis.published import is_tree
+    from common.campaign.analysis.scores import score_roots
+    paths = [Path(p) for p in args.paths]
+    trees = [p for p in paths if is_tree(p)]
+    own = [p for p in paths if p not in trees]
+    runs, epochs = load_runs(own) if own else (pd.DataFrame(), pd.DataFrame())
+    print(f"{len(runs)} runs, {len(epochs)} epochs read from {', '.join(map(str, own)) or 'no run directory'}",
+          flush=True)
+    built = report.build(runs, args.predict) if own else report.Report([], [])
+    built.sections += searches(args.paths)
+    scored = [p for p in trees + own if p in trees or (p / "campaign.json").is_file()]
+    table = standing.submissions(score_roots(scored, args.round)) if scored else pd.DataFrame()
+    built.sections = standing.sections(table) + built.sections  # where this machine stands comes first
+    out = report.write(built, runs, epochs, Path(args.out), args.paths, table)
+    print(f"wrote {out / 'report.html'}, {out / 'summary.md'} and {len(list((out / 'figures').iterdir()))} figures"
+          + (f" ({len(table)} submissions scored)" if len(table) else ""))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.command == "scores":
         return guarded(lambda: scores(args))
+    if args.command == "report":
+        return guarded(lambda: write_report(args))
 
     def run() -> int:
         from common.campaign.analysis import report
@@ -92,12 +123,6 @@ def main(argv=None) -> int:
             if not args.predict:
                 raise BenchError("predict: give at least one --predict BENCH:UNITS:BATCH")
             print(report.prediction_table([predict(runs, *t) for t in args.predict]).to_string(index=False))
-        else:
-            built = report.build(runs, args.predict)
-            built.sections += searches(args.paths)
-            out = report.write(built, runs, epochs, Path(args.out), args.paths)
-            print(f"wrote {out / 'report.html'}, {out / 'summary.md'} and {len(list((out / 'figures').iterdir()))} "
-                  f"figures")
         return 0
 
     return guarded(run)

@@ -144,6 +144,14 @@ def campaign_submission(folder: Path) -> Submission:
                       "weak" if spec.mode == "throughput" else "strong", CAMPAIGN_ROUND, folder, files)
 
 
+def is_tree(root: Path) -> bool:
+    """Whether ROOT is a submission tree: a submitter's folder (results/ in it) or a round's (submitters below);
+    a campaign of the suite's own (campaign.json) is not, although it holds its submission/ layout."""
+    if not root.is_dir() or (root / "campaign.json").is_file():
+        return False
+    return (root / RESULTS).is_dir() or any((d / RESULTS).is_dir() for d in root.iterdir() if d.is_dir())
+
+
 def find_submissions(root: Path, round_: str | None, warnings: list[str]) -> list[Submission]:
     """Every submission under ROOT: a round's folder (submitters below it), one submitter's folder, or a suite
     campaign. A ROOT that is none of them is a BenchError."""
@@ -178,6 +186,7 @@ class RunLog:
     epochs: list[tuple[Any, float, float]] = dataclasses.field(default_factory=list)  # (epoch_num, ms, ms)
     eval_spans: list[tuple[Any, float, float]] = dataclasses.field(default_factory=list)
     staging_ms: float | None = None
+    staging_start: float | None = None  # ms: before run_start where staging is in init (untimed), after it where timed
 
     def count(self, key: str) -> int | None:
         """A logged count (number_of_nodes, train_samples, ...) as an int, None when absent or not a number."""
@@ -227,6 +236,7 @@ def _add_event(run: RunLog, event: dict, starts: dict) -> None:
         starts.setdefault(key, float(event["time_ms"]))
     elif key == "staging_stop" and "staging_start" in starts and run.staging_ms is None:
         run.staging_ms = float(event["time_ms"]) - starts["staging_start"]
+        run.staging_start = starts["staging_start"]
     elif key not in TIMED:
         run.values.setdefault(key, value)
 

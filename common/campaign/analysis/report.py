@@ -2,7 +2,8 @@
 the same tables and the figures as PNG files beside it, and the tidy tables as CSV.
 
 Written into OUT (through a temporary directory renamed when complete):
-    report.html, summary.md, figures/*.png, runs.csv, epochs.csv
+    report.html, summary.md, figures/*.png, runs.csv, epochs.csv, and submissions.csv where published trees or
+    campaigns were scored (common/campaign/analysis/standing.py)
 """
 from __future__ import annotations
 
@@ -79,8 +80,10 @@ def _system_sections(runs: pd.DataFrame, benches: list[str], scal: pd.DataFrame)
     return sections
 
 
-def write(report: Report, runs: pd.DataFrame, epochs: pd.DataFrame, out: Path, sources: list[str]) -> Path:
-    """The report's files in `out` (replaced whole, through a temporary directory)."""
+def write(report: Report, runs: pd.DataFrame, epochs: pd.DataFrame, out: Path, sources: list[str],
+          submissions: pd.DataFrame | None = None) -> Path:
+    """The report's files in `out` (replaced whole, through a temporary directory); submissions.csv where
+    submissions were scored."""
     with atomic_path(out) as tmp:
         (tmp / "figures").mkdir(parents=True)
         for _, _, _, figs in report.sections:
@@ -88,6 +91,8 @@ def write(report: Report, runs: pd.DataFrame, epochs: pd.DataFrame, out: Path, s
                 (tmp / "figures" / name).write_bytes(png)
         runs.to_csv(tmp / "runs.csv", index=False)
         epochs.to_csv(tmp / "epochs.csv", index=False)
+        if submissions is not None and len(submissions):
+            submissions.to_csv(tmp / "submissions.csv", index=False)
         stamp = time.strftime("%Y-%m-%d %H:%M")
         (tmp / "summary.md").write_text(markdown(report, sources, stamp))
         (tmp / "report.html").write_text(html_page(report, sources, stamp))
@@ -132,13 +137,15 @@ def html_page(report: Report, sources: list[str], stamp: str) -> str:
     for title, prose, table, figs in report.sections:
         body.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(prose)}</p>")
         if table is not None and not table.empty:
-            body.append(table.to_html(index=False, float_format=lambda v: _fmt(float(v)), na_rep=""))
+            readable = table.rename(columns=lambda c: str(c).replace("_", " "))  # headers that can wrap
+            body.append('<div class="wide">' + readable.to_html(index=False, float_format=lambda v: _fmt(float(v)),
+                                                                 na_rep="") + "</div>")
         body.extend(f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
                     for name, png in figs.items())
     if report.predictions:
         body.append("<h2>Predicted time to solution</h2>" + prediction_table(report.predictions).to_html(
             index=False, float_format=lambda v: _fmt(float(v)), na_rep=""))
     style = "body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse;font-size:85%}" \
-            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%;display:block;margin:1em 0}"
+            "td,th{border:1px solid #ccc;padding:2px 6px}.wide{overflow-x:auto}img{max-width:100%;display:block;margin:1em 0}"
     return f"<!doctype html><html><head><meta charset='utf-8'><title>Analysis report</title><style>{style}</style>" \
            f"</head><body>{''.join(body)}</body></html>\n"

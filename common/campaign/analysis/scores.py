@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import io
 import logging
+import math
 import statistics
 import sys
 import time
@@ -294,6 +295,8 @@ class Scored:
     read_seconds: float
     check_seconds: float | None = None
     notes: list[str] = dataclasses.field(default_factory=list)  # what the rules applied where a round has none
+    splits: list[dict] = dataclasses.field(default_factory=list)  # per row: time_split of its runs
+    own: list[bool] = dataclasses.field(default_factory=list)  # per row: a campaign of the suite's own
 
 
 def read_all(subs: list[Submission], warnings: list[str]) -> list[list[RunLog]]:
@@ -310,6 +313,26 @@ def read_all(subs: list[Submission], warnings: list[str]) -> list[list[RunLog]]:
                 bar.update(log.size)
             out.append(logs)
     return out
+
+
+def time_split(logs: list[RunLog]) -> dict:
+    """Mean minutes of the time to train of the runs that have run_start and run_stop, split into staging (logged
+    inside the run), training (the epochs, evaluations inside them excluded), evaluation and other (the rest), and
+    the mean training minutes of an epoch (the paper's Fig. 1 and Table 5); NaN where no run says."""
+    parts: dict[str, list[float]] = {k: [] for k in ("staging", "training", "evaluation", "other", "epoch")}
+    for log in logs:
+        if log.run_start is None or log.run_stop is None:
+            continue
+        timed = log.staging_ms if log.staging_start is not None and log.staging_start >= log.run_start else 0.0
+        evaluation = sum(b - a for _, a, b in log.eval_spans)
+        epochs = [(b - a) - overlap(a, b, log.eval_spans) for _, a, b in log.epochs]
+        other = log.run_stop - log.run_start - timed - sum(epochs) - evaluation
+        for key, ms in (("staging", timed), ("training", sum(epochs)), ("evaluation", evaluation),
+                        ("other", max(other, 0.0))):
+            parts[key].append(ms / 60_000)
+        if epochs:
+            parts["epoch"].append(sum(epochs) / len(epochs) / 60_000)
+    return {f"{k}_minutes": statistics.fmean(v) if v else math.nan for k, v in parts.items()}
 
 
 def _size(path: Path) -> int:
@@ -331,7 +354,8 @@ def score_roots(roots: list[Path], round_: str | None, check: bool = False) -> S
     seconds = time.perf_counter() - start
     megabytes = sum(log.size for sub_logs in logs for log in sub_logs) / 1e6
     scored = Scored(rows, warnings, megabytes, seconds, notes=[rules.V07_NOTE] if any(s.round == "0.7" for s in subs)
-                    else [])
+                    else [], splits=[time_split(sub_logs) for sub_logs in logs],
+                    own=[(sub.folder / "campaign.json").is_file() for sub in subs])
     if check:
         start = time.perf_counter()
         warnings.extend(compliance_findings(subs))
