@@ -93,9 +93,21 @@ def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
     return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size, drop)
 
 
+def example_batch(cfg: CosmoConfig) -> tuple:
+    """One synthetic local batch of the run's shapes (log1p of Poisson counts, targets in [-1, 1]): what the
+    precision probe times a step on."""
+    import numpy as np
+    import tensorflow as tf
+    rng, batch = np.random.default_rng(0), cfg.train.local_batch_size
+    x = np.log1p(rng.poisson(20, (batch, *cfg.model.input_shape))).astype(np.float32)
+    y = rng.uniform(-1, 1, (batch, cfg.model.target_size)).astype(np.float32)
+    return tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+
+
 APP = run.App(name="cosmoflow", config=CosmoConfig, build=build, input=input_pipeline,
               hyperparameters=hyperparameters, rank_files=rank_files, read_error=read_error, with_rcp=with_rcp,
-              closed_differences=closed_differences, learning_rates=learning_rates, strategy=strategy_for)
+              closed_differences=closed_differences, learning_rates=learning_rates, strategy=strategy_for,
+              example_batch=example_batch)
 
 # ---------------------------------------------------------------------------- the learning-rate schedule
 # Learning-rate schedule of the MLPerf HPC CosmoFlow reference: linear scaling, warm-up, step decay.

@@ -91,9 +91,20 @@ def rank_files(cfg: DeepCamConfig, manifest, rank: int, ranks: int) -> list[str]
     return files_read(manifest, rank, ranks, cfg.train.local_batch_size)
 
 
+def example_batch(cfg: DeepCamConfig) -> tuple:
+    """One synthetic local batch of the run's shapes (normalised fields, class labels): what the precision
+    probe times a step on."""
+    import numpy as np
+    import tensorflow as tf
+    rng, batch = np.random.default_rng(0), cfg.train.local_batch_size
+    x = rng.standard_normal((batch, *cfg.model.input_shape), dtype=np.float32)
+    y = rng.integers(0, cfg.model.num_classes, (batch, *cfg.model.input_shape[:2])).astype(np.int32)
+    return tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+
+
 APP = run.App(name="deepcam", config=DeepCamConfig, build=build, input=input_pipeline,
               hyperparameters=hyperparameters, rank_files=rank_files, read_error=read_error, with_rcp=with_rcp,
-              closed_differences=closed_differences, learning_rates=learning_rates)
+              closed_differences=closed_differences, learning_rates=learning_rates, example_batch=example_batch)
 
 if __name__ == "__main__":
     exit_now(main())

@@ -21,6 +21,11 @@ def _cpuinfo(field: str) -> str | None:
     return None
 
 
+def cpu_flags() -> set[str]:
+    """The first core's flags in /proc/cpuinfo (empty where there are none)."""
+    return set((_cpuinfo("flags") or "").split())
+
+
 # Widest first: the first of these the CPU's flags name is its vector instruction set.
 VECTOR_ISAS = ("avx512f", "avx2", "avx", "sse4_2")
 
@@ -29,7 +34,7 @@ def vector_isa() -> str:
     """The widest SIMD instruction set /proc/cpuinfo's flags name (avx512f, avx2, avx, sse4_2), or "unknown".
 
     Convolution and GEMM rates follow it: the same VM type can land on hosts with and without AVX-512."""
-    flags = set((_cpuinfo("flags") or "").split())
+    flags = cpu_flags()
     return next((isa for isa in VECTOR_ISAS if isa in flags), "unknown")
 
 
@@ -40,5 +45,5 @@ CAPTION_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf
 
 def caption_flags() -> str:
     """The flags of CAPTION_FLAGS that /proc/cpuinfo names, space-separated; "none" where it names none of them."""
-    flags = set((_cpuinfo("flags") or "").split())
+    flags = cpu_flags()
     return " ".join(flag for flag in CAPTION_FLAGS if flag in flags) or "none"

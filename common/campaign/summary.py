@@ -47,6 +47,7 @@ class Summary:
     global_batch_size: int | None = None
     io: dict | None = None  # io_report.json's figures
     system: dict | None = None  # common/runtime/monitor.py
+    precision: dict | None = None  # how train.precision was chosen: precision, reason, step_seconds, epochs_ratio
     parallel: dict | None = None  # the hybrid strategy's partitioning
     elastic: dict | None = None  # the elastic strategy's resets
     attempt: int | None = None  # a resumed run's attempt

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 from common.base.errors import BenchError
 from common.runtime.config import DistConfig, load_config, resolve, to_dict
 from common.runtime.dist import DistEnv, init_distributed
+from common.runtime.precision import planned, with_precision
 
 
 def dry_run(app: Any, strategy_for: Callable[[Any, DistEnv], Any], config: str, overrides: list[str],
@@ -23,8 +24,11 @@ def dry_run(app: Any, strategy_for: Callable[[Any, DistEnv], Any], config: str, 
     dist = planned_dist(cfg.dist, ranks)
     strategy = strategy_for(cfg, dist)
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
+    choice = planned(app, cfg, dist)
+    cfg = with_precision(cfg, choice["precision"]) if choice["precision"] != "auto" else cfg
     doc = plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
                app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
+    doc |= {"precision": choice["precision"], "precision_reason": choice["reason"]}
     return print_plan(doc, as_json, dist)
 
 
@@ -61,6 +65,7 @@ def print_plan(doc: dict, as_json: bool, dist: DistEnv) -> int:
           f"replicas, global batch {doc['global_batch_size']} ({doc['local_batch_size']} per replica); RCP "
           f"{doc['rcp'] or 'none'}")
     print(f"division: {doc['division']}" + (f" (not the reference's: {'; '.join(differences)})" if differences else ""))
+    print(f"precision: {doc['precision']} ({doc['precision_reason']})")
     print("hyperparameters: " + ", ".join(f"{k}={v}" for k, v in doc["hyperparameters"].items()))
     print("learning rate at the start of each epoch: "
           + " ".join(f"{e}:{lr:.6g}" for e, lr in enumerate(doc["learning_rate_by_epoch"])))

@@ -33,6 +33,7 @@ from common.runtime.dist import DistEnv, StopRequests, StoppedBeforeStart, descr
 from common.runtime.elastic import ElasticStrategy
 from common.runtime.loop import Callback, Loop, Trainee, fit
 from common.runtime.failures import shared_failures
+from common.runtime.precision import choose as choose_precision
 from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code, failure_summary,
                                     run_summary, scale_keys, throughput, write_summary)
 from common.runtime.strategy import DataParallel, reseeded
@@ -59,6 +60,7 @@ class App:
     closed_differences: Callable[[Any], list]  # how the config differs from the reference's closed run
     learning_rates: Callable[[Any, DataParallel], list]  # the dry run's learning rate at each epoch's start
     strategy: Callable[[Any, DistEnv], DataParallel] | None = None  # None: data parallel or elastic
+    example_batch: Callable[[Any], tuple] | None = None  # cfg -> one synthetic (x, y) batch: the precision probe's
 
 
 def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequests) -> int:
@@ -68,9 +70,11 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
     strategy = (app.strategy or choose_strategy)(cfg, dist)
     # optimizer.rcp's hyperparameters; the division the log may claim (closed only for the reference's run)
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences, announce=root_log(dist))
+    cfg, precision = choose_precision(app, cfg, dist, config, overrides)  # train.precision=auto: probed, cached
     rank_files = functools.partial(app.rank_files, cfg)
     # (shared_failures inside Run: a failure that another rank's became is what Run.abort records)
     with Run.open(app.name, cfg, dist, stop) as run, shared_failures(Path(cfg.run.output_dir), dist):
+        run.precision = precision
         run.stage(rank_files, "before_init")  # data.stage_timing=before_init: untimed, unlogged, open division
         run.init_start()
         run.stage(rank_files, "in_init")  # the default: staging_start, staging_stop inside init
@@ -167,6 +171,7 @@ class Run:
         self.monitor = RunMonitor(cfg, dist)
         self.attempts = 0  # an elastic run's (re)starts so far
         self.trained = ""  # the checkpoint of the weights that met the target (keep_trained)
+        self.precision: dict = {}  # how train.precision was chosen (common/runtime/precision.py)
 
     @classmethod
     def open(cls, benchmark: str, cfg: Any, dist: DistEnv, stop: StopRequests) -> "Run":
@@ -309,7 +314,7 @@ class Run:
         out = Path(self.cfg.run.output_dir)
         if self.dist.is_root:
             summary = run_summary(self, result, self.trainee.metric.name, strategy.replicas) | extra | {
-                "io": report, "system": figures}
+                "io": report, "system": figures, "precision": self.precision}
             write_io_report(report, out)
             write_summary(summary | self._attempt_summary(result.stopped, result.checkpoint or self.trained), out)
             self.log(f"{result.status}: {result.reason}; time to train {self.time_to_train:.1f} s; summary in "

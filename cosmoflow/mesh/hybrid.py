@@ -121,7 +121,7 @@ def check_hybrid(cfg: Any, size: int) -> None:
                          f"group's ranks read the group's files in the same order, which node_share's division "
                          f"between a node's ranks does not give; use data.stage_mode node or rank")
     check_block_records(cfg.data, tuple(cfg.parallel.spatial))
-    if cfg.train.precision != "float32" or cfg.train.jit_compile:
+    if cfg.train.precision not in ("float32", "auto") or cfg.train.jit_compile:  # auto: float32 here
         raise BenchError(f"train.precision={cfg.train.precision}, train.jit_compile={cfg.train.jit_compile} with "
                          f"parallel.spatial {list(cfg.parallel.spatial)}: the Mesh-TF path computes in float32 "
                          f"graphs of its own; use train.precision=float32 and train.jit_compile=false")

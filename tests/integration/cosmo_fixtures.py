@@ -21,7 +21,7 @@ TINY_OVERRIDES = {
     "model": {"input_shape": [16, 16, 16, 4], "conv_filters": [4, 8, 16, 16], "dense_units": [16, 8],
               "dropout": 0.0},
     "optimizer": {"base_lr": 0.01, "base_batch_size": 8},
-    "train": {"max_epochs": 2, "local_batch_size": 4},
+    "train": {"max_epochs": 2, "local_batch_size": 4, "precision": "float32"},  # auto: test_precision
     "data": {"shuffle_buffer": 8},
     "mlperf": {"platform": "test"},
 }
@@ -34,7 +34,7 @@ LEARN_OVERRIDES = {
               "dropout": 0.0},
     "optimizer": {"base_lr": 0.02, "base_batch_size": 8},
     "schedule": {"warmup_epochs": 1, "decay_epochs": [12, 16]},
-    "train": {"max_epochs": 8, "local_batch_size": 4, "target": LEARNED_MAE},
+    "train": {"max_epochs": 8, "local_batch_size": 4, "target": LEARNED_MAE, "precision": "float32"},
     "data": {"shuffle_buffer": 32},
     "mlperf": {"platform": "test"},
 }

@@ -21,7 +21,7 @@ TRAIN = REPO / "deepcam/train.py"
 # Two middle-flow blocks, not the reference's 16: these tests check training, logging and state, not the
 # architecture (tests/unit/test_deepcam_model.py), and each process traces the steps in about half the time.
 TINY = {"model": {"input_shape": [32, 48, 16], "width": 0.125, "middle_blocks": 2},
-        "train": {"max_epochs": 2, "local_batch_size": 2, "eval_every_steps": 0},
+        "train": {"max_epochs": 2, "local_batch_size": 2, "eval_every_steps": 0, "precision": "float32"},
         "schedule": {"warmup_steps": 2, "t_max": 16},
         "data": {"shuffle_buffer": 8}, "mlperf": {"platform": "test"}}
 # The uninterrupted run of the resume test: 3 epochs of 8 steps on one process, reading with tf.data (whose

@@ -1,84 +1,109 @@
-"""train.precision and train.jit_compile: a CPU trains CosmoFlow with mixed_bfloat16, float16 scales its loss,
-XLA compiles the step; the GPU a rank uses, with the device list faked."""
-import numpy as np
+"""train.precision=auto (common/runtime/precision.py): the probe's answer decides, both ways; it is cached per
+host, shape and batch; an explicit value is kept; the dry run says what a run would choose without probing."""
+from __future__ import annotations
+
+import json
+import types
+
 import pytest
 
-from common.runtime.dist import DistEnv, pick_gpu
-from common.runtime.loop import shared_variables
-from common.runtime.strategy import for_precision, make_train_step, set_precision
-from cosmoflow.model import build_model, mse_loss
+from common.runtime import precision
+from common.runtime.config import load_config
+from common.runtime.dist import DistEnv
+from cosmoflow.train import APP
 
-SMALL = dict(input_shape=(16, 16, 16, 2), conv_filters=(4, 8), dense_units=(8, 4), dropout=0.0)
-
-
-@pytest.fixture(autouse=True)
-def float32_after():
-    yield
-    set_precision("float32")
+CONFIG = "cosmoflow/configs/cosmo_mini.yaml"
+TINY = ["model.input_shape=[16,16,16,4]", "model.conv_filters=[4,8,16,16]", "model.dense_units=[16,8]",
+        "train.local_batch_size=2"]
 
 
-def _train(precision: str, jit_compile: bool = False, steps: int = 12) -> tuple:
-    import keras
-    keras.utils.set_random_seed(3)
-    set_precision(precision)
-    model = build_model(**SMALL)
-    optimizer = for_precision(keras.optimizers.SGD(learning_rate=0.05, momentum=0.9), precision)
-    step = make_train_step(model, optimizer, mse_loss, DistEnv(), jit_compile=jit_compile)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((4, 16, 16, 16, 2)).astype(np.float32)
-    y = rng.uniform(-0.8, 0.8, (4, 4)).astype(np.float32)
-    losses = [float(step(x, y)) for _ in range(steps)]
-    return model, optimizer, losses
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPC_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(precision, "EPOCHS_RECORD", tmp_path / "no-record.json")
+    return tmp_path
 
 
-# TensorFlow's CPU kernels lack float16 3D pooling (float16 is a GPU format): XLA's CPU kernels have it.
-@pytest.mark.parametrize("precision, jit", [("mixed_bfloat16", False), ("mixed_float16", True)])
-def test_mixed_precision_trains_with_float32_weights_outputs_and_loss(precision, jit):
-    import keras
-    model, optimizer, losses = _train(precision, jit)
-    assert all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses
-    conv = model.get_layer("conv1")
-    assert conv.kernel.dtype == "float32" and conv.compute_dtype == precision.removeprefix("mixed_")
-    assert model.output.dtype == "float32"
-    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == (precision == "mixed_float16")
+def fake_probe(monkeypatch, seconds: dict) -> list:
+    calls = []
+
+    def measure(app, config, overrides, which, threads):
+        calls.append(which)
+        return seconds[which]
+    monkeypatch.setattr(precision, "measure_in_subprocess", measure)
+    return calls
 
 
-def test_xla_compiled_steps_train_like_the_plain_ones():
-    _, _, plain = _train("float32")
-    _, _, compiled = _train("float32", jit_compile=True)
-    np.testing.assert_allclose(compiled[:6], plain[:6], rtol=1e-3)  # float sums reorder; training amplifies it
+def cfg_of(*overrides):
+    return load_config(CONFIG, [*TINY, *overrides], APP.config)
 
 
-@pytest.mark.parametrize("local_rank, visible, index", [(0, 1, 0), (3, 1, 0), (3, 4, 3), (5, 4, 1), (2, 0, None)])
-def test_the_gpu_a_rank_uses_from_the_devices_it_sees(local_rank, visible, index):
-    """One visible GPU per rank (the shipped job scripts bind so): index 0 on every rank, which is what DALI's
-    device_id must be; all of a node's GPUs visible: the local rank's."""
-    assert pick_gpu(local_rank, visible) == index
+@pytest.mark.parametrize("bf16, chosen", [(0.5, "mixed_bfloat16"), (0.8, "mixed_bfloat16"), (0.9, "float32"),
+                                          (1.7, "float32")])
+def test_the_probes_answer_decides_both_ways(cache, monkeypatch, capsys, bf16, chosen):
+    calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": bf16})
+    cfg, choice = precision.choose(APP, cfg_of("train.precision=auto"), DistEnv(), CONFIG, TINY)
+    assert cfg.train.precision == chosen == choice["precision"]
+    assert choice["step_seconds"] == {"float32": 1.0, "mixed_bfloat16": bf16} and calls == list(precision.CANDIDATES)
+    assert f"train.precision=auto -> {chosen}" in capsys.readouterr().out
 
 
-def test_tensorflow_is_pinned_to_the_picked_gpu(monkeypatch):
-    import tensorflow as tf
-    from common.runtime import dist as dist_module
-    fake = [f"/physical_device:GPU:{i}" for i in range(4)]
-    chosen = {}
-    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: fake if kind == "GPU" else [])
-    monkeypatch.setattr(tf.config, "set_visible_devices", lambda device, kind: chosen.setdefault("visible", device))
-    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda device, on: chosen.setdefault("grow", on))
-    assert dist_module._configure_tensorflow(1, 1, local_rank=6) == 2
-    assert chosen == {"visible": fake[2], "grow": True}
-    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: fake[:1])
-    assert dist_module._configure_tensorflow(1, 1, local_rank=6) == 0  # CUDA_VISIBLE_DEVICES gave it one
+def test_the_answer_is_cached_per_host_shape_and_batch(cache, monkeypatch):
+    calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.5})
+    precision.choose(APP, cfg_of("train.precision=auto"), DistEnv(), CONFIG, TINY)
+    precision.choose(APP, cfg_of("train.precision=auto"), DistEnv(), CONFIG, TINY)
+    assert len(calls) == 2  # one probe, two precisions
+    precision.choose(APP, cfg_of("train.precision=auto", "train.local_batch_size=4"), DistEnv(), CONFIG, TINY)
+    assert len(calls) == 4  # another batch: probed again
+    records = json.loads(next(cache.glob("precision-*.json")).read_text())
+    assert [r["local_batch_size"] for r in records] == [2, 4] and all(set(precision.KEY_FIELDS) <= set(r)
+                                                                      for r in records)
 
 
-def test_dropout_seed_states_stay_per_rank():
-    import keras
-    states = []
-    for rank in (0, 1):
-        keras.utils.set_random_seed(rank)
-        model = build_model(**{**SMALL, "dropout": 0.5})
-        kept = {v.path for v in shared_variables(model)}
-        seeds = [v for v in model.variables if v.path not in kept]
-        assert seeds and all("seed_generator" in v.path for v in seeds)
-        assert kept == {v.path for v in model.weights}
-        states.append(np.concatenate([np.asarray(v) for v in seeds]))
-    assert not np.array_equal(*states)  # seeded per rank, and not broadcast: different dropout masks
+def test_more_epochs_in_bfloat16_can_keep_float32(cache, monkeypatch):
+    record = cache / "epochs.json"
+    record.write_text(json.dumps({"cosmoflow": {"float32": {"epochs": [9, 9, 10]},
+                                                "mixed_bfloat16": {"epochs": [11, 12, 11]}}}))
+    monkeypatch.setattr(precision, "EPOCHS_RECORD", record)
+    fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.75})
+    _, choice = precision.choose(APP, cfg_of("train.precision=auto"), DistEnv(), CONFIG, TINY)
+    assert choice["precision"] == "float32" and choice["epochs_ratio"] == pytest.approx(34 / 28)
+    assert "epochs.json: 3 bfloat16 and 3 float32 runs" in choice["reason"]
+
+
+def test_an_explicit_precision_is_kept_and_not_probed(cache, monkeypatch):
+    calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.1})
+    cfg, choice = precision.choose(APP, cfg_of("train.precision=float32"), DistEnv(), CONFIG, TINY)
+    assert cfg.train.precision == "float32" and choice["reason"] == "train.precision set explicitly" and not calls
+
+
+def test_the_dry_run_says_what_a_run_would_choose_without_probing(cache, monkeypatch):
+    calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.5})
+    cfg = cfg_of("train.precision=auto")
+    assert precision.planned(APP, cfg, DistEnv())["precision"] == "auto" and not calls
+    precision.choose(APP, cfg, DistEnv(), CONFIG, TINY)
+    assert precision.planned(APP, cfg, DistEnv())["precision"] == "mixed_bfloat16"
+
+
+def test_every_rank_takes_rank_0s_answer(cache, monkeypatch):
+    calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.5})
+    sent = {"precision": "float32", "reason": "rank 0's", "step_seconds": {}, "epochs_ratio": None}
+    rank1 = types.SimpleNamespace(is_root=False, size=2, threads=1, gpu=False, broadcast_object=lambda obj: sent)
+    cfg, choice = precision.choose(APP, cfg_of("train.precision=auto"), rank1, CONFIG, TINY)
+    assert cfg.train.precision == "float32" and choice is sent and not calls
+
+
+def test_a_probe_that_fails_leaves_float32_with_the_reason(cache, monkeypatch, capsys):
+    def broken(*_args):
+        raise precision.BenchError("the precision probe (...) failed with exit 4: boom")
+    monkeypatch.setattr(precision, "measure_in_subprocess", broken)
+    cfg, choice = precision.choose(APP, cfg_of("train.precision=auto"), DistEnv(), CONFIG, TINY)
+    assert cfg.train.precision == "float32" and "probe failed" in choice["reason"]
+    assert "warning: the precision probe (...) failed with exit 4: boom" in capsys.readouterr().out
+
+
+def test_the_probe_times_the_real_step_in_both_precisions_outside_the_runs_launch(cache, monkeypatch):
+    for var in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMIX_RANK"):  # as a rank under horovodrun has them
+        monkeypatch.setenv(var, "0")
+    seconds = {p: precision.measure_in_subprocess("cosmoflow", CONFIG, TINY, p, 1) for p in precision.CANDIDATES}
+    assert all(0 < s < 30 for s in seconds.values()), seconds

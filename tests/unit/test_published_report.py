@@ -32,7 +32,7 @@ def test_a_published_tree_and_a_campaign_are_reported_together_and_nothing_is_wr
     for title in ("Where this machine stands", "Time to solution split (Fig. 1)", "(Fig. 2b)", "(Fig. 2c)",
                   "(Fig. 2d)", "Staging ratio (Table 5)", "Per benchmark (Table 6)"):
         assert title in summary, title
-    assert "▶ this machine: best-b4" in summary and "NVIDIA dgxa100_n16_ngc21.09_mxnet" in summary
+    assert "▶ this machine: best-b4, " in summary and "NVIDIA dgxa100_n16_ngc21.09_mxnet" in summary
     page = (out / "report.html").read_text()
     assert "http://" not in page and "https://" not in page and "<script" not in page  # opens with no network
     table = pd.read_csv(out / "submissions.csv")

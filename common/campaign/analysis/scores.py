@@ -318,7 +318,8 @@ def read_all(subs: list[Submission], warnings: list[str]) -> list[list[RunLog]]:
 def time_split(logs: list[RunLog]) -> dict:
     """Mean minutes of the time to train of the runs that have run_start and run_stop, split into staging (logged
     inside the run), training (the epochs, evaluations inside them excluded), evaluation and other (the rest), and
-    the mean training minutes of an epoch (the paper's Fig. 1 and Table 5); NaN where no run says."""
+    the mean training minutes of an epoch (the paper's Fig. 1 and Table 5), and the training samples of an epoch;
+    NaN where no run says."""
     parts: dict[str, list[float]] = {k: [] for k in ("staging", "training", "evaluation", "other", "epoch")}
     for log in logs:
         if log.run_start is None or log.run_stop is None:
@@ -332,7 +333,9 @@ def time_split(logs: list[RunLog]) -> dict:
             parts[key].append(ms / 60_000)
         if epochs:
             parts["epoch"].append(sum(epochs) / len(epochs) / 60_000)
-    return {f"{k}_minutes": statistics.fmean(v) if v else math.nan for k, v in parts.items()}
+    samples = next((log.count("train_samples") for log in logs if log.count("train_samples")), None)
+    return {f"{k}_minutes": statistics.fmean(v) if v else math.nan for k, v in parts.items()} | {
+        "train_samples": samples if samples is not None else math.nan}
 
 
 def _size(path: Path) -> int:

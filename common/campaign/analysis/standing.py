@@ -8,7 +8,8 @@ From `scores.score_roots` (published trees and campaigns scored by the same rule
   to train against compute units with constant compute-budget lines, the join of the two (Fig. 2d);
 - the staging ratio (staging minutes over the mean epoch's: Table 5) and the per-benchmark table of batch size,
   epochs, units, samples/s per unit, time to solution and compute budget (Table 6).
-A submission is labelled `submitter system`; a campaign of the suite's own `this machine: <campaign>`.
+A submission is labelled `submitter system`; a campaign of the suite's own `this machine: <campaign>, <n> training
+samples` (a mini's dataset is a small fraction of the official one, so its place says little until it is not).
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def submissions(scored: Scored) -> pd.DataFrame:
     rows = []
     for row, split, own in zip(scored.rows, scored.splits, scored.own):
         record = dataclasses.asdict(row) | split | {"own": own}
-        record["label"] = f"this machine: {row.submitter}" if own else f"{row.submitter} {row.system}"
+        record["label"] = f"this machine: {row.submitter}, {split['train_samples']:,.0f} training samples" if own \
+            else f"{row.submitter} {row.system}"  # a campaign's dataset may be a mini's: its size in its label
         rate = row.train_samples_per_second_per_unit
         record["samples_per_second"] = rate * row.units if rate is not None and row.units else np.nan
         record["mean_minutes"] = sum(split[f"{p}_minutes"] for p in PARTS)  # NaN where no run finished
@@ -99,8 +101,8 @@ def _split_table(strong: pd.DataFrame) -> pd.DataFrame:
 def staging_table(table: pd.DataFrame) -> pd.DataFrame:
     logged = table[table["staging_minutes_mean"].notna()]
     ratio = logged["staging_minutes_mean"] / logged["epoch_minutes"]
-    return logged.assign(staging_ratio=ratio)[["benchmark", "label", "scaling", "units", "staging_minutes_mean",
-                                               "epoch_minutes", "staging_ratio"]].rename(columns={"label": "submission"})
+    cols = ["benchmark", "label", "scaling", "units", "staging_minutes_mean", "epoch_minutes", "staging_ratio"]
+    return logged.assign(staging_ratio=ratio)[cols].rename(columns={"label": "submission"})
 
 
 def table6(table: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +129,8 @@ def _log_axes(ax, xs, ys) -> None:
     ax.set_yscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    wide = np.log10(np.nanmax(ys) / np.nanmin(ys)) > 1.5  # minor labels only where few decades leave room
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter() if wide else plain)
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_ylim(np.nanmin(ys) / 1.6, np.nanmax(ys) * 1.6)
 
@@ -150,12 +153,13 @@ def _scatter(rows: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel
     ax.scatter([], [], c=OWN, s=22, label="this machine")
     ax.legend(fontsize=8, loc="best")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    labels.place(ax, xs, ys, [_short(r) for r in rows.itertuples()])
+    labels.place(ax, xs, ys, [_short(r, y) for r in rows.itertuples()])
     return _png(fig)
 
 
-def _short(row) -> str:
-    return f"{row.label} (r{row.round})"
+def _short(row, y: str) -> str:
+    unscored = ", unscored: mean of its runs" if y == "time_minutes" and row.score_minutes != row.score_minutes else ""
+    return f"{row.label} (r{row.round}{unscored})"
 
 
 def _level_lines(slope: float):
@@ -181,7 +185,11 @@ def throughput_figure(strong: pd.DataFrame, bench: str) -> bytes:
 
 
 def time_figure(strong: pd.DataFrame, bench: str) -> bytes:
-    return _scatter(strong[strong["benchmark"] == bench], "units", "score_minutes",
+    """Fig. 2d; a submission without a score (a campaign with fewer runs than the rules ask) at the mean time to
+    train of its finished runs, said in its label."""
+    rows = strong[strong["benchmark"] == bench]
+    rows = rows.assign(time_minutes=rows["score_minutes"].fillna(rows["mean_minutes"]))
+    return _scatter(rows, "units", "time_minutes",
                     f"{bench}: time to train against compute units", "compute units (accelerators, or "
                     "processors/ranks without them)", "time to train (minutes)", _level_lines(-1.0))
 

@@ -1,0 +1,238 @@
+"""`train.precision: auto`: the numerics this host trains the application fastest in (docs/fidelity.md says why
+the closed division allows it).
+
+    cfg, choice = choose(app, cfg, dist, config, overrides)   # before Run.open; rank 0 decides, all ranks agree
+
+`auto` resolves to `mixed_bfloat16` where a probe of this host measured the application's training step
+(forward, backward, update, on one rank's threads, at the run's sample shape and local batch) in bfloat16 at most
+THRESHOLD x its float32 step, after weighing the epochs bfloat16 needs against float32's (the committed record
+benchmarks/results/precision_epochs.json; 1 where it has no figures); else `float32`. An explicit
+`train.precision` is kept and not probed. The probe runs each precision in a fresh process
+(`python -m common.runtime.precision --measure ...`: a Keras policy is global) and is cached per host in
+`$HPC_BENCH_CACHE/precision-<host>.json`, keyed by KEY_FIELDS, so a host probes an application's shape and batch
+once. The choice is a dict: `precision`, `reason`, `step_seconds` ({precision: median seconds}, empty where
+nothing was measured), `epochs_ratio`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common.base.errors import BenchError
+from common.base.files import write_json_atomic
+from common.base.host import cpu_flags, cpu_model
+
+THRESHOLD = 0.8  # bfloat16 must take at most this share of float32's time to train
+CANDIDATES = ("float32", "mixed_bfloat16")
+KEY_FIELDS = ("cpu", "amx_bf16", "avx512_bf16", "threads", "tensorflow", "app", "input_shape", "local_batch_size",
+              "gpu")
+EPOCHS_RECORD = Path(__file__).resolve().parents[2] / "benchmarks/results/precision_epochs.json"
+# Timed steps: at least PROBE_STEPS and PROBE_SECONDS of them (short steps are noisy), at most PROBE_MAX_STEPS.
+PROBE_WARMUP, PROBE_STEPS, PROBE_SECONDS, PROBE_MAX_STEPS = 2, 4, 3.0, 60
+LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
+                     "HOROVOD_HOSTNAME", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+def choose(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]) -> tuple[Any, dict]:
+    """`cfg` with train.precision resolved, and the choice; collective (rank 0 probes, every rank takes its
+    answer) where train.precision is auto."""
+    if cfg.train.precision != "auto":
+        return cfg, explicit(cfg.train.precision)
+    choice = decide_auto(app, cfg, dist, config, overrides) if dist.is_root else None
+    if dist.size > 1:
+        choice = dist.broadcast_object(choice)
+    return with_precision(cfg, choice["precision"]), choice
+
+
+def planned(app: Any, cfg: Any, dist: Any) -> dict:
+    """What a run would choose, for the dry run: never probes (the cached probe, else auto left unresolved)."""
+    if cfg.train.precision != "auto":
+        return explicit(cfg.train.precision)
+    if getattr(getattr(cfg, "parallel", None), "hybrid", False):
+        return decide_auto(app, cfg, dist, "", [])
+    seconds = cached_steps(probe_key(app.name, cfg, dist.threads, dist.gpu))
+    if seconds is None:
+        return {"precision": "auto", "reason": f"not probed on this host for this shape and batch yet: the run "
+                                              f"probes first ({cache_path()})", "step_seconds": {},
+                "epochs_ratio": None}
+    return decide(seconds, epochs_ratio(app.name))
+
+
+def explicit(precision: str) -> dict:
+    return {"precision": precision, "reason": "train.precision set explicitly", "step_seconds": {},
+            "epochs_ratio": None}
+
+
+def with_precision(cfg: Any, precision: str) -> Any:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
+
+
+def decide_auto(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]) -> dict:
+    """The auto choice on this rank: a path that runs float32 only, else the cached or freshly probed steps."""
+    if getattr(getattr(cfg, "parallel", None), "hybrid", False):
+        return {"precision": "float32", "reason": "the hybrid Mesh-TF path trains in float32 only",
+                "step_seconds": {}, "epochs_ratio": None}
+    key = probe_key(app.name, cfg, dist.threads, dist.gpu)
+    seconds = cached_steps(key)
+    fresh = seconds is None
+    if fresh:
+        print(f"train.precision=auto: probing this host's {app.name} training step in float32 and "
+              f"mixed_bfloat16 (once per host, shape and batch; cached)", flush=True)
+        try:
+            seconds = probe_steps(key, lambda precision: measure_in_subprocess(app.name, config, overrides,
+                                                                                precision, dist.threads))
+        except BenchError as err:  # a probe that cannot run leaves the run in float32, said so
+            print(f"warning: {err}", flush=True)
+            return {"precision": "float32", "reason": "the precision probe failed (above): float32",
+                    "step_seconds": {}, "epochs_ratio": None}
+    choice = decide(seconds, epochs_ratio(app.name))
+    print(f"train.precision=auto -> {choice['precision']}: {choice['reason']}" + ("" if fresh else " (cached)"),
+          flush=True)
+    return choice
+
+
+def decide(step_seconds: dict, ratio: tuple[float, str]) -> dict:
+    """mixed_bfloat16 when its step time x the epochs ratio is at most THRESHOLD x float32's, else float32."""
+    f32, bf16 = step_seconds["float32"], step_seconds["mixed_bfloat16"]
+    factor, source = ratio
+    relative = bf16 * factor / f32
+    precision = "mixed_bfloat16" if relative <= THRESHOLD else "float32"
+    reason = (f"a step takes {f32:.3g} s in float32 and {bf16:.3g} s in mixed_bfloat16 ({bf16 / f32:.2f}x); "
+              f"x {factor:.2f} the epochs ({source}) gives {relative:.2f}x float32's time to train, "
+              f"{'at most' if precision != 'float32' else 'over'} {THRESHOLD}")
+    return {"precision": precision, "reason": reason, "step_seconds": dict(step_seconds), "epochs_ratio": factor}
+
+
+def epochs_ratio(app_name: str, record: Path | None = None) -> tuple[float, str]:
+    """bfloat16's mean epochs to the target over float32's, from the committed record, and where it came from."""
+    path = record or EPOCHS_RECORD
+    try:
+        runs = json.loads(path.read_text())[app_name]
+        f32, bf16 = runs["float32"]["epochs"], runs["mixed_bfloat16"]["epochs"]
+        ratio = (sum(bf16) / len(bf16)) / (sum(f32) / len(f32))
+        return ratio, f"{path.name}: {len(bf16)} bfloat16 and {len(f32)} float32 runs"
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return 1.0, f"no epochs record for {app_name}: taken as equal"
+
+
+# ---------------------------------------------------------------------------- the cache
+def probe_key(app_name: str, cfg: Any, threads: int, gpu: bool) -> dict:
+    """What a cached probe must match."""
+    flags = cpu_flags()
+    return {"cpu": cpu_model(), "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
+            "threads": threads, "tensorflow": _tf_version(), "app": app_name,
+            "input_shape": list(cfg.model.input_shape), "local_batch_size": cfg.train.local_batch_size, "gpu": gpu}
+
+
+def cache_path() -> Path:
+    root = Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
+    return root / f"precision-{socket.gethostname()}.json"
+
+
+def cached_steps(key: dict) -> dict | None:
+    """The step seconds a probe with this key measured, else None."""
+    for record in _records():
+        if all(record.get(k) == key[k] for k in KEY_FIELDS):
+            return record["step_seconds"]
+    return None
+
+
+def probe_steps(key: dict, measure) -> dict:
+    """Measure each candidate (`measure(precision)` -> median seconds), under a lock so that two runs starting
+    at once do not probe together, and cache the answer."""
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        seconds = cached_steps(key)
+        if seconds is not None:
+            return seconds
+        seconds = {precision: measure(precision) for precision in CANDIDATES}
+        others = [r for r in _records() if not all(r.get(k) == key[k] for k in KEY_FIELDS)]
+        record = {**key, "step_seconds": seconds, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        write_json_atomic(others + [record], path)
+        return seconds
+
+
+def _records() -> list[dict]:
+    try:
+        records = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return []  # absent or unreadable: probe again
+    return [r for r in records if isinstance(r, dict) and isinstance(r.get("step_seconds"), dict)] \
+        if isinstance(records, list) else []
+
+
+def _tf_version() -> str:
+    from common.runtime.monitor import host_key
+    return host_key()["tensorflow"]
+
+
+# ---------------------------------------------------------------------------- the measurement
+def measure_in_subprocess(app_name: str, config: str, overrides: list[str], precision: str, threads: int) -> float:
+    """The median training-step seconds of `app_name` in `precision`, measured by a fresh process on `threads`."""
+    # One process, not a rank of the run's launch: none of the variables a launcher sets for its ranks.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    cmd = [sys.executable, "-m", "common.runtime.precision", "--measure", app_name, config, precision,
+           "--threads", str(threads), *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise BenchError(f"the precision probe ({' '.join(cmd[1:6])} ...) failed with exit {proc.returncode}: "
+                         f"{proc.stderr.strip()[-2000:]}; set train.precision=float32 to run without it")
+    return float(json.loads(lines[-1])["step_seconds"])
+
+
+def measure(app_name: str, config: str, precision: str, threads: int, overrides: list[str]) -> float:
+    """In this process: build the application's trainee in `precision` and time its training step on a
+    synthetic batch of the run's shape (PROBE_WARMUP untimed, then the median of the timed ones)."""
+    import importlib
+    from common.runtime.config import load_config, resolve
+    from common.runtime.dist import init_distributed
+    from common.runtime.strategy import DataParallel, data_parallel_steps
+    app = importlib.import_module(f"{app_name}.train").APP
+    cfg = load_config(config, [*overrides, f"train.precision={precision}", f"dist.threads_per_rank={threads}",
+                               "dist.elastic.enabled=false"], app.config)
+    dist = init_distributed(cfg.dist)
+    strategy = DataParallel(dist)  # one process: the data-parallel step (elastic is off, the hybrid path is float32)
+    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
+    steps = data_parallel_steps(app.build(cfg, strategy), dist)
+    x, y = app.example_batch(cfg)
+    times = []
+    for i in range(PROBE_WARMUP + PROBE_MAX_STEPS):
+        start = time.perf_counter()
+        float(steps.train(x, y))
+        if i >= PROBE_WARMUP:
+            times.append(time.perf_counter() - start)
+        if len(times) >= PROBE_STEPS and sum(times) >= PROBE_SECONDS:
+            break
+    return sorted(times)[len(times) // 2]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m common.runtime.precision",
+                                     description="Time an application's training step in one precision (the "
+                                                 "probe of train.precision=auto; prints one JSON line).")
+    parser.add_argument("--measure", nargs=3, metavar=("APP", "CONFIG", "PRECISION"), required=True)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    app_name, config, precision = args.measure
+    if app_name not in ("cosmoflow", "deepcam") or precision not in CANDIDATES:
+        parser.error(f"--measure {app_name} ... {precision}: expected cosmoflow|deepcam and one of {CANDIDATES}")
+    from common.base.cli import guarded
+    return guarded(lambda: print(json.dumps({"step_seconds": measure(app_name, config, precision, args.threads,
+                                                                     args.overrides)})) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
