@@ -68,8 +68,8 @@ def planned(app: Any, cfg: Any, dist: Any) -> dict:
 
 
 def explicit(precision: str) -> dict:
-    return {"precision": precision, "reason": "train.precision set explicitly", "step_seconds": {},
-            "epochs_ratio": None}
+    return {"precision": precision, "reason": f"train.precision={precision} as configured (not auto)",
+            "step_seconds": {}, "epochs_ratio": None}
 
 
 def with_precision(cfg: Any, precision: str) -> Any:
