@@ -481,18 +481,22 @@ def job_energy(readings: list[tuple[float | None, str | None, str]]) -> tuple[fl
 # version (common/runtime/probe.py says how it is measured). A lock file keeps two runs starting at once from probing
 # together (each would measure half the node).
 
+def cache_root() -> Path:
+    """Where this host's probes are cached: $HPC_BENCH_CACHE, else ~/.cache/hpc-sciml-bench."""
+    return Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
+
+
 def cache_path() -> Path:
-    root = Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
-    return root / f"probe-{socket.gethostname()}.json"
+    return cache_root() / f"probe-{socket.gethostname()}.json"
 
 
 def host_key() -> dict:
     """What a cached probe must match: host, CPU model, cores, TensorFlow version."""
     return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
-            "tensorflow": _tf_version()}
+            "tensorflow": tf_version()}
 
 
-def _tf_version() -> str:
+def tf_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
     for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos"):
         try:

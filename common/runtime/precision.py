@@ -30,6 +30,7 @@ from typing import Any
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.host import cpu_flags, cpu_model
+from common.runtime.monitor import cache_root, tf_version
 
 THRESHOLD = 0.8  # bfloat16 must take at most this share of float32's time to train
 CANDIDATES = ("float32", "mixed_bfloat16")
@@ -129,13 +130,12 @@ def probe_key(app_name: str, cfg: Any, threads: int, gpu: bool) -> dict:
     """What a cached probe must match."""
     flags = cpu_flags()
     return {"cpu": cpu_model(), "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
-            "threads": threads, "tensorflow": _tf_version(), "app": app_name,
+            "threads": threads, "tensorflow": tf_version(), "app": app_name,
             "input_shape": list(cfg.model.input_shape), "local_batch_size": cfg.train.local_batch_size, "gpu": gpu}
 
 
 def cache_path() -> Path:
-    root = Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
-    return root / f"precision-{socket.gethostname()}.json"
+    return cache_root() / f"precision-{socket.gethostname()}.json"  # beside the peak probe's
 
 
 def cached_steps(key: dict) -> dict | None:
@@ -170,11 +170,6 @@ def _records() -> list[dict]:
         return []  # absent or unreadable: probe again
     return [r for r in records if isinstance(r, dict) and isinstance(r.get("step_seconds"), dict)] \
         if isinstance(records, list) else []
-
-
-def _tf_version() -> str:
-    from common.runtime.monitor import host_key
-    return host_key()["tensorflow"]
 
 
 # ---------------------------------------------------------------------------- the measurement

@@ -93,8 +93,9 @@ def write_report(args: argparse.Namespace) -> int:
     built.sections += searches(args.paths)
     scored = [p for p in trees + own if p in trees or (p / "campaign.json").is_file()]
     result = score_roots(scored, args.round) if scored else None
-    for line in (result.warnings + result.notes) if result else []:
-        print(f"warning: {line}" if line in result.warnings else f"note: {line}", file=sys.stderr)
+    for kind, lines in (("warning", result.warnings), ("note", result.notes)) if result else ():
+        for line in lines:
+            print(f"{kind}: {line}", file=sys.stderr)
     table = standing.submissions(result) if result else pd.DataFrame()
     built.sections = standing.sections(table) + built.sections  # where this machine stands comes first
     out = report.write(built, runs, epochs, Path(args.out), args.paths, table)
