@@ -96,8 +96,22 @@ def run_command(spec: CampaignSpec, out: Path, index: int) -> list[str]:
         raise BenchError(f"launcher {spec.launcher!r}: unknown placeholder {err}; it may use {{np}}, {{run}} and "
                          f"{{python}}") from None
     extra = [f"data.stage_dir={stage_path(spec, out, index)}"] if spec.stage_dir else []
+    fixed = fixed_precision(spec, out)
+    extra += [f"train.precision={fixed}"] if fixed else []
     return [*shlex.split(launcher), spec.python or sys.executable, str(REPO / spec.benchmark / "train.py"), spec.config,
             *spec.overrides, *extra, f"run.seed={spec.seed_of(index)}", f"run.output_dir={run_dir(out, index)}"]
+
+
+def fixed_precision(spec: CampaignSpec, out: Path) -> str | None:
+    """The precision every later run of the campaign trains in: where the config says train.precision=auto, the
+    one its first run to finish chose (probed or cached; its summary's `precision`), so that a campaign's runs
+    never differ in numerics; None before any run chose (and for an explicit precision, which every run keeps)."""
+    for index in range(spec.count):
+        summary = run_dir(out, index) / SUMMARY_NAME
+        choice = read_summary(summary).precision if summary.is_file() else None
+        if choice and choice.get("configured") == "auto" and choice.get("precision") in ("float32", "mixed_bfloat16"):
+            return choice["precision"]
+    return None
 
 
 def training_pids(launcher: int) -> list[int]:
@@ -234,8 +248,9 @@ def _run_one_by_one(spec: CampaignSpec, out: Path, stop: StopRequest, deadline: 
 def _run_single(spec: CampaignSpec, out: Path, index: int, stop: StopRequest, done: int) -> RunRecord:
     """Run `index` alone, start to end, and its record; `done`: how many of the campaign's runs are done."""
     proc, command, started = start_run(spec, out, index)
+    fixed = next((a.split("=", 1)[1] for a in command if a.startswith("train.precision=")), None)
     print(f"run {index + 1}/{spec.count} (seed {spec.seed_of(index)}): started, log "
-          f"{run_dir(out, index) / 'train.log'}", flush=True)
+          f"{run_dir(out, index) / 'train.log'}" + (f"; train.precision={fixed}" if fixed else ""), flush=True)
     try:
         code = _wait_all([proc], out, [index], stop)[0]
     except BaseException:

@@ -53,6 +53,7 @@ class RunMonitor(Callback):
     def __init__(self, cfg: Any, dist: DistEnv):
         out = Path(cfg.run.output_dir)
         self.cfg, self.dist = cfg.system, dist
+        self.precision = cfg.train.precision  # resolved (not auto) by now: the peak fraction_of_peak is against
         steps = cfg.system.window_steps if cfg.system.enabled and not cfg.dist.elastic.enabled else 0
         self.window = StepWindow(cfg.system.warmup_steps, steps)
         self.elastic = cfg.dist.elastic.enabled
@@ -125,7 +126,7 @@ class RunMonitor(Callback):
         trained = samples_trained(history)
         figures = {"peak": describe_peak(self.peak),
                    **flops_figures(training_gflop_per_sample(model), samples_per_second, self.peak,
-                                          self.dist.num_nodes),
+                                   self.dist.num_nodes, self.precision),
                    "input_wait_share": input_wait_share(history),
                    "peak_rss_mb": rss, "gpu_peak_memory_mb": gpu if self.dist.gpu else None,
                    "energy_joules": joules, "energy_source": source or None,
@@ -331,18 +332,22 @@ def samples_trained(history: list[dict]) -> float:
 
 
 def flops_figures(gflop_per_sample: float | None, samples_per_second: float | None, peak: dict | None,
-                  nodes: int) -> dict:
-    """Sustained GFLOP/s of the whole job and its fraction of the probed peak of its nodes."""
+                  nodes: int, precision: str = "float32") -> dict:
+    """Sustained GFLOP/s of the whole job and its fraction of its nodes' probed peak in the precision it trains in
+    (`peak_precision`: float32's peak_gflops, or peak_bf16_gflops for mixed_bfloat16)."""
+    numerics = "bfloat16" if precision == "mixed_bfloat16" else "float32"
     if not gflop_per_sample or not samples_per_second:
-        return {"gflop_per_sample": gflop_per_sample, "sustained_gflops": None, "fraction_of_peak": None}
+        return {"gflop_per_sample": gflop_per_sample, "sustained_gflops": None, "fraction_of_peak": None,
+                "peak_precision": numerics}
     sustained = gflop_per_sample * samples_per_second
-    fraction = sustained / (peak["peak_gflops"] * nodes) if peak else None
-    return {"gflop_per_sample": gflop_per_sample, "sustained_gflops": sustained, "fraction_of_peak": fraction}
+    fraction = sustained / (peak[PEAK_KEYS[numerics]] * nodes) if peak else None
+    return {"gflop_per_sample": gflop_per_sample, "sustained_gflops": sustained, "fraction_of_peak": fraction,
+            "peak_precision": numerics}
 
 
 def describe_peak(peak: dict | None) -> dict | None:
-    keep = ("host", "cpu", "cores", "tensorflow", "gemm_gflops", "conv3d_gflops", "peak_gflops", "measured_at",
-            "cache")
+    keep = ("host", "cpu", "cores", "tensorflow", "gemm_gflops", "conv3d_gflops", "peak_gflops", "bf16_gemm_gflops",
+            "bf16_conv3d_gflops", "peak_bf16_gflops", "measured_at", "cache")
     return {k: peak[k] for k in keep if k in peak} if peak else None
 
 
@@ -506,11 +511,16 @@ def tf_version() -> str:
     return "none"
 
 
+PEAK_KEYS = {"float32": "peak_gflops", "bfloat16": "peak_bf16_gflops"}
+
+
 def cached() -> dict | None:
-    """This host's cached figures if they were taken with its CPU and TensorFlow, else None."""
+    """This host's cached figures if they were taken with its CPU and TensorFlow and hold both precisions' peaks,
+    else None."""
     record = _read(cache_path())
     key = host_key()
-    return record if record and all(record.get(k) == v for k, v in key.items()) else None
+    fits = record and all(record.get(k) == v for k, v in key.items())
+    return record if fits and all(isinstance(record.get(k), (int, float)) for k in PEAK_KEYS.values()) else None
 
 
 def probe(force: bool = False) -> dict:
@@ -524,7 +534,8 @@ def probe(force: bool = False) -> dict:
         if record and not force:
             return record
         figures = _measure_in_subprocess()
-        record = {**host_key(), **figures, "peak_gflops": max(figures.values()),
+        record = {**host_key(), **figures, "peak_gflops": max(figures["gemm_gflops"], figures["conv3d_gflops"]),
+                  "peak_bf16_gflops": max(figures["bf16_gemm_gflops"], figures["bf16_conv3d_gflops"]),
                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cache": str(path)}
         write_json_atomic(record, path)
         return record

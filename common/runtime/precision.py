@@ -11,7 +11,8 @@ benchmarks/results/precision_epochs.json; 1 where it has no figures); else `floa
 (`python -m common.runtime.precision --measure ...`: a Keras policy is global) and is cached per host in
 `$HPC_BENCH_CACHE/precision-<host>.json`, keyed by KEY_FIELDS, so a host probes an application's shape and batch
 once. The choice is a dict: `precision`, `reason`, `step_seconds` ({precision: median seconds}, empty where
-nothing was measured), `epochs_ratio`.
+nothing was measured), `epochs_ratio`, and (a run's) `configured`: auto or the explicit value. A campaign fixes
+the choice once: its later runs train in the precision its first run chose (common/campaign/run.py).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def choose(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]) -> 
     choice = decide_auto(app, cfg, dist, config, overrides) if dist.is_root else None
     if dist.size > 1:
         choice = dist.broadcast_object(choice)
-    return with_precision(cfg, choice["precision"]), choice
+    return with_precision(cfg, choice["precision"]), {**choice, "configured": "auto"}
 
 
 def planned(app: Any, cfg: Any, dist: Any) -> dict:
@@ -70,7 +71,7 @@ def planned(app: Any, cfg: Any, dist: Any) -> dict:
 
 def explicit(precision: str) -> dict:
     return {"precision": precision, "reason": f"train.precision={precision} as configured (not auto)",
-            "step_seconds": {}, "epochs_ratio": None}
+            "step_seconds": {}, "epochs_ratio": None, "configured": precision}
 
 
 def with_precision(cfg: Any, precision: str) -> Any:

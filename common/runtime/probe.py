@@ -1,11 +1,14 @@
 """The node's attainable compute rate, measured once per host and cached: the `peak` a run's sustained FLOP/s is
 set against (summary.json's `system`).
 
-Two float32 kernels through TensorFlow on all of the process's cores, as training uses them:
+Two kernels through TensorFlow on all of the process's cores, as training uses them, each in float32 and in
+bfloat16 (the two numerics train.precision chooses between):
 - GEMM: a 2048 x 2048 matrix product;
 - a representative convolution: CosmoFlow's second 3D convolution (32 -> 64 channels, 3^3 kernel) on a batch
   of 2 x 32^3 inputs, forward only.
-Each is the best of `repeats` timed calls after a warm-up. `peak_gflops` is the higher of the two.
+Each is the best of `repeats` timed calls after a warm-up. `peak_gflops` is the higher float32 rate,
+`peak_bf16_gflops` the higher bfloat16 one: a run's fraction_of_peak is against the one of the precision it
+trains in (a mixed_bfloat16 run's matrix products and convolutions run in bfloat16).
 
     python -m common.runtime.probe            # print the cached figures, probing first if there are none
     python -m common.runtime.probe --force    # probe again (on an idle node) and replace the cache
@@ -29,22 +32,27 @@ from common.runtime.monitor import probe
 GEMM_N = 2048
 CONV_SHAPE = (2, 32, 32, 32, 32)  # batch, depth, height, width, channels in
 CONV_FILTERS, CONV_KERNEL = 64, 3
+GEMM_FLOP = 2.0 * GEMM_N ** 3
+CONV_FLOP = 2.0 * CONV_KERNEL ** 3 * CONV_SHAPE[-1] * CONV_FILTERS * (CONV_SHAPE[0] * CONV_SHAPE[1] ** 3)
 
 
 def measure(repeats: int = 10) -> dict:
-    """Run both kernels in this process (TensorFlow's default threads: all cores); GFLOP/s each."""
+    """Run both kernels in float32 and bfloat16 in this process (TensorFlow's default threads: all cores); GFLOP/s
+    each: gemm_gflops, conv3d_gflops, bf16_gemm_gflops, bf16_conv3d_gflops."""
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     os.environ.setdefault("ONEDNN_DEFAULT_FPMATH_MODE", "STRICT")
     import tensorflow as tf
-    a, b = (tf.random.uniform((GEMM_N, GEMM_N)) for _ in range(2))
-    x = tf.random.uniform(CONV_SHAPE)
-    w = tf.random.uniform((CONV_KERNEL,) * 3 + (CONV_SHAPE[-1], CONV_FILTERS))
-    gemm = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
-    conv = tf.function(lambda: tf.reduce_sum(tf.nn.conv3d(x, w, strides=[1] * 5, padding="SAME")))
-    gemm_flop = 2.0 * GEMM_N ** 3
-    conv_flop = 2.0 * CONV_KERNEL ** 3 * CONV_SHAPE[-1] * CONV_FILTERS * (CONV_SHAPE[0] * CONV_SHAPE[1] ** 3)
-    return {"gemm_gflops": gemm_flop / _best_seconds(gemm, repeats) / 1e9,
-            "conv3d_gflops": conv_flop / _best_seconds(conv, repeats) / 1e9}
+    figures = {}
+    for prefix, dtype in (("", tf.float32), ("bf16_", tf.bfloat16)):
+        a, b = (tf.cast(tf.random.uniform((GEMM_N, GEMM_N)), dtype) for _ in range(2))
+        x = tf.cast(tf.random.uniform(CONV_SHAPE), dtype)
+        w = tf.cast(tf.random.uniform((CONV_KERNEL,) * 3 + (CONV_SHAPE[-1], CONV_FILTERS)), dtype)
+        gemm = tf.function(lambda a=a, b=b: tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32)))
+        conv = tf.function(lambda x=x, w=w: tf.reduce_sum(tf.cast(tf.nn.conv3d(x, w, strides=[1] * 5, padding="SAME"),
+                                                                  tf.float32)))
+        figures[f"{prefix}gemm_gflops"] = GEMM_FLOP / _best_seconds(gemm, repeats) / 1e9
+        figures[f"{prefix}conv3d_gflops"] = CONV_FLOP / _best_seconds(conv, repeats) / 1e9
+    return figures
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -58,7 +66,8 @@ def _best_seconds(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="The node's GEMM and Conv3D rates, cached per host.")
+    parser = argparse.ArgumentParser(description="The node's GEMM and Conv3D rates in float32 and bfloat16, "
+                                                 "cached per host.")
     parser.add_argument("--force", action="store_true", help="probe again and replace the cache")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the subprocess's work
     args = parser.parse_args(argv)

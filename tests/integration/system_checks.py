@@ -14,10 +14,14 @@ def assert_plausible_system(summary: dict, ranks: int) -> dict:
     system = summary["system"]
     peak = system["peak"]
     assert peak["peak_gflops"] >= max(peak["gemm_gflops"], peak["conv3d_gflops"]) > 0, peak
+    assert peak["peak_bf16_gflops"] >= max(peak["bf16_gemm_gflops"], peak["bf16_conv3d_gflops"]) > 0, peak
+    bf16 = summary["precision"]["precision"] == "mixed_bfloat16"
+    assert system["peak_precision"] == ("bfloat16" if bf16 else "float32"), system
+    used = peak["peak_bf16_gflops" if bf16 else "peak_gflops"]  # the peak of the precision the run trained in
     assert system["gflop_per_sample"] > 0
-    assert 0 < system["sustained_gflops"] < peak["peak_gflops"] * summary["nodes"], system
+    assert 0 < system["sustained_gflops"] < used * summary["nodes"], system
     assert 0 < system["fraction_of_peak"] < 1 and math.isclose(
-        system["fraction_of_peak"], system["sustained_gflops"] / peak["peak_gflops"] / summary["nodes"])
+        system["fraction_of_peak"], system["sustained_gflops"] / used / summary["nodes"])
     assert 0 <= system["input_wait_share"] <= 1
     assert len(system["peak_rss_mb"]) == ranks and all(100 < mb < 24 * 1024 for mb in system["peak_rss_mb"])
     for name in ("energy_j_per_sample", "allreduce_gb_per_s", "gpu_peak_memory_mb"):

@@ -163,6 +163,14 @@ def test_strong_scaling_and_the_system_figures_per_configuration():
     assert len(table) == 4 and table["fraction_of_peak"].tolist() == pytest.approx([0.4] * 4)
     assert (table["step_compute"] + table["step_allreduce"] + table["step_input_wait"] + table["step_other"]).tolist() \
         == pytest.approx([1.0] * 4)
+    both = pd.concat([with_system.assign(precision="float32"),
+                      with_system.assign(precision="mixed_bfloat16", fraction_of_peak=0.1)], ignore_index=True)
+    split = analyses.system(both)  # each precision's fraction is against its own peak: never averaged together
+    assert len(split) == 8 and split.groupby("precision")["fraction_of_peak"].mean().to_dict() == pytest.approx(
+        {"float32": 0.4, "mixed_bfloat16": 0.1})
+    assert logs.trained_precision({"precision": {"precision": "mixed_bfloat16"}}) == "mixed_bfloat16"
+    assert logs.trained_precision({"config": {"train": {"precision": "float32"}}}) == "float32"
+    assert logs.trained_precision({}) == "unknown"
     png = report.figures.step_breakdown(table)
     assert 300 < png_size(png)[0] < 1500
     assert analyses.system(runs.assign(**logs.system_columns(None))).empty  # runs without the object: no table

@@ -9,6 +9,7 @@ from common.campaign import run as campaign
 from common.campaign.run import CampaignSpec, open_campaign, run_command, spec_from_args
 from common.campaign.spec import load_spec
 from common.base.errors import BenchError
+from tests.conftest import summary_fields
 
 
 def spec(**fields) -> CampaignSpec:
@@ -29,6 +30,22 @@ def test_run_commands_carry_the_launcher_the_seed_and_the_run_directory(tmp_path
     assert inside[:6] == ["srun", "-n", "2", "shifter", "--image=x", "python3"]
     with pytest.raises(BenchError, match=r"unknown placeholder 'nodes'; it may use \{np\}, \{run\} and \{python\}"):
         run_command(spec(launcher="srun -N {nodes}"), tmp_path, 0)
+
+
+@pytest.mark.parametrize("configured,chosen,fixed", [("auto", "mixed_bfloat16", "mixed_bfloat16"),
+                                                      ("auto", "float32", "float32"),
+                                                      ("float32", "float32", None)])
+def test_later_runs_train_in_the_precision_the_first_run_chose_under_auto(tmp_path, configured, chosen, fixed):
+    out = tmp_path / "camp"
+    assert not any(a.startswith("train.precision=") for a in run_command(spec(), out, 0))  # nothing chosen yet
+    first = out / "runs" / "run_000"
+    first.mkdir(parents=True)
+    choice = {"precision": chosen, "reason": "probed", "step_seconds": {}, "epochs_ratio": None,
+              "configured": configured}
+    (first / "summary.json").write_text(json.dumps(summary_fields(precision=choice)))
+    later = [a for a in run_command(spec(), out, 1) if a.startswith("train.precision=")]
+    assert later == ([f"train.precision={fixed}"] if fixed else [])  # an explicit precision needs no fixing
+    assert campaign.fixed_precision(spec(), out) == fixed
 
 
 def test_the_rules_count_is_the_default():

@@ -91,7 +91,7 @@ def test_every_rank_takes_rank_0s_answer(cache, monkeypatch):
     sent = {"precision": "float32", "reason": "rank 0's", "step_seconds": {}, "epochs_ratio": None}
     rank1 = types.SimpleNamespace(is_root=False, size=2, threads=1, gpu=False, broadcast_object=lambda obj: sent)
     cfg, choice = precision.choose(APP, cfg_of("train.precision=auto"), rank1, CONFIG, TINY)
-    assert cfg.train.precision == "float32" and choice is sent and not calls
+    assert cfg.train.precision == "float32" and choice == {**sent, "configured": "auto"} and not calls
 
 
 def test_a_probe_that_fails_leaves_float32_with_the_reason(cache, monkeypatch, capsys):

@@ -90,8 +90,12 @@ def test_input_wait_share_leaves_out_the_first_epoch():
 
 
 def test_flops_figures_against_the_nodes_peak():
-    figures = monitor.flops_figures(2.0, 10.0, {"peak_gflops": 100.0}, nodes=2)
-    assert figures == {"gflop_per_sample": 2.0, "sustained_gflops": 20.0, "fraction_of_peak": 0.1}
+    peak = {"peak_gflops": 100.0, "peak_bf16_gflops": 400.0}
+    figures = monitor.flops_figures(2.0, 10.0, peak, nodes=2)
+    assert figures == {"gflop_per_sample": 2.0, "sustained_gflops": 20.0, "fraction_of_peak": 0.1,
+                       "peak_precision": "float32"}
+    bf16 = monitor.flops_figures(2.0, 10.0, peak, nodes=2, precision="mixed_bfloat16")
+    assert bf16["fraction_of_peak"] == 0.025 and bf16["peak_precision"] == "bfloat16"  # against bfloat16's peak
     assert monitor.flops_figures(2.0, 10.0, None, 1)["fraction_of_peak"] is None
 
 
@@ -122,11 +126,15 @@ def test_no_rapl_gives_a_reason_not_a_number(tmp_path):
 
 def test_the_probe_cache_is_used_only_for_the_same_host_cpu_and_tensorflow(tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_BENCH_CACHE", str(tmp_path))
-    record = {**monitor.host_key(), "gemm_gflops": 50.0, "conv3d_gflops": 60.0, "peak_gflops": 60.0}
+    record = {**monitor.host_key(), "gemm_gflops": 50.0, "conv3d_gflops": 60.0, "peak_gflops": 60.0,
+              "bf16_gemm_gflops": 150.0, "bf16_conv3d_gflops": 90.0, "peak_bf16_gflops": 150.0}
     monitor.cache_path().write_text(json.dumps(record))
     assert monitor.cached() == record
     assert monitor.probe() == record  # no new measurement
     monitor.cache_path().write_text(json.dumps(record | {"tensorflow": "0.0.1"}))
+    assert monitor.cached() is None
+    float32_only = {k: v for k, v in record.items() if "bf16" not in k}  # a probe without bfloat16's peak
+    monitor.cache_path().write_text(json.dumps(float32_only))
     assert monitor.cached() is None
 
 

@@ -85,12 +85,14 @@ STEP = ["step_compute", "step_allreduce", "step_input_wait", "step_other"]
 
 
 def system(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean system figures and step shares per configuration, over the runs that recorded them."""
+    """Mean system figures and step shares per configuration and precision (fraction_of_peak is against the
+    peak of the precision a run trained in), over the runs that recorded them."""
     columns = [c for c in SYSTEM + STEP if c in runs]
     measured = runs.dropna(subset=["sustained_gflops"]) if "sustained_gflops" in runs else runs.iloc[0:0]
-    table = measured.groupby(CONFIG)[columns].mean()
-    table["runs"] = measured.groupby(CONFIG).size()
-    table["time_to_train"] = measured.groupby(CONFIG)["time_to_train"].mean()
+    keys = CONFIG + ["precision"] if "precision" in measured else CONFIG
+    table = measured.groupby(keys)[columns].mean()
+    table["runs"] = measured.groupby(keys).size()
+    table["time_to_train"] = measured.groupby(keys)["time_to_train"].mean()
     return table.reset_index()
 
 

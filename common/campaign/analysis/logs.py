@@ -14,6 +14,7 @@ local_batch_size, train_samples, eval_samples, time_to_train, staging, training,
 epochs_to_converge (NaN when the target was not reached), metric_name, final_metric, samples_per_second
 (training samples over the time inside the epochs), epoch_seconds_mean, staging_ratio (staging over
 the mean epoch time, the paper's Table 5), unit_hours (units x time to train), attempts (1 + the times it was resumed),
+precision (the numerics it trained in: float32 or mixed_bfloat16, from summary.json),
 and from summary.json's `system` object (docs/metrics.md; NaN when the run has none): sustained_gflops,
 fraction_of_peak, input_wait_share, allreduce_share, allreduce_wait_share, allreduce_gb_per_s,
 energy_j_per_sample, peak_rss_mb (the largest rank's), step_compute, step_allreduce, step_input_wait, step_other
@@ -201,8 +202,16 @@ def _run_row(run, attempts: list[_Attempt], summary, metrics, metric_key, train_
         "staging_ratio": (staging + init_staging) / epoch_mean if epochs and epoch_mean > 0 else math.nan,
         "unit_hours": units * ttt / 3600,
         "attempts": len(attempts),
+        "precision": trained_precision(summary),
         **system_columns(summary.get("system")),
     }
+
+
+def trained_precision(summary: dict) -> str:
+    """The numerics the run trained in: its summary's chosen precision, else its config's, else "unknown"."""
+    chosen = (summary.get("precision") or {}).get("precision")
+    configured = ((summary.get("config") or {}).get("train") or {}).get("precision")
+    return str(chosen or configured or "unknown")
 
 
 SYSTEM_FIELDS = ("sustained_gflops", "fraction_of_peak", "input_wait_share", "allreduce_share", "allreduce_wait_share",
