@@ -39,8 +39,8 @@ def training_gflop_per_sample(size: int, channels: int = 4, filters=FILTERS, k: 
     return total / 1e9
 
 
-def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
-    """Time `steps` training steps on this rank; rank 0 writes the result."""
+def worker(size: int, batch: int, steps: int, warmup: int, out: str, precision: str = "float32") -> None:
+    """Time `steps` training steps on this rank in `precision` (a Keras policy); rank 0 writes the result."""
     from common.runtime.config import DistConfig
     from common.runtime.dist import init_distributed
     dist, runtime_threads = started_threads(lambda: init_distributed(DistConfig()))
@@ -49,6 +49,7 @@ def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
 
     from common.runtime.strategy import make_train_step
     from cosmoflow.model import build_model, mse_loss
+    keras.mixed_precision.set_global_policy(precision)  # as the run sets train.precision, before the model
     model = build_model(input_shape=(size, size, size, 4))
     optimizer = keras.optimizers.SGD(0.001, momentum=0.9)
     optimizer.build(model.trainable_variables)
@@ -62,11 +63,12 @@ def worker(size: int, batch: int, steps: int, warmup: int, out: str) -> None:
     write_worker_result(out, times, dist, thread_cpu=thread_cpu)
 
 
-def measure(size: int, ranks: int, batch: int, steps: int, warmup: int) -> dict:
-    """Time one size on `ranks` ranks in a worker process; the figures of one table row."""
-    args = ["--size", str(size), "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup)]
+def measure(size: int, ranks: int, batch: int, steps: int, warmup: int, precision: str = "float32") -> dict:
+    """Time one size on `ranks` ranks in a worker process, in `precision`; the figures of one table row."""
+    args = ["--size", str(size), "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
+            "--precision", precision]
     res = run_worker(__file__, args, ranks, RESULTS_DIR / f".worker-{size}-{ranks}.json",
-                     f"{size}^3, {ranks} rank(s): {warmup} warm-up + {steps} timed steps")
+                     f"{size}^3, {ranks} rank(s), {precision}: {warmup} warm-up + {steps} timed steps")
     figures = step_figures(res["step_seconds"], batch, ranks)
     return {"size": size, "ranks": ranks, "local_batch": batch, "threads_per_rank": res["threads_per_rank"],
             **figures, "gflop_per_sample": training_gflop_per_sample(size),
@@ -103,12 +105,13 @@ def main() -> None:
                    help="measurements of each row, in alternating order of the rank counts (default: 2)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)  # the worker's Keras policy
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: expected at least 1")
     if args.worker:
-        return worker(args.size, args.batch, args.steps, args.warmup, args.out)
+        return worker(args.size, args.batch, args.steps, args.warmup, args.out, args.precision)
     check_marked_section(DOC, BEGIN, END)
     result = measure_groups("size", args.sizes, args.ranks, args.rounds, lambda size, ranks: measure(
         size, ranks, args.batch, steps_for(size, args.steps), args.warmup))

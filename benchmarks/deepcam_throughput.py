@@ -90,12 +90,14 @@ def build_train_step(cfg, dist):
     return model, make_train_step(model, optimizer, loss, dist)
 
 
-def worker(case: str, steps: int, warmup: int, out: str) -> None:
-    """Time `steps` training steps on this rank; rank 0 writes the result."""
+def worker(case: str, steps: int, warmup: int, out: str, precision: str = "float32") -> None:
+    """Time `steps` training steps on this rank in `precision` (a Keras policy); rank 0 writes the result."""
     from common.runtime.dist import init_distributed
     cfg, batch = load_case(case)
     dist, runtime_threads = started_threads(lambda: init_distributed(cfg.dist))
+    import keras
     import tensorflow as tf
+    keras.mixed_precision.set_global_policy(precision)  # as the run sets train.precision, before the model
 
     from deepcam.model import count_parameters
     model, step = build_train_step(cfg, dist)
@@ -108,15 +110,16 @@ def worker(case: str, steps: int, warmup: int, out: str) -> None:
 
 # ----------------------------------------------------------------------------- driver
 
-def measure(case: str, ranks: int, steps: int | None, warmup: int | None) -> dict:
-    """Time one case on `ranks` ranks in a worker process; the figures of one table row."""
+def measure(case: str, ranks: int, steps: int | None, warmup: int | None, precision: str = "float32") -> dict:
+    """Time one case on `ranks` ranks in a worker process, in `precision`; the figures of one table row."""
     cfg, batch = load_case(case)
     steps = CASES[case].steps if steps is None else steps
     warmup = CASES[case].warmup if warmup is None else warmup
     shape = " x ".join(map(str, cfg.model.input_shape))
     label = (f"{case} ({shape}, width {cfg.model.width:g}, local batch {batch}), {ranks} rank(s): "
-             f"{warmup} warm-up + {steps} timed steps")
-    res = run_worker(__file__, ["--case", case, "--steps", str(steps), "--warmup", str(warmup)], ranks,
+             f"{precision}, {warmup} warm-up + {steps} timed steps")
+    res = run_worker(__file__, ["--case", case, "--steps", str(steps), "--warmup", str(warmup), "--precision",
+                                precision], ranks,
                      RESULTS_DIR / f".worker-deepcam-{case}-{ranks}.json", label)
     figures = step_figures(res["step_seconds"], batch, ranks)
     return {"case": case, "config": CASES[case].config, "input_shape": list(cfg.model.input_shape),
@@ -157,6 +160,7 @@ def parse_args():
                    help="measurements of each row, in alternating order of the rank counts (default: 2)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)
+    p.add_argument("--precision", default="float32", help=argparse.SUPPRESS)  # the worker's Keras policy
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.steps is not None and args.steps < 1 or args.warmup is not None and args.warmup < 0:
@@ -169,7 +173,7 @@ def parse_args():
 def main() -> None:
     args = parse_args()
     if args.worker:
-        return worker(args.case, args.steps, args.warmup, args.out)
+        return worker(args.case, args.steps, args.warmup, args.out, args.precision)
     check_marked_section(DOC, BEGIN, END)
     write_outputs(measure_groups("case", args.cases, args.ranks, args.rounds,
                                  lambda case, ranks: measure(case, ranks, args.steps, args.warmup)))

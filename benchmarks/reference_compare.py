@@ -1,6 +1,7 @@
 """Time the MLCommons reference models beside the suite's, on this machine, in one invocation.
 
     python benchmarks/reference_compare.py --reference /path/to/mlcommons-hpc [--apps cosmoflow deepcam]
+        [--precisions float32 mixed_bfloat16]
     make bench-reference REFERENCE=/path/to/mlcommons-hpc
 
 --reference is a checkout of https://github.com/mlcommons/hpc (or a copy of its cosmoflow/ and deepcam/
@@ -9,7 +10,12 @@ benchmarks/reference/requirements-<app>.txt the first time (and again when that 
 of the suite is installed there. For each benchmark one process trains the suite's model (the workers of
 cosmoflow_throughput.py and deepcam_throughput.py, one rank using every core) and one process trains the
 reference's own model file (benchmarks/reference/<app>_step.py), on the same in-memory data shapes, batch
-and step count; this machine's sgemm rate is measured before and after. It writes
+and step count, at each of --precisions (both sides in the same precision, one after the other); this
+machine's sgemm rate is measured before and after. The references have no bfloat16 mode of their own
+(CosmoFlow's --amp is mixed_float16; DeepCAM has no CPU autocast): for mixed_bfloat16 the harness sets the
+Keras 2 `mixed_bfloat16` global policy before the reference CosmoFlow model is built, and runs the reference
+DeepCAM's forward and loss under `torch.autocast("cpu", dtype=torch.bfloat16)`; the suite trains as
+train.precision=mixed_bfloat16 does. It writes
 benchmarks/results/reference_compare.json and rewrites the table between its markers in
 docs/performance.md. Only ratios of figures from one such run should be quoted.
 """
@@ -31,6 +37,11 @@ BEGIN, END = "<!-- reference-compare:begin -->", "<!-- reference-compare:end -->
 HERE = REPO / "benchmarks/reference"
 VENVS = REPO / ".venv-reference"
 UPSTREAM = "https://github.com/mlcommons/hpc"
+PRECISIONS = ("float32", "mixed_bfloat16")
+BF16_NOTE = ("bfloat16 is not a mode of the references: the harness sets the Keras 2 `mixed_bfloat16` policy before "
+             "the reference CosmoFlow model is built (where its train.py sets --amp's mixed_float16) and wraps the "
+             "reference DeepCAM's forward and loss in `torch.autocast(\"cpu\", dtype=torch.bfloat16)`; the suite "
+             "trains as train.precision=mixed_bfloat16.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,53 +112,58 @@ def reference_env() -> dict:
             "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def run_reference(app: str, checkout: Path, python: Path, warmup: int, steps: int) -> dict:
-    """Time the checkout's `app` model in its own environment; the figures of one table row."""
+def run_reference(app: str, checkout: Path, python: Path, warmup: int, steps: int, precision: str) -> dict:
+    """Time the checkout's `app` model in its own environment, in `precision`; the figures of one table row."""
     out = RESULTS_DIR / f".reference-{app}.json"
     out.unlink(missing_ok=True)
     cmd = [str(python), str(HERE / f"{app}_step.py"), "--checkout", str(checkout), "--batch",
-           str(APPS[app].local_batch), "--warmup", str(warmup), "--steps", str(steps), "--out", str(out)]
-    print(f"  reference {app} ({APPS[app].sample}, batch {APPS[app].local_batch}): {warmup} warm-up + "
+           str(APPS[app].local_batch), "--warmup", str(warmup), "--steps", str(steps), "--precision", precision,
+           "--out", str(out)]
+    print(f"  reference {app} ({APPS[app].sample}, batch {APPS[app].local_batch}, {precision}): {warmup} warm-up + "
           f"{steps} timed steps ...", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env())
     res = take_worker_json(out, proc.returncode, cmd, proc.stdout[-3000:] + "\n" + proc.stderr[-3000:])
     return {**res, **step_figures(res["step_seconds"], APPS[app].local_batch, 1)}
 
 
-def run_suite(app: str, warmup: int, steps: int) -> dict:
-    """Time the suite's `app` model on one rank with the throughput benchmark's worker."""
+def run_suite(app: str, warmup: int, steps: int, precision: str) -> dict:
+    """Time the suite's `app` model on one rank with the throughput benchmark's worker, in `precision`."""
     if app == "cosmoflow":
         import cosmoflow_throughput
-        res = cosmoflow_throughput.measure(128, 1, APPS[app].local_batch, steps, warmup)
+        res = cosmoflow_throughput.measure(128, 1, APPS[app].local_batch, steps, warmup, precision)
     else:
         import deepcam_throughput
-        res = deepcam_throughput.measure("reference", 1, steps, warmup)
+        res = deepcam_throughput.measure("reference", 1, steps, warmup, precision)
     return {k: res[k] for k in ("step_seconds", "median_step_seconds", "samples_per_second", "threads_per_rank")}
 
 
-def compare(app: str, checkout: Path, warmup: int | None, steps: int | None) -> dict:
-    """The suite's and the reference's figures for `app`, measured one after the other, and their ratio."""
+def compare(app: str, checkout: Path, warmup: int | None, steps: int | None, precision: str) -> dict:
+    """The suite's and the reference's figures for `app` in `precision`, measured one after the other, and their
+    ratio."""
     warmup = APPS[app].warmup if warmup is None else warmup
     steps = APPS[app].steps if steps is None else steps
     python = reference_python(app)
-    suite = run_suite(app, warmup, steps)
-    reference = run_reference(app, checkout, python, warmup, steps)
-    return {"app": app, "sample": APPS[app].sample, "local_batch": APPS[app].local_batch, "suite": suite,
-            "reference": reference, "suite_over_reference": suite["samples_per_second"] /
-            reference["samples_per_second"]}
+    suite = run_suite(app, warmup, steps, precision)
+    reference = run_reference(app, checkout, python, warmup, steps, precision)
+    return {"app": app, "precision": precision, "sample": APPS[app].sample, "local_batch": APPS[app].local_batch,
+            "suite": suite, "reference": reference,
+            "suite_over_reference": suite["samples_per_second"] / reference["samples_per_second"]}
 
 
 def table(result: dict) -> str:
-    rows = ["| benchmark | sample, batch | suite samples/s | reference samples/s (framework) | suite / reference |",
-            "|---|---|---|---|---|"]
+    rows = ["| benchmark | precision | sample, batch | suite samples/s | reference samples/s (framework) "
+            "| suite / reference |", "|---|---|---|---|---|---|"]
     for r in result["runs"]:
-        rows.append(f"| {r['app']} | {r['sample']}, {r['local_batch']} | {r['suite']['samples_per_second']:.3g} "
+        rows.append(f"| {r['app']} | {r.get('precision', 'float32')} | {r['sample']}, {r['local_batch']} "
+                    f"| {r['suite']['samples_per_second']:.3g} "
                     f"| {r['reference']['samples_per_second']:.3g} ({r['reference']['framework']}) "
                     f"| {r['suite_over_reference']:.2f} |")
     commit = result["reference_commit"] or "not a git work tree"
     rows.append(f"\nsgemm (numpy, 2048^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s before, "
                 f"{result['sgemm_gflops_after']:.1f} after. Reference checkout's HEAD: {commit}. "
                 f"{measured_on(result)}")
+    if any(r.get("precision") == "mixed_bfloat16" for r in result["runs"]):
+        rows.append(f"\n{BF16_NOTE}")
     return "\n".join(rows)
 
 
@@ -156,6 +172,7 @@ def main() -> None:
     p.add_argument("--reference", type=Path, default=os.environ.get("REFERENCE"),
                    help="a checkout of mlcommons/hpc (default: $REFERENCE)")
     p.add_argument("--apps", nargs="+", choices=sorted(APPS), default=sorted(APPS))
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     p.add_argument("--steps", type=int, help="timed steps per side (default: cosmoflow 4, deepcam 3)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: cosmoflow 2, deepcam 1)")
     p.add_argument("--setup-only", action="store_true", help="build the reference environments and exit")
@@ -173,12 +190,13 @@ def main() -> None:
     print("sgemm ...", flush=True)
     result = {**run_header(sgemm_gflops()), "reference_checkout": str(checkout),
               "reference_commit": checkout_commit(checkout)}
-    result["runs"] = [compare(app, checkout, args.warmup, args.steps) for app in args.apps]
+    result["runs"] = [compare(app, checkout, args.warmup, args.steps, precision) for app in args.apps
+                      for precision in args.precisions]
     result["sgemm_gflops_after"] = sgemm_gflops()
     write_json_atomic(RESULTS, result)
     replace_marked_section(DOC, BEGIN, END, table(result))
     for r in result["runs"]:
-        print(f"  {r['app']}: suite / reference = {r['suite_over_reference']:.2f}")
+        print(f"  {r['app']} {r['precision']}: suite / reference = {r['suite_over_reference']:.2f}")
     print(f"wrote {RESULTS} and the table in {DOC}")
 
 

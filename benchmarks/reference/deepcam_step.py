@@ -1,6 +1,7 @@
 """Time training steps of the MLCommons reference DeepCAM model, in the reference's own environment.
 
-    python deepcam_step.py --checkout HPC --height 768 --width 1152 --batch 1 --steps 3 --warmup 1 --out OUT.json
+    python deepcam_step.py --checkout HPC --height 768 --width 1152 --batch 1 --steps 3 --warmup 1 [--precision P]
+        --out OUT.json
 
 Runs under the reference's virtual environment (benchmarks/reference/requirements-deepcam.txt), so it
 imports nothing of this suite. The model is the checkout's own
@@ -8,7 +9,9 @@ imports nothing of this suite. The model is the checkout's own
 output stride 16, as the reference's train.py builds it), loaded from its file so that the package's
 other modules (apex, h5py, the data loaders) are not needed. One step: forward, the reference's loss
 (per-pixel cross-entropy weighted by class frequency**-0.125, plain mean), backward and an AdamW update
-(the reference's optimiser without apex; LAMB needs apex's CUDA kernels). Data: the suite's benchmark
+(the reference's optimiser without apex; LAMB needs apex's CUDA kernels). --precision mixed_bfloat16 runs
+the forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16): the reference has no CPU autocast
+of its own (its GPU runs use apex's AMP); this harness adds it. Data: the suite's benchmark
 data (fields uniform in [0, 1), labels drawn with the climate data's class frequencies). Threads: PyTorch's
 defaults, as the reference ships. Writes step seconds and versions as JSON.
 """
@@ -39,6 +42,7 @@ def main() -> int:
         p.add_argument(name, required=True)
     for name, default in (("--height", 768), ("--width", 1152), ("--batch", 1), ("--steps", 3), ("--warmup", 1)):
         p.add_argument(name, type=int, default=default)
+    p.add_argument("--precision", choices=("float32", "mixed_bfloat16"), default="float32")
     args = p.parse_args()
     import numpy as np
     import torch
@@ -54,15 +58,18 @@ def main() -> int:
     x = torch.from_numpy(rng.random((args.batch, 16, args.height, args.width), dtype=np.float32))
     y = torch.from_numpy(rng.choice(3, size=(args.batch, args.height, args.width), p=LABEL_FREQUENCIES))
 
+    bf16 = args.precision == "mixed_bfloat16"
+
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x), y, weight=weight, reduction="none").mean()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(net(x), y, weight=weight, reduction="none").mean()
         loss.backward()
         optimizer.step()
 
     seconds = time_calls(step, args.warmup, args.steps)
     write_json_atomic(args.out, {
-        "step_seconds": seconds, "framework": f"torch {torch.__version__}",
+        "step_seconds": seconds, "framework": f"torch {torch.__version__}", "precision": args.precision,
         "parameters": sum(p.numel() for p in net.parameters() if p.requires_grad),
         "model_file_sha256": sha256_of(os.path.join(args.checkout, ARCHITECTURE)),
         "intra_op_threads": torch.get_num_threads()})

@@ -33,6 +33,7 @@ def test_two_rank_run_writes_a_structurally_compliant_log(cosmo_two_rank_run):
     assert_plausible_system(summary, ranks=2)
     assert summary["horovod"]["used"]["fusion_threshold_bytes"] == 64 * 2**20
     assert summary["precision"] == {"precision": "float32", "step_seconds": {}, "epochs_ratio": None,
+                                    "configured": "float32",
                                     "reason": "train.precision=float32 as configured (not auto)"}
     assert not (out / "horovod_timeline.json").exists()  # no timeline writer spinning through the run
     # TensorBoard: rank 0's event files hold the training scalars every 10 steps, each evaluation and the system.

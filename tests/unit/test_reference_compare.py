@@ -44,8 +44,13 @@ def test_the_table_gives_each_ratio_with_the_sgemm_rates_and_the_reference_commi
                    "suite": {"samples_per_second": 0.44}, "reference": {"samples_per_second": 0.4,
                                                                         "framework": "tensorflow 2.15.1"}}]}
     text = rc.table(result)
-    assert "| cosmoflow | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) | 1.10 |" in text
+    assert "| cosmoflow | float32 | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) | 1.10 |" in text
     assert "143.0 GFLOP/s before, 141.0 after" in text and "checkout's HEAD: abc123" in text
+    assert "not a mode of the references" not in text  # the bfloat16 note only where a row is bfloat16
+    bf16 = {**result["runs"][0], "precision": "mixed_bfloat16", "suite_over_reference": 1.5}
+    text = rc.table({**result, "runs": [result["runs"][0] | {"precision": "float32"}, bf16]})
+    assert "| cosmoflow | mixed_bfloat16 | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) | 1.50 |" in text
+    assert 'torch.autocast("cpu", dtype=torch.bfloat16)' in text and "mixed_float16" in text
 
 
 def test_the_reference_cosmoflow_driver_builds_the_checkouts_model_from_its_config_and_times_it(tmp_path):
@@ -63,17 +68,20 @@ def test_the_reference_cosmoflow_driver_builds_the_checkouts_model_from_its_conf
     (tmp_path / "cosmoflow/configs").mkdir()
     (tmp_path / "cosmoflow/configs/cosmo.yaml").write_text(
         "model:\n  name: cosmoflow\n  input_shape: [128, 128, 128, 4]\n  target_size: 4\n  conv_size: 2\n")
-    out = tmp_path / "step.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks/reference/cosmoflow_step.py"), "--checkout",
-                           str(tmp_path), "--size", "8", "--batch", "2", "--steps", "3", "--warmup", "1",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(out.read_text())
-    assert res["model_args"] == {"input_shape": [8, 8, 8, 4], "target_size": 4, "conv_size": 2}
-    assert len(res["step_seconds"]) == 3 and all(s > 0 for s in res["step_seconds"])
-    assert res["parameters"] == (27 * 4 + 1) * 2 + (6 ** 3 * 2 + 1) * 4
-    assert res["framework"].startswith("tensorflow ") and len(res["model_file_sha256"]) == 64
-    assert not (tmp_path / "step.json.tmp").exists()
+    for precision, output in (("float32", "float32"), ("mixed_bfloat16", "bfloat16")):
+        out = tmp_path / f"step-{precision}.json"
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks/reference/cosmoflow_step.py"), "--checkout",
+                               str(tmp_path), "--size", "8", "--batch", "2", "--steps", "3", "--warmup", "1",
+                               "--precision", precision, "--out", str(out)], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        res = json.loads(out.read_text())
+        assert res["model_args"] == {"input_shape": [8, 8, 8, 4], "target_size": 4, "conv_size": 2}
+        assert len(res["step_seconds"]) == 3 and all(s > 0 for s in res["step_seconds"])
+        assert res["parameters"] == (27 * 4 + 1) * 2 + (6 ** 3 * 2 + 1) * 4
+        assert res["framework"].startswith("tensorflow ") and len(res["model_file_sha256"]) == 64
+        assert res["precision"] == precision and res["output_dtype"] == output  # the policy reached the model
+        assert not out.with_name(out.name + ".tmp").exists()
 
 
 def test_the_reference_runs_with_onednn_on_unless_the_user_says_otherwise(monkeypatch):
