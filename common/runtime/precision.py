@@ -174,10 +174,13 @@ def _records() -> list[dict]:
 
 
 # ---------------------------------------------------------------------------- the measurement
-def measure_in_subprocess(app_name: str, config: str, overrides: list[str], precision: str, threads: int) -> float:
-    """The median training-step seconds of `app_name` in `precision`, measured by a fresh process on `threads`."""
+def measure_in_subprocess(app_name: str, config: str, overrides: list[str], precision: str, threads: int,
+                          extra_env: dict | None = None) -> float:
+    """The median training-step seconds of `app_name` in `precision`, measured by a fresh process on `threads`
+    (`extra_env`: variables set for it, e.g. benchmarks/precision_probe.py's ONEDNN_DEFAULT_FPMATH_MODE=BF16)."""
     # One process, not a rank of the run's launch: none of the variables a launcher sets for its ranks.
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    env |= extra_env or {}
     cmd = [sys.executable, "-m", "common.runtime.precision", "--measure", app_name, config, precision,
            "--threads", str(threads), *overrides]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
