@@ -122,9 +122,9 @@ class TrainConfig:
     eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead (inside epochs too)
     # Keras mixed-precision policy (common/runtime/strategy.py): float32 weights, this compute dtype;
     # mixed_float16 adds dynamic loss scaling. Losses and metrics stay float32.
-    # auto: mixed_bfloat16 where this host's probe says it trains faster, else float32 (common/runtime/precision.py;
-    # not yet the default: the record of bfloat16's epochs to the target it weighs is still to be measured)
-    precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "float32"
+    # auto (the default): mixed_bfloat16 where this host's probe, weighed by the committed record of bfloat16's
+    # epochs to the target, says it trains to the target faster, else float32 (common/runtime/precision.py)
+    precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     jit_compile: bool = False  # XLA-compile each training step's forward and backward pass
 
     def __post_init__(self):

@@ -191,9 +191,9 @@ def measure_in_subprocess(app_name: str, config: str, overrides: list[str], prec
     return float(json.loads(lines[-1])["step_seconds"])
 
 
-def measure(app_name: str, config: str, precision: str, threads: int, overrides: list[str]) -> float:
-    """In this process: build the application's trainee in `precision` and time its training step on a
-    synthetic batch of the run's shape (PROBE_WARMUP untimed, then the median of the timed ones)."""
+def probe_step(app_name: str, config: str, precision: str, threads: int, overrides: list[str]):
+    """In this process: the application's training steps built in `precision` on `threads`, and a synthetic
+    batch (x, y) of the run's shape and local batch (also benchmarks/step_breakdown.py's)."""
     import importlib
     from common.runtime.config import load_config, resolve
     from common.runtime.dist import init_distributed
@@ -204,8 +204,13 @@ def measure(app_name: str, config: str, precision: str, threads: int, overrides:
     dist = init_distributed(cfg.dist)
     strategy = DataParallel(dist)  # one process: the data-parallel step (elastic is off, the hybrid path is float32)
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
-    steps = data_parallel_steps(app.build(cfg, strategy), dist)
-    x, y = app.example_batch(cfg)
+    return data_parallel_steps(app.build(cfg, strategy), dist), *app.example_batch(cfg)
+
+
+def measure(app_name: str, config: str, precision: str, threads: int, overrides: list[str]) -> float:
+    """In this process: build the application's trainee in `precision` and time its training step on a
+    synthetic batch of the run's shape (PROBE_WARMUP untimed, then the median of the timed ones)."""
+    steps, x, y = probe_step(app_name, config, precision, threads, overrides)
     times = []
     for i in range(PROBE_WARMUP + PROBE_MAX_STEPS):
         start = time.perf_counter()

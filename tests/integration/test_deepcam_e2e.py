@@ -55,7 +55,7 @@ def test_full_size_log_passes_closed_division_key_checks(tmp_path_factory, tmp_p
                                                                   train=2, validation=1))
     out = tmp_path / "run"
     cfg = write_config(tmp_path / "c.yaml", "deepcam.yaml", data, out, {
-        "model": {"width": 0.125, "middle_blocks": 2}, "train": {"max_epochs": 1, "local_batch_size": 1},
+        "model": {"width": 0.125, "middle_blocks": 2}, "train": {"max_epochs": 1, "local_batch_size": 1, "precision": "float32"},
         "optimizer": {"name": optimizer}, "schedule": {"type": schedule, "t_max": 10},
         "data": {"train_samples": 0, "val_samples": 0}, "mlperf": {"platform": "test"}})
     proc = run_cmd([sys.executable, TRAIN, cfg], timeout=900)

@@ -86,7 +86,7 @@ def test_a_sigterm_during_start_up_stops_the_run_before_run_start_with_exit_75(t
     (tmp_path / "data").mkdir()  # never read: the run stops before run_start
     proc, stdout, stderr = _sigterm_once_handled([REPO / app / "train.py", REPO / app / "configs" / config,
                                                   f"run.output_dir={out}", f"data.dir={tmp_path / 'data'}",
-                                                  "mlperf.platform=test"])
+                                                  "mlperf.platform=test", "train.precision=float32"])
     message = " ".join(stderr.split())
     assert proc.returncode == STOPPED, f"exit {proc.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}"
     assert "stopped: SIGTERM during start-up, before init_start: no run_start logged" in message, message
