@@ -49,7 +49,9 @@ def build_model(input_shape: Sequence[int] = (128, 128, 128, 4),
     inputs = keras.Input(shape=tuple(input_shape), name="universe")
     x = inputs
     for i, filters in enumerate(conv_filters):
-        x = layers.Conv3D(filters, kernel_size, padding="same", name=f"conv{i + 1}")(x)
+        sizes = [n // pool_size ** i for n in input_shape[:3]]
+        x = layers.Conv3D(filters, kernel_size, padding="same", name=f"conv{i + 1}",
+                          dtype=_conv_dtype(sizes, kernel_size))(x)
         x = layers.LeakyReLU(negative_slope=leaky_slope, name=f"conv{i + 1}_act")(x)
         x = POOLING[pooling](pool_size, name=f"pool{i + 1}")(x)
     x = layers.Flatten(name="flatten")(x)  # (B, D/32 * H/32 * W/32 * 512) for the reference
@@ -62,6 +64,16 @@ def build_model(input_shape: Sequence[int] = (128, 128, 128, 4),
     # float32 outputs under a mixed-precision policy, so that the loss and the metric are float32
     outputs = layers.Rescaling(output_scale, name="output_scale", dtype="float32")(x)
     return keras.Model(inputs, outputs, name=name)
+
+
+def _conv_dtype(sizes: Sequence[int], kernel_size: int) -> str | None:
+    """"float32" for a convolution whose input is, in some spatial dimension, wider than 1 but narrower than its
+    kernel, under a bfloat16 policy; else None (the global policy). TensorFlow 2.18.1's oneDNN Conv3D weight
+    gradient in bfloat16 is wrong there (values up to 1e36 at 2^3 x 128 with a 3^3 kernel: the CosmoFlow mini's
+    fifth block; docs/stack.md, "bfloat16"), and such a block costs little in float32. The reference's
+    128^3 model never has one."""
+    small = any(1 < n < kernel_size for n in sizes)
+    return "float32" if small and keras.config.dtype_policy().compute_dtype == "bfloat16" else None
 
 
 def _check_pooling(input_shape: Sequence[int], blocks: int, pool_size: int) -> None:

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import socket
 import subprocess
@@ -103,13 +104,17 @@ def decide_auto(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]
 
 
 def decide(step_seconds: dict, ratio: tuple[float, str]) -> dict:
-    """mixed_bfloat16 when its step time x the epochs ratio is at most THRESHOLD x float32's, else float32."""
+    """mixed_bfloat16 when its step time x the epochs ratio is at most THRESHOLD x float32's, else float32
+    (always where the record has bfloat16 runs that missed the target: an infinite ratio)."""
     f32, bf16 = step_seconds["float32"], step_seconds["mixed_bfloat16"]
     factor, source = ratio
+    steps = f"a step takes {f32:.3g} s in float32 and {bf16:.3g} s in mixed_bfloat16 ({bf16 / f32:.2f}x)"
+    if not math.isfinite(factor):
+        return {"precision": "float32", "reason": f"{steps}; {source}", "step_seconds": dict(step_seconds),
+                "epochs_ratio": None}
     relative = bf16 * factor / f32
     precision = "mixed_bfloat16" if relative <= THRESHOLD else "float32"
-    reason = (f"a step takes {f32:.3g} s in float32 and {bf16:.3g} s in mixed_bfloat16 ({bf16 / f32:.2f}x); "
-              f"x {factor:.2f} the epochs ({source}) gives {relative:.2f}x float32's time to train, "
+    reason = (f"{steps}; x {factor:.2f} the epochs ({source}) gives {relative:.2f}x float32's time to train, "
               f"{'at most' if precision != 'float32' else 'over'} {THRESHOLD}")
     return {"precision": precision, "reason": reason, "step_seconds": dict(step_seconds), "epochs_ratio": factor}
 
@@ -119,6 +124,10 @@ def epochs_ratio(app_name: str, record: Path | None = None) -> tuple[float, str]
     path = record or EPOCHS_RECORD
     try:
         runs = json.loads(path.read_text())[app_name]
+        missed = runs["mixed_bfloat16"].get("not_converged", [])
+        if missed:
+            return math.inf, (f"{path.name}: mixed_bfloat16 missed the target in {len(missed)} of "
+                              f"{len(missed) + len(runs['mixed_bfloat16']['epochs'])} runs (seeds {missed})")
         f32, bf16 = runs["float32"]["epochs"], runs["mixed_bfloat16"]["epochs"]
         ratio = (sum(bf16) / len(bf16)) / (sum(f32) / len(f32))
         return ratio, f"{path.name}: {len(bf16)} bfloat16 and {len(f32)} float32 runs"

@@ -60,3 +60,43 @@ def test_pooling_choice():
     assert kinds["max"].count("MaxPooling3D") == 2 and kinds["avg"].count("AveragePooling3D") == 2
     with pytest.raises(ValueError, match="pooling"):
         build_model(input_shape=(16, 16, 16, 4), conv_filters=(4, 4), pooling="min")
+
+
+@pytest.fixture
+def bfloat16_policy():
+    import keras
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def _gradients(model, x, y):
+    import tensorflow as tf
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def test_bfloat16_gradients_follow_float32_where_a_block_is_narrower_than_its_kernel(bfloat16_policy):
+    """A block at 2^3 with a 3^3 kernel (the mini's fifth) trains in float32 under a bfloat16 policy: TensorFlow's
+    oneDNN bfloat16 Conv3D weight gradient there is wrong, and the run diverged in its first epoch."""
+    import keras
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8, 8, 8, 4)).astype(np.float32)
+    y = rng.uniform(-1, 1, (4, 4)).astype(np.float32)
+    mixed = build_model((8, 8, 8, 4), (16, 16, 32), dense_units=(8,), dropout=0.0)
+    assert [layer.dtype_policy.name for layer in mixed.layers if layer.name.startswith("conv") and
+            "act" not in layer.name] == ["mixed_bfloat16", "mixed_bfloat16", "float32"]  # 8^3, 4^3, 2^3
+    keras.config.set_dtype_policy("float32")
+    exact = build_model((8, 8, 8, 4), (16, 16, 32), dense_units=(8,), dropout=0.0)
+    exact.set_weights(mixed.get_weights())
+    for name, got, want in zip([v.path for v in mixed.trainable_variables], _gradients(mixed, x, y),
+                               _gradients(exact, x, y)):
+        # bfloat16's rounding through three blocks moves a gradient by up to ~15% of its largest value; the
+        # broken kernel gave values of 1e36 or NaN
+        assert np.isfinite(got).all() and np.abs(got - want).max() <= 0.3 * np.abs(want).max(), name
+
+
+def test_the_reference_model_keeps_every_convolution_in_bfloat16(bfloat16_policy):
+    model = build_model()  # 128^3: its fifth block sees 8^3
+    assert {layer.dtype_policy.name for layer in model.layers if type(layer).__name__ == "Conv3D"} == {"mixed_bfloat16"}

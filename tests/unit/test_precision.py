@@ -71,6 +71,18 @@ def test_more_epochs_in_bfloat16_can_keep_float32(cache, monkeypatch):
     assert "epochs.json: 3 bfloat16 and 3 float32 runs" in choice["reason"]
 
 
+def test_bfloat16_runs_that_missed_the_target_keep_float32_however_fast_its_step(cache, monkeypatch):
+    record = cache / "epochs.json"
+    record.write_text(json.dumps({"cosmoflow": {"float32": {"epochs": [9, 9, 12], "not_converged": []},
+                                                "mixed_bfloat16": {"epochs": [], "not_converged": [1000, 1001]}}}))
+    monkeypatch.setattr(precision, "EPOCHS_RECORD", record)
+    fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.1})
+    cfg, choice = precision.choose(APP, cfg_of("train.precision=auto"), DistEnv(), CONFIG, TINY)
+    assert cfg.train.precision == "float32" and choice["epochs_ratio"] is None
+    assert "mixed_bfloat16 missed the target in 2 of 2 runs (seeds [1000, 1001])" in choice["reason"]
+    json.dumps(choice, allow_nan=False)  # summary.json stays plain JSON
+
+
 def test_an_explicit_precision_is_kept_and_not_probed(cache, monkeypatch):
     calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.1})
     cfg, choice = precision.choose(APP, cfg_of("train.precision=float32"), DistEnv(), CONFIG, TINY)
