@@ -106,6 +106,19 @@ def tiny_dataset(root: Path) -> Path:
     return root / "tfrecords"
 
 
+def unrun_functions(path: Path, ran: set[int]) -> dict[str, int]:
+    """The functions and methods of a file none of whose body lines ran, with their lengths in lines (a reader's
+    map of what the plain path carries without using)."""
+    found, tree = {}, ast.parse(path.read_text())
+    members = [n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body]
+    for node in tree.body + members:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = range(node.body[0].lineno, node.end_lineno + 1)
+            if not ran.intersection(body):
+                found[f"{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+    return found
+
+
 def classes(path: Path) -> list[str]:
     return [n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
 
@@ -132,6 +145,7 @@ def measure(data: Path, out_dir: Path) -> dict:
             "executed_lines": sum(executed[rel] for rel in files), "imported_files": len(lines),
             "imported_file_lines": sum(lines.values()), "imported_executed_lines": sum(executed.values()),
             "per_file": files, "executed_per_file": executed,
+            "unrun_functions": {rel: unrun_functions(REPO / rel, tracer.lines[rel]) for rel in files},
             "frames_to_gradient": len(chain.get("chain", [])) - 1, "gradient_chain": chain.get("chain", []),
             "loop_types": classes(REPO / "common/runtime/loop.py"),
             "runtime_types": sum(len(v) for v in runtime.values()), "runtime_types_by_file": runtime}
@@ -147,7 +161,7 @@ def main(argv=None) -> int:
         data = args.data or tiny_dataset(Path(tmp) / "data")
         result = run_header(sgemm_gflops()) | measure(data, Path(tmp) / "run")
     write_json_atomic(args.out, result)
-    print(json.dumps({k: v for k, v in result.items() if k not in ("per_file", "executed_per_file", "runtime_types_by_file")}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("per_file", "executed_per_file", "runtime_types_by_file", "unrun_functions")}, indent=1))
     print(f"wrote {args.out}")
     return 0
 

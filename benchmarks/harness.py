@@ -21,7 +21,7 @@ import numpy as np
 import threadcpu
 
 from common.base.files import write_text_atomic
-from common.base.host import caption_flags, cpu_model, vector_isa
+from common.base.host import cpu_flags, cpu_model
 # The step timer the reference-side drivers use too (standard library only: they run in other venvs).
 from reference.steptime import time_calls as time_steps  # noqa: F401  (re-exported to the benchmarks)
 
@@ -29,6 +29,28 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks/results"
 DOC = REPO / "docs/performance.md"
 SGEMM_SIZE = 2048
+
+# Widest first: the first of these the CPU's flags name is its vector instruction set.
+VECTOR_ISAS = ("avx512f", "avx2", "avx", "sse4_2")
+
+
+def vector_isa() -> str:
+    """The widest SIMD instruction set /proc/cpuinfo's flags name (avx512f, avx2, avx, sse4_2), or "unknown".
+
+    Convolution and GEMM rates follow it: the same VM type can land on hosts with and without AVX-512."""
+    flags = cpu_flags()
+    return next((isa for isa in VECTOR_ISAS if isa in flags), "unknown")
+
+
+# The flags a benchmark's caption names: the vector widths and the bfloat16/AMX units that decide convolution and
+# GEMM speed on the hosts this VM kind lands on.
+CAPTION_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def caption_flags() -> str:
+    """The flags of CAPTION_FLAGS that /proc/cpuinfo names, space-separated; "none" where it names none of them."""
+    flags = cpu_flags()
+    return " ".join(flag for flag in CAPTION_FLAGS if flag in flags) or "none"
 
 
 def sgemm_gflops(n: int = SGEMM_SIZE, repeats: int = 5) -> float:

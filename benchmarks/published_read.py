@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from common.base.files import write_json_atomic  # noqa: E402
-from common.base.host import caption_flags, cpu_model  # noqa: E402
+from common.base.host import cpu_model  # noqa: E402
+from harness import caption_flags  # noqa: E402
 from common.base.version import code_version  # noqa: E402
 from common.campaign.analysis import published, scores  # noqa: E402
 

@@ -4,7 +4,7 @@
         [--threads 1] [--warmup 3] [--out benchmarks/results/step_breakdown_<app>.json] [overrides ...]
 
 For each precision a fresh process (a Keras policy is global) builds the step `train.precision=auto`'s probe
-times (common/runtime/precision.py's probe_step: forward, backward and update on a synthetic batch of the
+times (common/runtime/precision_measure.py's probe_step: forward, backward and update on a synthetic batch of the
 config's shape and local batch, on --threads threads: 1 is a rank's share in the 2-rank demo), warms it up,
 and traces one step with TensorFlow's profiler, one op at a time (inter-op parallelism 1). The op threads'
 seconds are summed by kind: convolution forward, weight and input gradients (dense and depthwise), pooling,
@@ -63,7 +63,7 @@ def op_seconds(xspace, top: int = 10) -> tuple[dict[str, float], dict[str, float
 
 def worker(app: str, config: str, precision: str, threads: int, warmup: int, overrides: list[str]) -> dict:
     sys.path.insert(0, str(REPO))
-    from common.runtime.precision import probe_step
+    from common.runtime.precision_measure import probe_step
     steps, x, y = probe_step(app, config, precision, threads, [*overrides, "dist.inter_op_threads=1"])
     for _ in range(warmup):
         float(steps.train(x, y))

@@ -20,7 +20,7 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.io.formats import TRAIN, VALIDATION
-from common.io.formats import cosmoflow as record_format
+from common.io.formats import cosmoflow as record_format, cosmoflow_blocks
 from common.io.formats.cosmoflow import FORMAT
 from common.io.input import Datasets, Shard, dali_reader_sharding, open_input, rank_shards
 from common.io.manifest import Manifest, check_split_counts, load_manifest
@@ -244,7 +244,7 @@ def _record_parser(sample_shape: Sequence[int], target_size: int, block: SampleB
         example = tf.io.parse_single_example(record, features)
         if block is None:
             return record_format.tf_decode(example, sample_shape)
-        return record_format.tf_decode_block(example, sample_shape, block.depth, block.height)
+        return cosmoflow_blocks.tf_decode_block(example, sample_shape, block.depth, block.height)
 
     return parse
 
@@ -285,7 +285,7 @@ def _dali_pipeline(pipe: Pipe, shard: Shard, shuffle: bool, seed: int, device_id
         if block is None:
             x, y = record_format.dali_decode(record, manifest.sample_shape)  # (D, H, W, C) int16, (target,) float32
         else:  # (d, h, W, C) int16: only this rank's block is decoded
-            x, y = record_format.dali_decode_block(record, manifest.sample_shape, block.depth, block.height)
+            x, y = cosmoflow_blocks.dali_decode_block(record, manifest.sample_shape, block.depth, block.height)
         if device_id is not None:
             x, y = x.gpu(), y.gpu()
         return x, y

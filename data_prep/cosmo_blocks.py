@@ -27,7 +27,8 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.io.formats import cosmoflow as cosmo_format
-from common.io.formats.cosmoflow import BLOCKS_KIND, block_dir, block_rows, blocks_dir_name
+from common.io.formats.cosmoflow_blocks import BLOCKS_KIND, block_dir, block_rows, blocks_dir_name
+from common.io.formats.cosmoflow_prep import parse_record
 from common.io.manifest import MANIFEST_NAME, Manifest, SplitEntry, load_manifest, sha256_file, write_manifest
 from common.io.tfrecord import read_records
 from data_prep import tfrecords
@@ -137,7 +138,7 @@ def cut_file(job: FileJob) -> list[tfrecords.RecordFile]:
 def decode_record(payload: bytes, sample_shape: tuple[int, ...], path: Path, number: int):
     """(sample (D, H, W, C) int16, target float32) of one record, or BenchError naming the record."""
     try:
-        raw, target = cosmo_format.parse_record(payload)
+        raw, target = parse_record(payload)
     except ValueError as err:
         raise BenchError(f"{path}: record {number} is not {cosmo_format.describe()}: {err}") from None
     expected = int(np.prod(sample_shape)) * cosmo_format.STORED_SAMPLE_DTYPE.itemsize

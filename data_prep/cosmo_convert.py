@@ -29,7 +29,7 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.io.formats import SPLITS
-from common.io.formats import cosmoflow as record_format
+from common.io.formats import cosmoflow_prep
 from common.io.formats.cosmoflow import (CHANNELS, FORMAT, SAMPLE_DTYPE, TARGET_SIZE, VERSION, record_features,
                                          sample_shape)
 from common.io.hdf5 import reading
@@ -292,7 +292,7 @@ def input_stats(universes: tuple[Universe, ...], workers: int) -> dict:
     """
     moments = tfrecords.run_in_pool(log1p_moments, [u.path for u in universes], workers,
                                     "cosmo-convert stats", "universe")
-    return record_format.input_stats(np.sum(moments, axis=0), SPLITS[0], {"universes": len(universes)})
+    return cosmoflow_prep.input_stats(np.sum(moments, axis=0), SPLITS[0], {"universes": len(universes)})
 
 
 def log1p_moments(path: Path, planes: int = 8) -> np.ndarray:
@@ -306,7 +306,7 @@ def log1p_moments(path: Path, planes: int = 8) -> np.ndarray:
             if block.min() < 0:
                 raise BenchError(f"{path}: 'full' holds negative values (min {block.min()}) in planes "
                                  f"{first}-{first + len(block) - 1}; expected particle counts >= 0")
-            moments += record_format.log1p_moments(block)
+            moments += cosmoflow_prep.log1p_moments(block)
     return moments
 
 

@@ -53,7 +53,7 @@ from common.base.files import atomic_path, write_text_atomic
 from common.io.crc import masked_crc32c
 from common.io.decompress import WHOLE_MAX_BYTES, DigestingReader, record_stream
 from common.io.formats import SPLITS, TRAIN, VALIDATION
-from common.io.formats import cosmoflow as record_format
+from common.io.formats import cosmoflow as record_format, cosmoflow_prep
 from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, SplitEntry, write_manifest
 from common.io.tfrecord import FRAMING_BYTES, HEADER_BYTES, LENGTH_BYTES, FramingError, data_crc_error, iter_frames
 from data_prep import tfrecords, validate
@@ -196,7 +196,7 @@ def find_layout(input_dir: Path) -> Layout:
         files[split], others = _list_files(root / name)
         other += others
         if not files[split]:
-            raise BenchError(f"{root / name}: no *{record_format.RELEASED_SUFFIX} files among its {others} entries; "
+            raise BenchError(f"{root / name}: no *{cosmoflow_prep.RELEASED_SUFFIX} files among its {others} entries; "
                              f"expected the {split} split's record files")
     ignored = tuple(d for d in subdirs if d not in split_dirs.values())
     return Layout(input=root, split_dirs=split_dirs, files=files, ignored_dirs=ignored, other_files=other)
@@ -204,7 +204,7 @@ def find_layout(input_dir: Path) -> Layout:
 
 def _split_dir(root: Path, split: str, subdirs: list[str]) -> str:
     """The one directory of `split` among the names the releases used for it."""
-    names = record_format.RELEASED_SPLIT_DIRS[split]
+    names = cosmoflow_prep.RELEASED_SPLIT_DIRS[split]
     found = [name for name in names if name in subdirs]
     if len(found) != 1:
         what = f"both {' and '.join(n + '/' for n in found)}" if found else f"no {' or '.join(n + '/' for n in names)}"
@@ -218,7 +218,7 @@ def _list_files(directory: Path) -> tuple[tuple[Listed, ...], int]:
     listed, other = [], 0
     with os.scandir(directory) as entries:
         for entry in entries:
-            if entry.name.endswith(record_format.RELEASED_SUFFIX) and entry.is_file() and entry.name[0] != ".":
+            if entry.name.endswith(cosmoflow_prep.RELEASED_SUFFIX) and entry.is_file() and entry.name[0] != ".":
                 st = entry.stat()
                 listed.append(Listed(entry.name, st.st_size, st.st_mtime_ns))
             else:
@@ -253,11 +253,11 @@ def probe(layout: Layout) -> Sample:
             frame = next(iter_frames(stream, path), None)
             if frame is None:
                 raise ValueError("no record")
-            x, y = record_format.parse_record(frame.payload)
+            x, y = cosmoflow_prep.parse_record(frame.payload)
         except (FramingError, ValueError, OSError, EOFError, zlib.error) as err:
             raise BenchError(f"{path}: the first record cannot be read ({err}); expected "
                              f"{record_format.describe()}") from None
-    n = record_format.edge_of(len(x))
+    n = cosmoflow_prep.edge_of(len(x))
     if n is None or len(y) != record_format.TARGET_SIZE:
         raise BenchError(f"{path}: the first record's x has {len(x)} bytes and y {len(y)} floats; expected the "
                          f"int16 bytes of an (n, n, n, {record_format.CHANNELS}) cube and "
@@ -426,9 +426,9 @@ def _check_frame(frame, job: FileJob, facts: FileFacts, moments: np.ndarray) -> 
     facts.problems += [f"{job.path}: record {frame.number}: {found}; expected {expected}"
                        for _, found, expected in problems]
     if job.stats and not problems:
-        x, _ = record_format.parse_record(frame.payload)
+        x, _ = cosmoflow_prep.parse_record(frame.payload)
         counts = np.frombuffer(x, dtype=record_format.STORED_SAMPLE_DTYPE)  # >= 0: check_example checked
-        moments += record_format.log1p_moments(counts.reshape(-1, record_format.CHANNELS))
+        moments += cosmoflow_prep.log1p_moments(counts.reshape(-1, record_format.CHANNELS))
 
 
 def _read_quick(job: FileJob, facts: FileFacts) -> None:
@@ -522,7 +522,7 @@ def _pool(workers: int, parses: bool):
 
 def _start_worker(parses: bool, workers: int) -> None:
     if parses:
-        record_format.example_class()
+        cosmoflow_prep.example_class()
     if workers > 1:
         time.sleep(0.2)  # hold this process a moment, so that each start-up task goes to a process of its own
 
@@ -577,7 +577,7 @@ def build_manifest(layout: Layout, out: Path, facts: list[FileFacts], sample: Sa
         entries = tuple(_entry(by_name[(split, listed.name)]) for listed in layout.files[split])
         splits[split] = SplitEntry(samples=sum(e.records for e in entries), files=entries)
     verified = collections.Counter(f.verified for f in facts)
-    source = {"kind": record_format.RELEASED_SOURCE_KIND, "dir": str(layout.input), "split_dirs": layout.split_dirs,
+    source = {"kind": cosmoflow_prep.RELEASED_SOURCE_KIND, "dir": str(layout.input), "split_dirs": layout.split_dirs,
               "links": "each split directory of this dataset links to the input's",
               "ignored_dirs": list(layout.ignored_dirs), "verified": {v: verified[v] for v in VERIFY}}
     return Manifest(root=out, format=record_format.FORMAT, version=record_format.VERSION, sample_shape=sample.shape,
@@ -598,7 +598,7 @@ def input_stats(facts: list[FileFacts], stats_names: set[str], layout: Layout) -
     moments = [np.asarray(f.moments) for f in facts if f.split == TRAIN and f.name in stats_names]
     total = len(layout.files[TRAIN])
     sampling = "all" if len(stats_names) == total else "evenly spaced in name order"
-    return record_format.input_stats(np.sum(moments, axis=0), TRAIN, {"files": len(moments), "files_in_split": total,
+    return cosmoflow_prep.input_stats(np.sum(moments, axis=0), TRAIN, {"files": len(moments), "files_in_split": total,
                                                                        "sampling": sampling})
 
 

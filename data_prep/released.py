@@ -22,7 +22,8 @@ from pathlib import Path
 
 from common.base.errors import BenchError
 from common.io.formats import TRAIN, VALIDATION
-from common.io.formats.cosmoflow import RELEASED_COMPRESSION, RELEASED_SPLIT_DIRS, record_features, released_file_name
+from common.io.formats.cosmoflow import record_features
+from common.io.formats.cosmoflow_prep import RELEASED_COMPRESSION, RELEASED_SPLIT_DIRS, released_file_name
 from data_prep import cosmo_convert, tfrecords
 
 VALIDATION_FRACTION = 1 / 9  # the release's 65,536 validation samples beside 524,288 training ones

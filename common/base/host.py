@@ -1,7 +1,10 @@
-"""Facts about the machine this process runs on."""
+"""Facts about the machine this process runs on, and the cache of what was measured on it (its peak)."""
 from __future__ import annotations
 
+import json
+import os
 import platform
+import socket
 from pathlib import Path
 
 
@@ -26,24 +29,50 @@ def cpu_flags() -> set[str]:
     return set((_cpuinfo("flags") or "").split())
 
 
-# Widest first: the first of these the CPU's flags name is its vector instruction set.
-VECTOR_ISAS = ("avx512f", "avx2", "avx", "sse4_2")
+# ---------------------------------------------------------------------------- the peak cache
+# This host's probed peak in `$HPC_BENCH_CACHE/probe-<host>.json`, keyed by host, CPU model, cores and TensorFlow
+# version, read by every run (common/runtime/monitor.py) and filled once (common/runtime/probe.py, which says how it
+# is measured, under a lock).
+
+def cache_root() -> Path:
+    """Where this host's probes are cached: $HPC_BENCH_CACHE, else ~/.cache/hpc-sciml-bench."""
+    return Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
 
 
-def vector_isa() -> str:
-    """The widest SIMD instruction set /proc/cpuinfo's flags name (avx512f, avx2, avx, sse4_2), or "unknown".
-
-    Convolution and GEMM rates follow it: the same VM type can land on hosts with and without AVX-512."""
-    flags = cpu_flags()
-    return next((isa for isa in VECTOR_ISAS if isa in flags), "unknown")
+def cache_path() -> Path:
+    return cache_root() / f"probe-{socket.gethostname()}.json"
 
 
-# The flags a benchmark's caption names: the vector widths and the bfloat16/AMX units that decide convolution and
-# GEMM speed on the hosts this VM kind lands on.
-CAPTION_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+def host_key() -> dict:
+    """What a cached probe must match: host, CPU model, cores, TensorFlow version."""
+    return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
+            "tensorflow": tf_version()}
 
 
-def caption_flags() -> str:
-    """The flags of CAPTION_FLAGS that /proc/cpuinfo names, space-separated; "none" where it names none of them."""
-    flags = cpu_flags()
-    return " ".join(flag for flag in CAPTION_FLAGS if flag in flags) or "none"
+def tf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "none"
+
+
+PEAK_KEYS = {"float32": "peak_gflops", "bfloat16": "peak_bf16_gflops"}
+
+
+def cached() -> dict | None:
+    """This host's cached figures if they were taken with its CPU and TensorFlow and hold both precisions' peaks,
+    else None."""
+    record = _read(cache_path())
+    key = host_key()
+    fits = record and all(record.get(k) == v for k, v in key.items())
+    return record if fits and all(isinstance(record.get(k), (int, float)) for k in PEAK_KEYS.values()) else None
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent or unreadable: probe again

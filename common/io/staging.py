@@ -205,6 +205,35 @@ def staged_dir(stage_root: str | os.PathLike, source: Source, scope: str, decomp
 
 
 # ---------------------------------------------------------------------------- in a training run
+def stage_logged(data, dist, rank_files: RankFiles, mlperf, log: Callable[[str], None]) -> "StageResult":
+    """A training run's staging (common/runtime/run.py): stage_for_run between the MLPerf log's `mlperf`
+    staging_start and staging_stop (with its bytes and rate) unless data.stage_timing is before_init, after rank 0
+    has printed (`log`) the estimate of its time."""
+    logged = data.stage_timing != "before_init"
+    log(f"staging {data.dir} to {data.stage_dir} (data.stage_mode={data.stage_mode}, "
+        f"data.stage_timing={data.stage_timing})")
+    if logged:
+        mlperf.start("staging_start")
+    estimate = functools.partial(_log_estimate, data, log) if dist.is_root else lambda _source, _plan: None
+    staging = stage_for_run(data, dist, rank_files, progress=dist.is_root, planned=estimate)
+    if logged:
+        rate = staging.figures()["write_gb_per_second"] or 0.0  # rank 0 stages (local rank 0 of its node)
+        mlperf.end("staging_stop", staging_seconds=round(staging.seconds, 3), staged_bytes=staging.bytes_written,
+                   staging_gb_per_second=round(rate, 3))
+    log(f"staged into {staging.dir}: {staging.files} files, {staging.bytes_written / 1e9:.3f} GB in "
+        f"{staging.seconds:.2f} s on rank 0" + ("" if staging.copied else " (waiting for its node's stager)"))
+    return staging
+
+
+def _log_estimate(data, log: Callable[[str], None], source: Source, plan: Plan) -> None:
+    """How long staging `plan` should take, with a warning when init may pass 25 minutes."""
+    from common.io import stage_rate
+    kind = source.compression if source.pack else "plain"
+    line, late = stage_rate.estimate(plan.node_bytes, stage_rate.rate(data.stage_rate_gb_s, kind, plan.mode),
+                                     data.stage_timing)
+    log(("warning: " if late else "") + line)
+
+
 def stage_for_run(data_cfg, dist, rank_files: RankFiles, progress: bool = False,
                   planned: Callable[[Source, Plan], None] = lambda _source, _plan: None) -> "StageResult":
     """Stage data_cfg.dir into data_cfg.stage_dir on the ranks the mode picks; the others wait. `planned` is

@@ -38,8 +38,9 @@ import numpy as np
 from common.base.errors import BenchError
 from common.runtime.summary import FitResult, Progress
 from common.runtime.dist import DistEnv, current_layout
-from common.runtime.loop import Callback, Loop, Trainee
-from common.runtime.strategy import DataParallel
+from common.io.input import InputPlan
+from common.runtime.loop import Callback, Loop, Trainee, fit
+from common.runtime.strategy import DataParallel, reseeded
 
 # (the rank layout of this (re)start, its input seed offset, the commits' callback) -> the attempt's FitResult
 FitAttempt = Callable[[DistEnv, int, Callback], FitResult]
@@ -305,3 +306,24 @@ def start_watchdog(timeout_s: float, host: str, rank: Callable[[], int]) -> tupl
     thread = threading.Thread(target=beat, name="elastic-heartbeat", daemon=True)
     thread.start()
     return process, close
+
+
+def elastic_attempt(app: Any, run: Any, strategy: ElasticStrategy, data_cfg: Any, now: DistEnv, seed_offset: int,
+                    commits: Callback) -> FitResult:
+    """One (re)start of an elastic run on layout `now`: a trainee and input built for it, then fit() with the
+    commits' callback. The first start keeps the trainee built in init when the replica count is the same, and
+    the input too when the layout and the seed are: a worker that joins a running job must keep its model
+    (built a second time there, its variables' broadcast did not match the other ranks' and the join hung,
+    tests/integration/test_elastic.py). After a reset the input is reseeded by the committed step."""
+    first, before, seed = run.attempts == 0, run.dist, reseeded(run.cfg.run.seed, seed_offset)
+    run.attempts += 1
+    strategy.dist = run.dist = now
+    if not first or now.size != before.size:
+        run.trainee = app.build(run.cfg, strategy)
+    if not first or _placement(now) != _placement(before) or seed_offset:
+        run.data = app.input(run.cfg, data_cfg, strategy, seed)
+    return fit(run.loop(strategy, [commits] + run.callbacks(strategy, InputPlan(seed))))
+
+
+def _placement(dist: DistEnv) -> tuple:
+    return dist.rank, dist.size, dist.local_rank, dist.local_size, dist.node

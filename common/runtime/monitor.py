@@ -15,30 +15,22 @@ Its sections, in this order:
   the step breakdown, input wait and FLOP/s figures.
 - FLOPs: training GFLOP per sample from a Keras model's layer shapes (training_gflop_per_sample).
 - Energy: RAPL and NVML counters between run_start and run_stop (energy_start, energy_stop, job_energy).
-- The peak cache: this host's probed peak, read on every run (cached, cache_path, host_key) and probed once
-  when missing (probe; the kernels and the CLI are common/runtime/probe.py).
 - TensorBoard: rank 0's event files (RunMonitor writes them; board_writer).
 - The I/O report: what each rank read while training (io_start, io_stop), planned against measured, and what staging did
   (io_report, write_io_report; docs/staging.md).
 """
 from __future__ import annotations
 
-import fcntl
-import json
 import math
 import os
 import resource
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from common.base.errors import BenchError
 from common.base.files import write_json_atomic
-from common.base.host import cpu_model
+from common.base.host import PEAK_KEYS, cache_path, cached
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Callback, Loop
 from common.runtime.strategy import PhaseClock
@@ -75,7 +67,10 @@ class RunMonitor(Callback):
             self.peak_reason = (f"no probe of this host in {cache_path()} and system.probe=false: run "
                                 f"python -m common.runtime.probe")
             return
-        self.peak = record or probe()
+        if record is None:
+            from common.runtime.probe import probe  # the kernels: only a host without a cached probe
+            record = probe()
+        self.peak = record
 
     def started(self) -> None:
         if self.cfg.enabled:
@@ -479,88 +474,6 @@ def job_energy(readings: list[tuple[float | None, str | None, str]]) -> tuple[fl
         return None, "", missing[0]
     sources = sorted({source for _, source, _ in readings if source})
     return sum(j for j, _, _ in readings), "+".join(sources), ""
-
-
-# === The peak cache ===================================================================================================
-# This host's probed peak in `$HPC_BENCH_CACHE/probe-<host>.json`, keyed by host, CPU model, cores and TensorFlow
-# version (common/runtime/probe.py says how it is measured). A lock file keeps two runs starting at once from probing
-# together (each would measure half the node).
-
-def cache_root() -> Path:
-    """Where this host's probes are cached: $HPC_BENCH_CACHE, else ~/.cache/hpc-sciml-bench."""
-    return Path(os.environ.get("HPC_BENCH_CACHE") or Path.home() / ".cache/hpc-sciml-bench")
-
-
-def cache_path() -> Path:
-    return cache_root() / f"probe-{socket.gethostname()}.json"
-
-
-def host_key() -> dict:
-    """What a cached probe must match: host, CPU model, cores, TensorFlow version."""
-    return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count() or 1,
-            "tensorflow": tf_version()}
-
-
-def tf_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "none"
-
-
-PEAK_KEYS = {"float32": "peak_gflops", "bfloat16": "peak_bf16_gflops"}
-
-
-def cached() -> dict | None:
-    """This host's cached figures if they were taken with its CPU and TensorFlow and hold both precisions' peaks,
-    else None."""
-    record = _read(cache_path())
-    key = host_key()
-    fits = record and all(record.get(k) == v for k, v in key.items())
-    return record if fits and all(isinstance(record.get(k), (int, float)) for k in PEAK_KEYS.values()) else None
-
-
-def probe(force: bool = False) -> dict:
-    """The cached figures for this host, probing (in a fresh process, on all cores) when there are none, they
-    were taken with another CPU or TensorFlow, or `force`."""
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        record = cached()
-        if record and not force:
-            return record
-        figures = _measure_in_subprocess()
-        record = {**host_key(), **figures, "peak_gflops": max(figures["gemm_gflops"], figures["conv3d_gflops"]),
-                  "peak_bf16_gflops": max(figures["bf16_gemm_gflops"], figures["bf16_conv3d_gflops"]),
-                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cache": str(path)}
-        write_json_atomic(record, path)
-        return record
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # absent or unreadable: probe again
-
-
-def _measure_in_subprocess() -> dict:
-    """common/runtime/probe.py's measure() in a new Python process: this one's TensorFlow may already be limited to
-    a rank's threads."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
-        env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-m", "common.runtime.probe", "--measure"], env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise BenchError(f"the peak probe (python -m common.runtime.probe --measure) failed with exit "
-                         f"{proc.returncode}: {proc.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1])
 
 
 # === TensorBoard ======================================================================================================

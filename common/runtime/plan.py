@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from common.base.errors import BenchError
 from common.runtime.config import DistConfig, load_config, resolve, to_dict
 from common.runtime.dist import DistEnv, init_distributed
-from common.runtime.precision import planned, with_precision
+from common.runtime import precision
 
 
 def dry_run(app: Any, strategy_for: Callable[[Any, DistEnv], Any], config: str, overrides: list[str],
@@ -24,12 +24,26 @@ def dry_run(app: Any, strategy_for: Callable[[Any, DistEnv], Any], config: str, 
     dist = planned_dist(cfg.dist, ranks)
     strategy = strategy_for(cfg, dist)
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
-    choice = planned(app, cfg, dist)
-    cfg = with_precision(cfg, choice["precision"]) if choice["precision"] != "auto" else cfg
+    choice = planned_precision(app, cfg, dist)
+    cfg = precision.with_precision(cfg, choice["precision"]) if choice["precision"] != "auto" else cfg
     doc = plan(app.name, cfg, dist.size, strategy.replicas, app.closed_differences(cfg),
                app.hyperparameters(cfg, strategy), app.learning_rates(cfg, strategy))
     doc |= {"precision": choice["precision"], "precision_reason": choice["reason"]}
     return print_plan(doc, as_json, dist)
+
+
+def planned_precision(app: Any, cfg: Any, dist: Any) -> dict:
+    """What a run would choose, for the dry run: never probes (the cached probe, else auto left unresolved)."""
+    if cfg.train.precision != "auto":
+        return precision.explicit(cfg.train.precision)
+    if getattr(getattr(cfg, "parallel", None), "hybrid", False):
+        return precision.decide_auto(app, cfg, dist, "", [])
+    seconds = precision.cached_steps(precision.probe_key(app.name, cfg, dist.threads, dist.gpu))
+    if seconds is None:
+        return {"precision": "auto", "reason": f"not probed on this host for this shape and batch yet: the run "
+                                              f"probes first ({precision.cache_path()})", "step_seconds": {},
+                "epochs_ratio": None}
+    return precision.decide(seconds, precision.epochs_ratio(app.name))
 
 
 def planned_dist(cfg: DistConfig, ranks: int | None) -> DistEnv:

@@ -8,7 +8,7 @@ the closed division allows it).
 THRESHOLD x its float32 step, after weighing the epochs bfloat16 needs against float32's (the committed record
 benchmarks/results/precision_epochs.json; 1 where it has no figures); else `float32`. An explicit
 `train.precision` is kept and not probed. The probe runs each precision in a fresh process
-(`python -m common.runtime.precision --measure ...`: a Keras policy is global) and is cached per host in
+(`python -m common.runtime.precision_measure ...`: a Keras policy is global) and is cached per host in
 `$HPC_BENCH_CACHE/precision-<host>.json`, keyed by KEY_FIELDS, so a host probes an application's shape and batch
 once. The choice is a dict: `precision`, `reason`, `step_seconds` ({precision: median seconds}, empty where
 nothing was measured), `epochs_ratio`, and (a run's) `configured`: auto or the explicit value. A campaign fixes
@@ -16,7 +16,6 @@ the choice once: its later runs train in the precision its first run chose (comm
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fcntl
 import json
@@ -32,15 +31,13 @@ from typing import Any
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.host import cpu_flags, cpu_model
-from common.runtime.monitor import cache_root, tf_version
+from common.base.host import cache_root, tf_version
 
 THRESHOLD = 0.8  # bfloat16 must take at most this share of float32's time to train
 CANDIDATES = ("float32", "mixed_bfloat16")
 KEY_FIELDS = ("cpu", "amx_bf16", "avx512_bf16", "threads", "tensorflow", "app", "input_shape", "local_batch_size",
               "gpu")
 EPOCHS_RECORD = Path(__file__).resolve().parents[2] / "benchmarks/results/precision_epochs.json"
-# Timed steps: at least PROBE_STEPS and PROBE_SECONDS of them (short steps are noisy), at most PROBE_MAX_STEPS.
-PROBE_WARMUP, PROBE_STEPS, PROBE_SECONDS, PROBE_MAX_STEPS = 2, 4, 3.0, 60
 LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
                      "HOROVOD_HOSTNAME", "SLURM_PROCID", "SLURM_LOCALID")
 
@@ -54,20 +51,6 @@ def choose(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]) -> 
     if dist.size > 1:
         choice = dist.broadcast_object(choice)
     return with_precision(cfg, choice["precision"]), {**choice, "configured": "auto"}
-
-
-def planned(app: Any, cfg: Any, dist: Any) -> dict:
-    """What a run would choose, for the dry run: never probes (the cached probe, else auto left unresolved)."""
-    if cfg.train.precision != "auto":
-        return explicit(cfg.train.precision)
-    if getattr(getattr(cfg, "parallel", None), "hybrid", False):
-        return decide_auto(app, cfg, dist, "", [])
-    seconds = cached_steps(probe_key(app.name, cfg, dist.threads, dist.gpu))
-    if seconds is None:
-        return {"precision": "auto", "reason": f"not probed on this host for this shape and batch yet: the run "
-                                              f"probes first ({cache_path()})", "step_seconds": {},
-                "epochs_ratio": None}
-    return decide(seconds, epochs_ratio(app.name))
 
 
 def explicit(precision: str) -> dict:
@@ -190,7 +173,7 @@ def measure_in_subprocess(app_name: str, config: str, overrides: list[str], prec
     # One process, not a rank of the run's launch: none of the variables a launcher sets for its ranks.
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
     env |= extra_env or {}
-    cmd = [sys.executable, "-m", "common.runtime.precision", "--measure", app_name, config, precision,
+    cmd = [sys.executable, "-m", "common.runtime.precision_measure", "--measure", app_name, config, precision,
            "--threads", str(threads), *overrides]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -198,54 +181,3 @@ def measure_in_subprocess(app_name: str, config: str, overrides: list[str], prec
         raise BenchError(f"the precision probe ({' '.join(cmd[1:6])} ...) failed with exit {proc.returncode}: "
                          f"{proc.stderr.strip()[-2000:]}; set train.precision=float32 to run without it")
     return float(json.loads(lines[-1])["step_seconds"])
-
-
-def probe_step(app_name: str, config: str, precision: str, threads: int, overrides: list[str]):
-    """In this process: the application's training steps built in `precision` on `threads`, and a synthetic
-    batch (x, y) of the run's shape and local batch (also benchmarks/step_breakdown.py's)."""
-    import importlib
-    from common.runtime.config import load_config, resolve
-    from common.runtime.dist import init_distributed
-    from common.runtime.strategy import DataParallel, data_parallel_steps
-    app = importlib.import_module(f"{app_name}.train").APP
-    cfg = load_config(config, [*overrides, f"train.precision={precision}", f"dist.threads_per_rank={threads}",
-                               "dist.elastic.enabled=false"], app.config)
-    dist = init_distributed(cfg.dist)
-    strategy = DataParallel(dist)  # one process: the data-parallel step (elastic is off, the hybrid path is float32)
-    cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences)
-    return data_parallel_steps(app.build(cfg, strategy), dist), *app.example_batch(cfg)
-
-
-def measure(app_name: str, config: str, precision: str, threads: int, overrides: list[str]) -> float:
-    """In this process: build the application's trainee in `precision` and time its training step on a
-    synthetic batch of the run's shape (PROBE_WARMUP untimed, then the median of the timed ones)."""
-    steps, x, y = probe_step(app_name, config, precision, threads, overrides)
-    times = []
-    for i in range(PROBE_WARMUP + PROBE_MAX_STEPS):
-        start = time.perf_counter()
-        float(steps.train(x, y))
-        if i >= PROBE_WARMUP:
-            times.append(time.perf_counter() - start)
-        if len(times) >= PROBE_STEPS and sum(times) >= PROBE_SECONDS:
-            break
-    return sorted(times)[len(times) // 2]
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.runtime.precision",
-                                     description="Time an application's training step in one precision (the "
-                                                 "probe of train.precision=auto; prints one JSON line).")
-    parser.add_argument("--measure", nargs=3, metavar=("APP", "CONFIG", "PRECISION"), required=True)
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    app_name, config, precision = args.measure
-    if app_name not in ("cosmoflow", "deepcam") or precision not in CANDIDATES:
-        parser.error(f"--measure {app_name} ... {precision}: expected cosmoflow|deepcam and one of {CANDIDATES}")
-    from common.base.cli import guarded
-    return guarded(lambda: print(json.dumps({"step_seconds": measure(app_name, config, precision, args.threads,
-                                                                     args.overrides)})) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

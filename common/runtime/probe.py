@@ -15,19 +15,24 @@ trains in (a mixed_bfloat16 run's matrix products and convolutions run in bfloat
 
 The cache is `$HPC_BENCH_CACHE/probe-<host>.json` (default `~/.cache/hpc-sciml-bench`), keyed by the host name,
 the CPU model, the cores and the TensorFlow version: another CPU or TensorFlow probes afresh. A lock file keeps two
-runs starting at once from probing together (each would measure half the node). Reading and filling the cache
-(`cached`, `probe`) is common/runtime/monitor.py's, which every run calls; this module is the kernels and the CLI.
+runs starting at once from probing together (each would measure half the node). Reading the cache
+(`cached`) is common/runtime/monitor.py's, which every run calls; filling it (`probe`), the kernels and the CLI
+are this module's.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import subprocess
 import sys
 import time
 
 from common.base.cli import guarded
-from common.runtime.monitor import probe
+from common.base.errors import BenchError
+from common.base.files import write_json_atomic
+from common.base.host import cache_path, cached, host_key
 
 GEMM_N = 2048
 CONV_SHAPE = (2, 32, 32, 32, 32)  # batch, depth, height, width, channels in
@@ -63,6 +68,39 @@ def _best_seconds(fn, repeats: int) -> float:
         float(fn())
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def probe(force: bool = False) -> dict:
+    """The cached figures for this host, probing (in a fresh process, on all cores) when there are none, they
+    were taken with another CPU or TensorFlow, or `force`."""
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = cached()
+        if record and not force:
+            return record
+        figures = _measure_in_subprocess()
+        record = {**host_key(), **figures, "peak_gflops": max(figures["gemm_gflops"], figures["conv3d_gflops"]),
+                  "peak_bf16_gflops": max(figures["bf16_gemm_gflops"], figures["bf16_conv3d_gflops"]),
+                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cache": str(path)}
+        write_json_atomic(record, path)
+        return record
+
+
+def _measure_in_subprocess() -> dict:
+    """common/runtime/probe.py's measure() in a new Python process: this one's TensorFlow may already be limited to
+    a rank's threads."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-m", "common.runtime.probe", "--measure"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise BenchError(f"the peak probe (python -m common.runtime.probe --measure) failed with exit "
+                         f"{proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1])
 
 
 def main(argv=None) -> int:

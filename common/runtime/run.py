@@ -30,7 +30,7 @@ from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal, keep_trained
 from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, StopRequests, StoppedBeforeStart, describe, init_distributed
-from common.runtime.elastic import ElasticStrategy
+from common.runtime.elastic import ElasticStrategy, elastic_attempt
 from common.runtime.loop import Callback, Loop, Trainee, fit
 from common.runtime.failures import shared_failures
 from common.runtime.precision import choose as choose_precision
@@ -97,27 +97,6 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
         run.stopped(result, strategy)
         run.keep_trained(loop)  # after run_stop: the weights that met the target
         return run.finish(strategy, result)  # io_report.json, summary.json
-
-
-def elastic_attempt(app: App, run: "Run", strategy: ElasticStrategy, data_cfg: Any, now: DistEnv, seed_offset: int,
-                    commits: Callback) -> FitResult:
-    """One (re)start of an elastic run on layout `now`: a trainee and input built for it, then fit() with the
-    commits' callback. The first start keeps the trainee built in init when the replica count is the same, and
-    the input too when the layout and the seed are: a worker that joins a running job must keep its model
-    (built a second time there, its variables' broadcast did not match the other ranks' and the join hung,
-    tests/integration/test_elastic.py). After a reset the input is reseeded by the committed step."""
-    first, before, seed = run.attempts == 0, run.dist, reseeded(run.cfg.run.seed, seed_offset)
-    run.attempts += 1
-    strategy.dist = run.dist = now
-    if not first or now.size != before.size:
-        run.trainee = app.build(run.cfg, strategy)
-    if not first or _placement(now) != _placement(before) or seed_offset:
-        run.data = app.input(run.cfg, data_cfg, strategy, seed)
-    return fit(run.loop(strategy, [commits] + run.callbacks(strategy, InputPlan(seed))))
-
-
-def _placement(dist: DistEnv) -> tuple:
-    return dist.rank, dist.size, dist.local_rank, dist.local_size, dist.node
 
 
 @contextlib.contextmanager
@@ -354,34 +333,8 @@ class Run:
         self.monitor.stopped()
 
     def _stage(self, rank_files: RankFiles) -> StageResult:
-        """Stage the dataset to data.stage_dir, logged between staging_start and staging_stop (with its bytes and
-        rate) unless data.stage_timing is before_init; first the estimate of its time."""
-        data = self.cfg.data
-        logged = data.stage_timing != "before_init"
-        self.log(f"staging {data.dir} to {data.stage_dir} (data.stage_mode={data.stage_mode}, "
-                 f"data.stage_timing={data.stage_timing})")
-        from common.io.staging import stage_for_run  # only a staged run loads the staging code
-        if logged:
-            self.mlperf.start("staging_start")
-        staging = stage_for_run(data, self.dist, rank_files, progress=self.dist.is_root, planned=self._estimate)
-        if logged:
-            rate = staging.figures()["write_gb_per_second"] or 0.0  # rank 0 stages (local rank 0 of its node)
-            self.mlperf.end("staging_stop", staging_seconds=round(staging.seconds, 3),
-                            staged_bytes=staging.bytes_written, staging_gb_per_second=round(rate, 3))
-        self.log(f"staged into {staging.dir}: {staging.files} files, {staging.bytes_written / 1e9:.3f} GB in "
-                 f"{staging.seconds:.2f} s on rank 0" + ("" if staging.copied else " (waiting for its node's stager)"))
-        return staging
-
-    def _estimate(self, source: Any, plan: Any) -> None:
-        """Print (rank 0) how long staging `plan` should take, with a warning when init may pass 25 minutes."""
-        if not self.dist.is_root:
-            return
-        from common.io import stage_rate
-        data = self.cfg.data
-        kind = source.compression if source.pack else "plain"
-        line, late = stage_rate.estimate(plan.node_bytes, stage_rate.rate(data.stage_rate_gb_s, kind, plan.mode),
-                                         data.stage_timing)
-        self.log(("warning: " if late else "") + line)
+        from common.io.staging import stage_logged  # only a staged run loads the staging code
+        return stage_logged(self.cfg.data, self.dist, rank_files, self.mlperf, self.log)
 
     def _attempt_summary(self, stopped: bool = False, checkpoint: str = "") -> dict:
         """The summary fields of a resumed run, of one that stopped on a signal, and the checkpoint it left (where

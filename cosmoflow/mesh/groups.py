@@ -14,8 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from common.base.errors import BenchError
-from common.io.formats.cosmoflow import block_rows
-from common.io.formats import cosmoflow as record_format
+from common.io.formats.cosmoflow_blocks import BLOCKS_KIND, block_dir, block_rows
 from common.io.formats.cosmoflow import FORMAT
 from common.io.manifest import MANIFEST_NAME, Manifest, load_manifest, sha256_file
 
@@ -144,7 +143,7 @@ def block_records(mode: str, manifest: Manifest, block: SampleBlock) -> Manifest
     shape = manifest.sample_shape
     d, h = block.shape(shape)[:2]
     spatial, (i, j) = (shape[0] // d, shape[1] // h), (block.depth[0] // d, block.height[0] // h)
-    root = record_format.block_dir(manifest.root, spatial, i, j)
+    root = block_dir(manifest.root, spatial, i, j)
     if not (root / MANIFEST_NAME).is_file():
         if mode == "records":
             raise BenchError(f"data.blocks=records: no {root / MANIFEST_NAME}; write the per-block records with "
@@ -160,7 +159,7 @@ def check_block_manifest(own: Manifest, whole: Manifest, block: SampleBlock) -> 
     """Refuse block records that are not `block` of the samples of `whole` in the same files and order."""
     where, src = own.root / MANIFEST_NAME, own.source or {}
     digest = sha256_file(whole.root / MANIFEST_NAME)
-    facts = [("source.kind", src.get("kind"), record_format.BLOCKS_KIND),
+    facts = [("source.kind", src.get("kind"), BLOCKS_KIND),
              ("source.manifest_sha256", src.get("manifest_sha256"), digest),
              ("source.depth", src.get("depth"), list(block.depth)),
              ("source.height", src.get("height"), list(block.height)),

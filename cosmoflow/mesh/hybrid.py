@@ -132,7 +132,7 @@ def check_block_records(data: Any, spatial: tuple[int, int]) -> None:
     place (staging copies the whole records only). Raises BenchError."""
     if data.blocks != "records":
         return
-    from common.io.formats.cosmoflow import block_dir, blocks_dir_name
+    from common.io.formats.cosmoflow_blocks import block_dir, blocks_dir_name
     from common.io.manifest import MANIFEST_NAME
     if data.stage_dir:
         raise BenchError(f"data.blocks=records with data.stage_dir {data.stage_dir!r}: staging copies the whole "

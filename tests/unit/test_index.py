@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from common.base.errors import BenchError
-from common.io.formats import cosmoflow as record_format
+from common.io.formats import cosmoflow as record_format, cosmoflow_prep
 from common.io.manifest import check_split_files, load_manifest, xxh3_128_file
 from data_prep.__main__ import main as data_prep_main
 from tests.unit.test_cosmo_convert import convert, make_universes
@@ -69,7 +69,7 @@ def test_index_describes_the_files_where_they_are_and_writes_nothing_into_the_in
     assert snapshot(released) == before
     manifest = load_manifest(tmp_path / "out", expected_format=record_format.FORMAT)
     assert manifest.compression == "gzip" and manifest.sample_shape == (SAMPLE, SAMPLE, SAMPLE, 4)
-    assert manifest.source["kind"] == record_format.RELEASED_SOURCE_KIND
+    assert manifest.source["kind"] == cosmoflow_prep.RELEASED_SOURCE_KIND
     assert manifest.source["dir"] == str(released.resolve())
     assert os.readlink(tmp_path / "out/train") == str(released.resolve() / "train")
     train = manifest.splits["train"]

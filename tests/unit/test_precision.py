@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from common.runtime import precision
+from common.runtime import plan, precision
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv
 from cosmoflow.train import APP
@@ -93,9 +93,9 @@ def test_an_explicit_precision_is_kept_and_not_probed(cache, monkeypatch):
 def test_the_dry_run_says_what_a_run_would_choose_without_probing(cache, monkeypatch):
     calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.5})
     cfg = cfg_of("train.precision=auto")
-    assert precision.planned(APP, cfg, DistEnv())["precision"] == "auto" and not calls
+    assert plan.planned_precision(APP, cfg, DistEnv())["precision"] == "auto" and not calls
     precision.choose(APP, cfg, DistEnv(), CONFIG, TINY)
-    assert precision.planned(APP, cfg, DistEnv())["precision"] == "mixed_bfloat16"
+    assert plan.planned_precision(APP, cfg, DistEnv())["precision"] == "mixed_bfloat16"
 
 
 def test_every_rank_takes_rank_0s_answer(cache, monkeypatch):

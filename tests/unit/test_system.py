@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from common.runtime import monitor
+from common.base import host
+from common.runtime import monitor, probe
 from common.runtime.exchange import collective_figures
 from common.runtime.monitor import training_gflop_per_sample
 from common.runtime.strategy import PhaseClock
@@ -126,16 +127,16 @@ def test_no_rapl_gives_a_reason_not_a_number(tmp_path):
 
 def test_the_probe_cache_is_used_only_for_the_same_host_cpu_and_tensorflow(tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_BENCH_CACHE", str(tmp_path))
-    record = {**monitor.host_key(), "gemm_gflops": 50.0, "conv3d_gflops": 60.0, "peak_gflops": 60.0,
+    record = {**host.host_key(), "gemm_gflops": 50.0, "conv3d_gflops": 60.0, "peak_gflops": 60.0,
               "bf16_gemm_gflops": 150.0, "bf16_conv3d_gflops": 90.0, "peak_bf16_gflops": 150.0}
-    monitor.cache_path().write_text(json.dumps(record))
-    assert monitor.cached() == record
-    assert monitor.probe() == record  # no new measurement
-    monitor.cache_path().write_text(json.dumps(record | {"tensorflow": "0.0.1"}))
-    assert monitor.cached() is None
+    host.cache_path().write_text(json.dumps(record))
+    assert host.cached() == record
+    assert probe.probe() == record  # no new measurement
+    host.cache_path().write_text(json.dumps(record | {"tensorflow": "0.0.1"}))
+    assert host.cached() is None
     float32_only = {k: v for k, v in record.items() if "bf16" not in k}  # a probe without bfloat16's peak
-    monitor.cache_path().write_text(json.dumps(float32_only))
-    assert monitor.cached() is None
+    host.cache_path().write_text(json.dumps(float32_only))
+    assert host.cached() is None
 
 
 def test_flops_of_a_small_conv3d_network_from_its_layer_shapes():
