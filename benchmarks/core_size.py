@@ -7,7 +7,10 @@ gives the suite's files whose code runs once train() is called (`files`), their 
 distinct lines of them that ran (`executed_lines`, as coverage counts them), and the same of every suite file the
 run imports (`imported_*`: module top levels count, as under coverage); the stack at the first
 `GradientTape.gradient` gives the suite's frames from `train()` to the frame that asks for the gradient; an AST walk
-gives the types (classes) defined in common/runtime/loop.py and in common/runtime/. Without --data a tiny dataset
+gives the types (classes) defined in common/runtime/loop.py and in common/runtime/; per file run, the functions
+and methods none of whose body ran (`unrun_functions`), and over the files run their lines by kind
+(`line_kinds`: blank, comment, docstring, code of statements that ran and that did not; the last is all that
+moving unused code out could take from them). Without --data a tiny dataset
 (16 + 4 synthetic 64^3 universes cut into 32^3 samples) is generated in a temporary directory.
 """
 from __future__ import annotations
@@ -119,6 +122,39 @@ def unrun_functions(path: Path, ran: set[int]) -> dict[str, int]:
     return found
 
 
+def line_kinds(path: Path, ran: set[int]) -> dict[str, int]:
+    """A file's lines by kind: blank, comment, docstring, and code in statements that ran or did not (a statement's
+    lines take its first line's verdict, an inner statement's over its enclosing one's). `code_unrun` is all that
+    moving unused code out of the file could take from it."""
+    text = path.read_text()
+    lines, tree = text.splitlines(), ast.parse(text)
+    kind = {i: "blank" if not l.strip() else "comment" if l.strip().startswith("#") else None
+            for i, l in enumerate(lines, 1)}
+    status: dict[int, str] = {}
+    for node in ast.walk(tree):  # breadth first: enclosing statements before the ones inside them
+        if isinstance(node, ast.stmt):
+            verdict = "code_run" if node.lineno in ran else "code_unrun"
+            status.update(dict.fromkeys(range(node.lineno, node.end_lineno + 1), verdict))
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            kind.update(dict.fromkeys(range(body[0].lineno, body[0].end_lineno + 1), "docstring"))
+    counts = dict.fromkeys(("code_run", "code_unrun", "docstring", "comment", "blank"), 0)
+    for i, k in kind.items():
+        counts[k or status.get(i, "code_run")] += 1
+    return counts
+
+
+def line_kinds_of(files: dict, ran: dict[str, set[int]]) -> dict[str, int]:
+    """`line_kinds` summed over the files run."""
+    total: dict[str, int] = {}
+    for rel in files:
+        for k, n in line_kinds(REPO / rel, ran[rel]).items():
+            total[k] = total.get(k, 0) + n
+    return total
+
+
 def classes(path: Path) -> list[str]:
     return [n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
 
@@ -146,6 +182,7 @@ def measure(data: Path, out_dir: Path) -> dict:
             "imported_file_lines": sum(lines.values()), "imported_executed_lines": sum(executed.values()),
             "per_file": files, "executed_per_file": executed,
             "unrun_functions": {rel: unrun_functions(REPO / rel, tracer.lines[rel]) for rel in files},
+            "line_kinds": line_kinds_of(files, tracer.lines),
             "frames_to_gradient": len(chain.get("chain", [])) - 1, "gradient_chain": chain.get("chain", []),
             "loop_types": classes(REPO / "common/runtime/loop.py"),
             "runtime_types": sum(len(v) for v in runtime.values()), "runtime_types_by_file": runtime}

@@ -53,8 +53,9 @@ def op_seconds(xspace, top: int = 10) -> tuple[dict[str, float], dict[str, float
             if not line.name.startswith("tf_Compute"):
                 continue
             for event in line.events:
-                op, _, op_type = plane.event_metadata[event.metadata_id].name.rpartition(":")
-                if op:
+                name = plane.event_metadata[event.metadata_id].name
+                op, _, op_type = name.rpartition(":")
+                if op and "::" not in name:  # an op is "name:Type"; "ExecutorState::Process" encloses them
                     table[category(op_type)] += event.duration_ps / 1e12
                     if category(op_type) == "other":
                         others[op_type] += event.duration_ps / 1e12
