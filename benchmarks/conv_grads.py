@@ -1,6 +1,7 @@
 """DeepCAM's slowest convolutions alone: forward, weight gradient and input gradient, TensorFlow beside PyTorch.
 
-    python benchmarks/conv_grads.py [--height 384 --width 576] [--repeats 5] [--torch PYTHON]
+    python benchmarks/conv_grads.py [--height 384 --width 576] [--repeats 10] [--torch PYTHON]
+        [--variants nhwc xla phases]
 
 The layers whose weight gradients took 2-4x their forward in benchmarks/deepcam_profile.py, at their shapes in
 the DeepLabv3+ decoder for an input of --height x --width (batch 1, float32):
@@ -10,8 +11,8 @@ the DeepLabv3+ decoder for an input of --height x --width (batch 1, float32):
 Each is timed three ways in one compiled function per way: forward; forward and the weight gradient (the
 gradient of sum(output * g) with respect to the kernel alone, so no input gradient is computed); forward and
 both gradients. The weight gradient's cost is then (w - f) and the input gradient's (all - w). TensorFlow
-variants: `nhwc` (what Keras builds), `nchw` (channels first; oneDNN's layout of choice), `xla`
-(jit_compile), and for the transposed convolutions `phases`: the same transposed convolution written as four
+variants (--variants): `nhwc` (what Keras builds), `nchw` (channels first; opt-in: TensorFlow 2.18.1's CPU build
+took 3-80 s a call for it on 2026-12-04, its NCHW kernels not being oneDNN's), `xla` (jit_compile), and for the transposed convolutions `phases`: the same transposed convolution written as four
 stride-1 convolutions on the input (one per output pixel parity, with the kernel's taps of that parity) and a
 depth-to-space interleave, which gives the same output from the same 3x3 kernel. PyTorch (--torch: the
 interpreter of an environment with torch, e.g. .venv-reference/deepcam/bin/python from make bench-reference)
@@ -37,14 +38,16 @@ WAYS = ("forward", "weight", "all")
 
 
 def best_seconds(fn, repeats: int) -> float:
+    """The median of `repeats` timed calls after two untimed ones (tracing, warm-up): the gradients' seconds are
+    differences of two such figures, and the median moves less than the best under other load."""
     fn()
-    fn()  # trace, warm up
-    best = float("inf")
+    fn()
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def split(times: dict) -> dict:
@@ -198,15 +201,20 @@ def run_torch(python: str, args) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
-def variants_of(name: str) -> tuple[str, ...]:
-    return ("nhwc", "nchw", "xla") + (("phases",) if LAYERS[name][0] == "deconv" else ())
+TF_VARIANTS = ("nhwc", "nchw", "xla", "phases")
+
+
+def variants_of(name: str, chosen) -> tuple[str, ...]:
+    """The chosen TensorFlow variants that apply to layer `name` (`phases`: transposed convolutions only)."""
+    return tuple(v for v in chosen if v != "phases" or LAYERS[name][0] == "deconv")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--height", type=int, default=384)
     p.add_argument("--width", type=int, default=576)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--variants", nargs="+", choices=TF_VARIANTS, default=["nhwc", "xla", "phases"])
     p.add_argument("--torch", help="an interpreter with torch, for the PyTorch rows")
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -218,11 +226,12 @@ def main() -> None:
     if args.height % 8 or args.width % 8:
         p.error(f"--height {args.height} --width {args.width}: expected multiples of 8 (the decoder's H/4, H/2)")
     result = {**run_header(sgemm_gflops()), "height": args.height, "width": args.width, "batch": 1,
+              "repeats": args.repeats, "statistic": "median",
               "phases_max_difference": check_phases(), "rows": []}
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")  # each variant traces its own functions: no retracing warnings
     for name in LAYERS:
-        for variant in variants_of(name):
+        for variant in variants_of(name, args.variants):
             print(f"  TensorFlow {name} {variant} ...", flush=True)
             row = {"framework": f"tensorflow {tf.__version__}", "variant": variant, "layer": name}
             try:

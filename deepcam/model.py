@@ -15,7 +15,8 @@ DeepLabv3+ with an aligned-Xception encoder, layer for layer as the reference Py
 
 Separable convs are depthwise 3x3 then pointwise 1x1, no bias, no BN between (as the reference).
 Strided convs pad symmetrically like PyTorch (Keras "same" would shift the sampling grid by one
-pixel), and transposed convs crop like PyTorch's padding=1, output_padding=1.
+pixel), and transposed convs crop like PyTorch's padding=1, output_padding=1 (with model.deconv: phased the
+decoder's 256-channel ones are computed as four stride-1 convolutions: PhasedConvTranspose).
 Every size comes from the arguments, which are the config's `model:` section.
 
 The loss (class-weighted cross-entropy) and the validation metric (IoU as the reference defines it)
@@ -50,6 +51,7 @@ def build_model(input_shape: Sequence[int] = (768, 1152, 16),
                 decoder_channels: int = 256,
                 batchnorm_momentum: float = 0.9,
                 batchnorm_epsilon: float = 1e-5,
+                deconv: str = "transposed",
                 name: str = "deepcam") -> keras.Model:
     """Build the DeepCAM DeepLabv3+ network; the defaults are the reference's.
 
@@ -65,11 +67,15 @@ def build_model(input_shape: Sequence[int] = (768, 1152, 16),
         aspp_rates: dilations of the 3x3 ASPP branches (a 1x1 and a pooling branch are added).
         batchnorm_momentum: Keras convention (moving = momentum * moving + (1 - momentum) * batch);
             0.9 is PyTorch's default momentum 0.1. The epsilon default is PyTorch's too.
+        deconv: "transposed" computes the decoder's upsampling transposed convolutions as Keras'
+            Conv2DTranspose, "phased" (not the logits') as PhasedConvTranspose: the same layer either way.
     Returns:
         A `keras.Model` mapping (B, H, W, C) to (B, H, W, num_classes) logits.
     """
     _check_arguments(input_shape, output_stride, width, len(stem_channels), len(entry_channels),
                      len(exit_channels))
+    if deconv not in ("phased", "transposed"):
+        raise ValueError(f"deconv {deconv!r}: expected 'phased' or 'transposed'")
     ch = functools.partial(scaled_channels, width=width)
     bn = functools.partial(layers.BatchNormalization, momentum=batchnorm_momentum, epsilon=batchnorm_epsilon)
     inputs = keras.Input(shape=tuple(input_shape), name="climate")
@@ -77,7 +83,7 @@ def build_model(input_shape: Sequence[int] = (768, 1152, 16),
                             middle_blocks, [ch(c) for c in exit_channels], output_stride, bn)
     x = _aspp(x, ch(aspp_channels), aspp_rates, bn)                       # (B, H/os, W/os, 256)
     low_level = _conv_bn_relu(low_level, ch(low_level_channels), 1, bn, "low_level")  # (B, H/4, W/4, 48)
-    outputs = _decoder(x, low_level, ch(decoder_channels), num_classes, output_stride, bn)
+    outputs = _decoder(x, low_level, ch(decoder_channels), num_classes, output_stride, bn, deconv == "phased")
     # float32 logits under a mixed-precision policy, so that the loss and the metric are float32
     outputs = layers.Activation("linear", dtype="float32", name="logits_float32")(outputs)
     return keras.Model(inputs, outputs, name=name)
@@ -180,17 +186,17 @@ def _aspp(x, filters: int, rates: Sequence[int], bn: Callable):
     return _conv_bn_relu(x, filters, 1, bn, "aspp_project")
 
 
-def _decoder(x, low_level, filters: int, num_classes: int, output_stride: int, bn: Callable):
+def _decoder(x, low_level, filters: int, num_classes: int, output_stride: int, bn: Callable, phased: bool):
     """The reference's `DeconvUpsampler`: (B, H/os, W/os, F) and (B, H/4, W/4, L) -> (B, H, W, classes)."""
     for i in range(int(math.log2(output_stride // 4))):                 # up to (B, H/4, W/4, 256)
-        x = _deconv_bn_relu(x, filters, bn, f"decoder_up{i + 1}")
+        x = _deconv_bn_relu(x, filters, bn, f"decoder_up{i + 1}", phased)
     x = layers.Concatenate(name="decoder_concat")([x, low_level])       # (B, H/4, W/4, 304)
     x = _conv_bn_relu(x, filters, 3, bn, "decoder_conv1")
     x = _conv_bn_relu(x, filters, 3, bn, "decoder_conv2")
     bound = 1.0 / math.sqrt(filters)                                     # PyTorch's default bias init
     x = layers.Conv2D(filters, 1, kernel_initializer=_torch_default(), name="decoder_conv3",
                       bias_initializer=keras.initializers.RandomUniform(-bound, bound))(x)
-    x = _deconv_bn_relu(x, filters, bn, "decoder_up_final")             # (B, H/2, W/2, 256)
+    x = _deconv_bn_relu(x, filters, bn, "decoder_up_final", phased)     # (B, H/2, W/2, 256)
     return _deconv(x, num_classes, "logits")                             # no BN, no bias: logits
 
 
@@ -218,18 +224,58 @@ def _padded_conv(x, conv, filters: int, kernel_size: int, name: str, strides: in
                 use_bias=False, name=name, **kwargs)(x)
 
 
-def _deconv(x, filters: int, name: str):
+def _deconv(x, filters: int, name: str, phased: bool = False):
     """PyTorch's ConvTranspose2d(k=3, stride=2, padding=1, output_padding=1, bias=False): (h, w) -> (2h, 2w).
 
-    The full transposed output has 2h + 1 rows; PyTorch drops the first one, Keras "same" the last.
+    The full transposed output has 2h + 1 rows; PyTorch drops the first one, Keras "same" the last. `phased`:
+    the same layer and kernel computed as PhasedConvTranspose does.
     """
+    if phased:
+        return PhasedConvTranspose(filters, kernel_initializer=_torch_default(), name=name)(x)
     x = layers.Conv2DTranspose(filters, 3, strides=2, padding="valid", use_bias=False,
                                kernel_initializer=_torch_default(), name=name)(x)
     return layers.Cropping2D(((1, 0), (1, 0)), name=f"{name}_crop")(x)
 
 
-def _deconv_bn_relu(x, filters: int, bn: Callable, name: str):
-    x = _deconv(x, filters, name)
+@keras.saving.register_keras_serializable(package="deepcam")
+class PhasedConvTranspose(layers.Conv2DTranspose):
+    """`_deconv`'s transposed convolution (3x3, stride 2, cropped as PyTorch's), its kernel and output the same,
+    computed as four stride-1 convolutions of the input, one per parity of the output's row and column, then
+    interleaved: output pixel (2i + a, 2j + b) sums x[i + di, j + dj] * kernel[1 + a - 2 di, 1 + b - 2 dj] over
+    the taps in range, so parity 0 takes tap 1 at offset 0 and parity 1 taps 2 at 0 and 0 at +1. The decoder's
+    256-channel layers may use it: TensorFlow 2.18.1's weight gradient of the strided transposed convolution took
+    4.3x its forward on an AMD EPYC (AVX-512), the four convolutions' a quarter of it
+    (benchmarks/conv_grads.py, docs/performance.md). `model.deconv: phased` chooses it."""
+
+    TAPS = {0: (1,), 1: (2, 0)}  # kernel taps of each output parity, at input offsets 0 and +1
+
+    def __init__(self, filters: int, **kwargs):
+        for fixed in ("kernel_size", "strides", "padding", "use_bias"):
+            kwargs.pop(fixed, None)  # from get_config: always this layer's
+        super().__init__(filters, 3, strides=2, padding="valid", use_bias=False, **kwargs)
+
+    def call(self, inputs):
+        kernel = keras.ops.transpose(self.kernel, (0, 1, 3, 2))  # (3, 3, in, out): a convolution's
+        h, w = inputs.shape[1], inputs.shape[2]
+        padded = keras.ops.pad(inputs, ((0, 0), (0, 1), (0, 1), (0, 0)))
+        rows = []
+        for a in (0, 1):
+            phases = []
+            for b in (0, 1):
+                taps = keras.ops.stack([keras.ops.stack([kernel[ky, kx] for kx in self.TAPS[b]])
+                                        for ky in self.TAPS[a]])
+                window = padded[:, :h + len(self.TAPS[a]) - 1, :w + len(self.TAPS[b]) - 1, :]
+                phases.append(keras.ops.conv(window, taps, strides=1, padding="valid"))
+            rows.append(keras.ops.reshape(keras.ops.stack(phases, axis=3), (-1, h, 2 * w, self.filters)))
+        return keras.ops.reshape(keras.ops.stack(rows, axis=2), (-1, 2 * h, 2 * w, self.filters))
+
+    def compute_output_shape(self, input_shape):
+        n, h, w, _ = input_shape
+        return n, None if h is None else 2 * h, None if w is None else 2 * w, self.filters
+
+
+def _deconv_bn_relu(x, filters: int, bn: Callable, name: str, phased: bool = False):
+    x = _deconv(x, filters, name, phased)
     return layers.ReLU(name=f"{name}_relu")(bn(name=f"{name}_bn")(x))
 
 

@@ -73,6 +73,9 @@ def test_reference_parameter_count_at_full_size():
     # 3 per entry block, 3 per middle block, 3 in the exit block, 3 after it.
     assert kinds.count("SeparableConv2D") == 9 + 16 * 3 + 3 + 3
     assert kinds.count("Conv2DTranspose") == 4
+    phased = build_model(deconv="phased")
+    assert count_parameters(phased) == REFERENCE_TRAINABLE_PARAMETERS
+    assert _kinds(phased).count("PhasedConvTranspose") == 3 and _kinds(phased).count("Conv2DTranspose") == 1
     assert [layer.dilation_rate for layer in model.layers if layer.name in ("aspp2", "aspp3", "aspp4")] == [
         (6, 6), (12, 12), (18, 18)]
     assert model.get_layer("decoder_concat").output.shape[-1] == 256 + 48
@@ -201,3 +204,28 @@ def test_transposed_conv_crops_like_pytorch():
     expected = _torch_conv_transpose2d(x, np.asarray(model.get_layer("d").kernel))
     assert out.shape == (6, 10, 2)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_phased_transposed_conv_is_the_same_layer_in_outputs_gradients_and_config():
+    x = np.random.default_rng(5).standard_normal((2, 6, 5, 7)).astype(np.float32)
+    inputs = keras.Input((6, 5, 7))
+    plain = keras.Model(inputs, deepcam_model._deconv(inputs, 4, "d"))
+    phased = keras.Model(inputs, deepcam_model._deconv(inputs, 4, "d", phased=True))
+    layer = phased.get_layer("d")
+    assert layer.kernel.shape == plain.get_layer("d").kernel.shape == (3, 3, 4, 7)
+    layer.kernel.assign(plain.get_layer("d").kernel)
+    g = tf.constant(np.random.default_rng(6).standard_normal((2, 12, 10, 4)).astype(np.float32))
+    grads = []
+    for model in (plain, phased):
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            loss = tf.reduce_sum(model(xt) * g)
+        grads.append(tape.gradient(loss, [xt, model.trainable_variables[0]]))
+    np.testing.assert_allclose(phased(x), plain(x), rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(*grads):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+    again = deepcam_model.PhasedConvTranspose.from_config(layer.get_config())
+    assert again.filters == 4 and again.strides == (2, 2) and again.kernel_size == (3, 3) and not again.use_bias
+    with pytest.raises(ValueError, match="deconv 'fast': expected 'phased' or 'transposed'"):
+        build_model((32, 32, 4), width=0.125, middle_blocks=1, deconv="fast")
