@@ -18,6 +18,7 @@ COMMANDS = {
     "deepcam-synth": "data_prep.climate_synth",
     "deepcam-stats": "data_prep.climate_stats",
     "deepcam-convert": "data_prep.deepcam_convert",
+    "download": "data_prep.download",
     "index": "data_prep.index",
     "pack": "data_prep.pack",
     "stage": "data_prep.stage",

@@ -71,7 +71,8 @@ COMMANDS = {"data_prep": "data_prep.__main__", "cosmoflow": "cosmoflow.train", "
             "campaign": "common.campaign.run", "jobs": "jobs.__main__", "hpo": "common.hpo.__main__",
             "export": "common.export", "report": "common.campaign.analysis.__main__"}
 TRAININGS = {"cosmoflow": "cosmoflow/configs/cosmo_mini.yaml", "deepcam": "deepcam/configs/deepcam_mini.yaml"}
-SKIPPED = {"cosmo-synth", "deepcam-synth"}  # they would generate a dataset into any writable --out
+# cosmo-synth and deepcam-synth would generate a dataset into any writable --out; download would fetch one
+SKIPPED = {"cosmo-synth", "deepcam-synth", "download"}
 # a site `jobs render` may name: examples, a file of garbage, Latin-1 text, a missing file, an unknown name
 SITE_VALUES = st.sampled_from(["localhost", "perlmutter", "fugaku", PATHS["garbage"], PATHS["latin1"],
                                PATHS["missing"], "nosuchsite"])
