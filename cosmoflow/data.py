@@ -280,7 +280,7 @@ def _dali_pipeline(pipe: Pipe, shard: Shard, shuffle: bool, seed: int, device_id
         record = fn.readers.tfrecord(
             path=list(shard.files), index_path=list(shard.index_files),
             features=record_format.dali_features(manifest.target_size),
-            initial_fill=cfg.shuffle_buffer, name="reader",
+            initial_fill=cfg.shuffle_buffer, name="reader", dont_use_mmap=not cfg.dali_mmap,
             **dali_reader_sharding(shard.local, pipe.seed, shuffle))
         if block is None:
             x, y = record_format.dali_decode(record, manifest.sample_shape)  # (D, H, W, C) int16, (target,) float32

@@ -37,7 +37,7 @@ def train(config: str, overrides: list[str], stop: StopRequests) -> int:
 
 def strategy_for(cfg: CosmoConfig, dist: DistEnv) -> DataParallel:
     """The hybrid Mesh-TF strategy when parallel.spatial splits the cube, else data parallel (or elastic)."""
-    if not cfg.parallel.hybrid:
+    if not cfg.parallel.hybrid or cfg.train.emulate.enabled:  # (an emulated run refuses the hybrid path)
         return run.choose_strategy(cfg, dist)
     if cfg.dist.elastic.enabled:
         raise BenchError(f"dist.elastic.enabled=true with parallel.spatial={list(cfg.parallel.spatial)}: the hybrid "
@@ -93,6 +93,13 @@ def rank_files(cfg: CosmoConfig, manifest, rank: int, ranks: int) -> list[str]:
     return files_read(manifest, layout.group, layout.groups, cfg.train.local_batch_size, drop)
 
 
+def scoring(_cfg: CosmoConfig) -> tuple:
+    """The loss, the metric and an untrained model's prediction (zeros): an emulated run's evaluation."""
+    from cosmoflow.model import MeanAbsoluteError, mse_loss
+    import keras
+    return mse_loss, MeanAbsoluteError(), keras.ops.zeros_like
+
+
 def example_batch(cfg: CosmoConfig) -> tuple:
     """One synthetic local batch of the run's shapes (log1p of Poisson counts, targets in [-1, 1]): what the
     precision probe times a step on."""
@@ -107,7 +114,7 @@ def example_batch(cfg: CosmoConfig) -> tuple:
 APP = run.App(name="cosmoflow", config=CosmoConfig, build=build, input=input_pipeline,
               hyperparameters=hyperparameters, rank_files=rank_files, read_error=read_error, with_rcp=with_rcp,
               closed_differences=closed_differences, learning_rates=learning_rates, strategy=strategy_for,
-              example_batch=example_batch)
+              example_batch=example_batch, scoring=scoring)
 
 # ---------------------------------------------------------------------------- the learning-rate schedule
 # Learning-rate schedule of the MLPerf HPC CosmoFlow reference: linear scaling, warm-up, step decay.

@@ -276,7 +276,8 @@ def _dali_pipeline(shard: Shard, index_files: list[str], sample_shape: Sequence[
     def pipeline():
         record = fn.readers.tfrecord(
             path=list(shard.files), index_path=index_files, features=record_format.dali_features(),
-            initial_fill=cfg.shuffle_buffer, name="reader", pad_last_batch=shard.local is None,
+            initial_fill=cfg.shuffle_buffer, name="reader", dont_use_mmap=not cfg.dali_mmap,
+            pad_last_batch=shard.local is None,
             **sharding)
         x, y = record_format.dali_decode(record, sample_shape)  # (H, W, C) float32, (H, W) uint8
         if device_id is not None:

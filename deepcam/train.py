@@ -59,16 +59,26 @@ def train_steps(cfg: DeepCamConfig, ranks: int) -> int:
 def build(cfg: DeepCamConfig, strategy: DataParallel) -> Trainee:
     """Model, optimizer, step-based schedule, weighted loss and IoU metric for this rank."""
     import keras
-    from deepcam.model import MeanIoU, WeightedCrossEntropy, build_model, class_weights
+    from deepcam.model import build_model
     from deepcam.optim import StepSchedule, build_optimizer
     keras.utils.set_random_seed(strategy.model_seed(cfg.run.seed))
     set_precision(cfg.train.precision)  # the Keras policy the model is built under
     model = build_model(**dataclasses.asdict(cfg.model))
     steps = StepSchedule.from_config(cfg.optimizer, cfg.schedule)
     optimizer = for_precision(build_optimizer(cfg.optimizer, steps.at_step(0)), cfg.train.precision)
-    loss = WeightedCrossEntropy(class_weights(cfg.loss.class_frequencies, cfg.loss.weight_power))
-    return Trainee(model, optimizer, loss, MeanIoU(cfg.model.num_classes),
+    loss, metric, _ = scoring(cfg)
+    return Trainee(model, optimizer, loss, metric,
                    schedule_for=lambda data: steps.per_epoch(data.train_steps), jit_compile=cfg.train.jit_compile)
+
+
+def scoring(cfg: DeepCamConfig) -> tuple:
+    """The weighted loss, the IoU metric and an untrained model's prediction (equal logits: background
+    everywhere), which an emulated run's evaluation scores."""
+    import keras
+    from deepcam.model import MeanIoU, WeightedCrossEntropy, class_weights
+    classes = cfg.model.num_classes
+    loss = WeightedCrossEntropy(class_weights(cfg.loss.class_frequencies, cfg.loss.weight_power))
+    return loss, MeanIoU(classes), lambda y: keras.ops.zeros((*y.shape, classes), "float32")
 
 
 def hyperparameters(cfg: DeepCamConfig, _strategy: DataParallel) -> dict:
@@ -104,7 +114,8 @@ def example_batch(cfg: DeepCamConfig) -> tuple:
 
 APP = run.App(name="deepcam", config=DeepCamConfig, build=build, input=input_pipeline,
               hyperparameters=hyperparameters, rank_files=rank_files, read_error=read_error, with_rcp=with_rcp,
-              closed_differences=closed_differences, learning_rates=learning_rates, example_batch=example_batch)
+              closed_differences=closed_differences, learning_rates=learning_rates, example_batch=example_batch,
+              scoring=scoring)
 
 if __name__ == "__main__":
     exit_now(main())

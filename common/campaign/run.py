@@ -434,13 +434,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                  "RCP file")
     rcp_check.add_argument("campaign")
     rcp_check.add_argument("--rcps", required=True, help="an RCP file (from `rcp`, or mlperf-logging's)")
+    from common.storage import sweep
+    sweep.add_arguments(sub.add_parser("storage", help="can this storage feed N accelerators? emulated epochs at "
+                                                       "growing rank counts (common/storage/sweep.py)"))
     # Overrides may also follow the options (argparse alone would refuse positionals after them).
     args, extra = parser.parse_known_args(argv)
-    unknown = [e for e in extra if e.startswith("-") or "=" not in e or args.command != "run"]
+    unknown = [e for e in extra if e.startswith("-") or "=" not in e or args.command not in ("run", "storage")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if extra:
-        args.overrides = [*args.overrides, *extra]
+    if extra or args.command == "storage":
+        args.overrides = [*getattr(args, "overrides", []), *extra]
     return args
 
 
@@ -515,6 +518,9 @@ def main(argv=None) -> int:
         from common.campaign.scoring import score_campaign
         if args.command in ("compare", "rcp", "rcp-check"):
             return _analysis_command(args)
+        if args.command == "storage":
+            from common.storage.sweep import storage_command
+            return storage_command(args, args.overrides)
         out = Path(args.out)
         if args.command == "run":
             left = _run_command(args, out, stop)

@@ -20,6 +20,7 @@ import yaml
 from common.base import documents
 from common.base.files import ram_filesystem
 from common.base.errors import BenchError
+from common.storage.accelerators import EmulateConfig
 
 if TYPE_CHECKING:
     from common.base.rcp import Rcp
@@ -126,9 +127,15 @@ class TrainConfig:
     # epochs to the target, says it trains to the target faster, else float32 (common/runtime/precision.py)
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     jit_compile: bool = False  # XLA-compile each training step's forward and backward pass
+    # An emulated accelerator's time instead of each step's work (common/storage/, docs/storage.md)
+    emulate: EmulateConfig = dataclasses.field(default_factory=EmulateConfig)
 
     def __post_init__(self):
         check(self.max_epochs >= 1, "train.max_epochs", self.max_epochs, ">= 1")
+        custom = self.emulate.accelerator == "custom"
+        check(self.emulate.samples_per_second > 0 if custom else self.emulate.samples_per_second == 0,
+              "train.emulate.samples_per_second", self.emulate.samples_per_second,
+              "samples/s > 0 with accelerator=custom" if custom else "0: set only with accelerator=custom")
         check(self.local_batch_size >= 1, "train.local_batch_size", self.local_batch_size, ">= 1")
         check(self.eval_every >= 1, "train.eval_every", self.eval_every, ">= 1")
         check(self.eval_every_steps >= 0, "train.eval_every_steps", self.eval_every_steps, ">= 0")
@@ -208,6 +215,9 @@ class StagedDataConfig:
     # the default): when DALI reads the files in place, since its reader checks no record CRC and a changed
     # byte can crash it; not for tf.data (it checks every record's CRC) or staged data (staging verified it).
     verify_checksums: bool | None = None
+    # DALI's reader maps record files into memory (a little faster on local disks); false: plain reads. An
+    # emulated run that evicts the page cache reads plainly, since mapped pages cannot be dropped.
+    dali_mmap: bool = True
 
     def __post_init__(self):
         check(self.stage_threads >= 0, "data.stage_threads", self.stage_threads, ">= 0 (0: the rank's cores)")
@@ -261,6 +271,10 @@ def resolve(cfg: T, replicas: int, with_rcp: Callable, closed_differences: Calla
     division that falls to open is announced with the reasons."""
     cfg = with_rcp(cfg, cfg.train.local_batch_size * replicas)
     found = closed_differences(cfg) + data_differences(cfg.data)
+    if cfg.train.emulate.enabled:
+        found.append(f"train.emulate.accelerator={cfg.train.emulate.accelerator}: steps emulated, nothing trained")
+        if cfg.train.emulate.page_cache == "evict":
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dali_mmap=False))
     if found and cfg.mlperf.division == "auto":
         announce(f"mlperf.division=auto: logging open; not the reference's: {'; '.join(found)}")
     return resolve_division(cfg, found)

@@ -49,6 +49,7 @@ class RunMonitor(Callback):
         steps = cfg.system.window_steps if cfg.system.enabled and not cfg.dist.elastic.enabled else 0
         self.window = StepWindow(cfg.system.warmup_steps, steps)
         self.elastic = cfg.dist.elastic.enabled
+        self.emulated = cfg.train.emulate.enabled
         self.energy: tuple = (None, None, "energy counters not read")  # energy_start's answer
         self.readings: tuple | None = None
         self.board = board_writer(out) if cfg.tensorboard.enabled and dist.is_root else None  # TensorBoard
@@ -61,6 +62,9 @@ class RunMonitor(Callback):
     def prepare(self) -> None:
         """Rank 0 reads (or, with system.probe, measures once) its node's peak; nodes are taken as alike."""
         if not (self.cfg.enabled and self.dist.is_root):
+            return
+        if self.emulated:
+            self.peak_reason = "an emulated accelerator's run computes nothing"
             return
         record = cached()
         if record is None and not self.cfg.probe:

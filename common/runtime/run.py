@@ -61,6 +61,8 @@ class App:
     learning_rates: Callable[[Any, DataParallel], list]  # the dry run's learning rate at each epoch's start
     strategy: Callable[[Any, DistEnv], DataParallel] | None = None  # None: data parallel or elastic
     example_batch: Callable[[Any], tuple] | None = None  # cfg -> one synthetic (x, y) batch: the precision probe's
+    # cfg -> (loss, metric, y -> the untrained model's prediction): what an emulated run's evaluation scores
+    scoring: Callable[[Any], tuple] | None = None
 
 
 def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequests) -> int:
@@ -78,7 +80,7 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
         run.stage(rank_files, "before_init")  # data.stage_timing=before_init: untimed, unlogged, open division
         run.init_start()
         run.stage(rank_files, "in_init")  # the default: staging_start, staging_stop inside init
-        run.trainee = app.build(cfg, strategy)  # no data read in init
+        run.trainee = strategy.build(app, cfg)  # no data read in init
         strategy.prepare(cfg)  # hybrid: each group's Mesh-TF cluster and graphs
         run.init_stop(strategy, app.hyperparameters(cfg, strategy))
         run.start()  # run_start: the timed part
@@ -115,7 +117,11 @@ def reading_as(read_error: Callable[[Exception], Exception], run: "Run"):
 
 
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
-    """Data parallel, or elastic data parallel with dist.elastic.enabled (checked before any work)."""
+    """Data parallel, elastic data parallel with dist.elastic.enabled, or emulated accelerators with
+    train.emulate (checked before any work)."""
+    if cfg.train.emulate.enabled:
+        from common.storage.emulate import EmulatedStrategy
+        return EmulatedStrategy(cfg, dist)
     return ElasticStrategy(cfg, dist) if cfg.dist.elastic.enabled else DataParallel(dist)
 
 
@@ -264,7 +270,7 @@ class Run:
         if cfg.train.eval_every_steps:
             callbacks.append(EvalEverySteps(cfg.train.eval_every_steps))
         callbacks.append(StopSignal(self.stop, checkpoints if ckpt.on_signal else None))
-        return callbacks
+        return callbacks + strategy.callbacks()
 
     def checkpointer(self, position: InputPosition) -> Checkpointer:
         """The writer of this run's checkpoints; `position`: what its training input's position depends on."""

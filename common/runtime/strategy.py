@@ -71,12 +71,20 @@ class DataParallel:
         """The seed this rank builds its model with (rank 0's initial weights are broadcast anyway)."""
         return seed + self.dist.rank
 
+    def build(self, app: Any, cfg: Any) -> Trainee:
+        """In init: what this rank trains, the application's (run.App's `build`)."""
+        return app.build(cfg, self)
+
     def prepare(self, cfg: Any) -> None:
         """In init, once the model is built: start what the steps need (nothing here)."""
 
     @property
     def make_steps(self) -> StepsFactory:
         return data_parallel_steps
+
+    def callbacks(self) -> list:
+        """Loop callbacks this strategy adds to the run's (after them)."""
+        return []
 
     def mlperf_keys(self) -> dict:
         """Events this strategy adds to init (beside the hyperparameters)."""
