@@ -1,6 +1,6 @@
 """A single-node Slurm on this host, for running rendered Slurm scripts for real (docs/jobs.md).
 
-    python -m jobs.localslurm submit SCRIPT [--dir DIR] [--timeout SECONDS]
+    python -m jobs.localslurm submit SCRIPT [--dir DIR] [--timeout SECONDS] [--cpus N]
 
 starts munged, slurmctld and slurmd from Debian's packages (scripts/setup.sh installs them) with a
 one-node `slurm.conf` (this host, its cores, 80% of its memory, free ports) in a fresh directory under
@@ -35,10 +35,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def slurm_conf(root: Path, host: str) -> str:
-    """A one-node cluster's configuration: state, spool, logs and the munge socket under `root`."""
+def slurm_conf(root: Path, host: str, cpus: int = 0) -> str:
+    """A one-node cluster's configuration: state, spool, logs and the munge socket under `root`. `cpus`: the CPUs
+    the node declares (0: this host's); more than it has overcommits them (slurmd's config_overrides), so that a
+    job of that many tasks can run here, as a rehearsal of many ranks on one node."""
     memory_mb = int(int(Path("/proc/meminfo").read_text().split()[1]) / 1024 * 0.8)
-    return "\n".join([
+    overrides = ["SlurmdParameters=config_overrides"] if cpus > (os.cpu_count() or 1) else []
+    return "\n".join([*overrides,
         "ClusterName=scimllocal", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
         "AuthType=auth/munge", f"AuthInfo=socket={root}/munge/munge.socket", "CredType=cred/munge",
         f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={root}/spool",
@@ -50,7 +53,7 @@ def slurm_conf(root: Path, host: str) -> str:
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
         # no accounting database: `scontrol show job` keeps ended jobs' state and exit code for an hour
         "MinJobAge=3600",
-        f"NodeName={host} CPUs={os.cpu_count()} RealMemory={memory_mb} State=UNKNOWN",
+        f"NodeName={host} CPUs={max(cpus, os.cpu_count() or 1)} RealMemory={memory_mb} State=UNKNOWN",
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
 
 
@@ -92,8 +95,9 @@ def _stop(root: Path, env: dict) -> None:
 
 
 @contextlib.contextmanager
-def local_slurm() -> Iterator[dict]:
-    """The environment (with SLURM_CONF) of a running single-node cluster; stopped and removed on exit."""
+def local_slurm(cpus: int = 0) -> Iterator[dict]:
+    """The environment (with SLURM_CONF) of a running single-node cluster whose node declares `cpus` CPUs (0: this
+    host's); stopped and removed on exit."""
     check_prerequisites()
     # Not below a mode-700 directory: the munge user must reach its socket.
     root = Path(tempfile.mkdtemp(prefix="sciml-slurm-"))
@@ -102,7 +106,7 @@ def local_slurm() -> Iterator[dict]:
         (root / d).mkdir()
     shutil.chown(root / "munge", "munge", "munge")
     conf = root / "slurm.conf"
-    conf.write_text(slurm_conf(root, socket.gethostname().split(".")[0]))
+    conf.write_text(slurm_conf(root, socket.gethostname().split(".")[0], cpus))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     try:
         _start_daemons(root, env)
@@ -150,12 +154,16 @@ def main(argv=None) -> int:
     sub_submit.add_argument("script", type=Path)
     sub_submit.add_argument("--dir", type=Path, default=Path("."), help="where the job's slurm-<id>.out goes")
     sub_submit.add_argument("--timeout", type=float, default=7200, help="seconds to wait for the job")
+    sub_submit.add_argument("--cpus", type=int, default=0,
+                            help="CPUs the node declares (default: this host's; more overcommits them)")
     args = parser.parse_args(argv)
 
     def run() -> int:
         if not args.script.is_file():
             raise BenchError(f"{args.script}: no such job script")
-        with local_slurm() as env:
+        if args.cpus < 0:
+            raise BenchError(f"--cpus {args.cpus}: expected >= 0 (0: this host's)")
+        with local_slurm(args.cpus) as env:
             print(f"local Slurm up (SLURM_CONF={env['SLURM_CONF']}); sbatch --wait {args.script}", flush=True)
             t0 = time.time()
             rc, sbatch_output, _ = submit(args.script.resolve(), env, args.dir.resolve(), args.timeout, echo=True)

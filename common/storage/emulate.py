@@ -101,6 +101,8 @@ class EmulatedRank(Callback):
         self.evictions: list[dict] = []
         self.io_start: tuple[float, dict] = (time.perf_counter(), {})
         self.exchange = ThreadPoolExecutor(1, thread_name_prefix="emulated-allreduce")
+        self.allreduces, self.allreduce_seconds = 0, 0.0  # the steps' allreduces and their time
+        self.allreduce_exposed = 0.0  # the part of it the steps waited for after their emulated compute
 
     def train(self, x: Any, y: Any) -> Any:
         """Wait the accelerator's time for the batch while the step's allreduce (the loss, 0, and the stop
@@ -112,14 +114,23 @@ class EmulatedRank(Callback):
         values = [tf.zeros(())] + flags
         exchange = None
         if self.dist.horovod and self.dist.size > 1:
-            exchange = self.exchange.submit(self.dist.allreduce_gradients, values)
+            exchange = self.exchange.submit(self._allreduce, values)
         time.sleep(seconds)
         if exchange is not None:
+            waited = time.perf_counter()
             values = exchange.result()
+            self.allreduce_exposed += time.perf_counter() - waited
         self.pending, self.all_compute = (seconds, batch), self.all_compute + seconds
         if flags:
             self.stop.agreed.assign(values[1])
         return values[0]
+
+    def _allreduce(self, values: list) -> list:
+        began = time.perf_counter()
+        reduced = self.dist.allreduce_gradients(values)
+        self.allreduce_seconds += time.perf_counter() - began
+        self.allreduces += 1
+        return reduced
 
     def evaluate(self, x: Any, y: Any) -> Any:
         time.sleep(int(y.shape[0]) * self.seconds_per_sample * EVAL_FRACTION)
@@ -167,7 +178,10 @@ class EmulatedRank(Callback):
                 "compute_seconds": self.compute, "wall_seconds": self.wall,
                 "samples_per_second": self.samples / self.wall if self.wall > 0 else None,
                 "input_wait_per_step_seconds": self.input_wait / self.steps if self.steps else None,
-                "emulated_seconds_all_steps": self.all_compute, "evictions": self.evictions}
+                "emulated_seconds_all_steps": self.all_compute, "evictions": self.evictions,
+                "allreduce_ms_per_step": 1e3 * self.allreduce_seconds / self.allreduces if self.allreduces else None,
+                "allreduce_exposed_ms_per_step": 1e3 * self.allreduce_exposed / self.allreduces
+                if self.allreduces else None}
 
 
 def emulation_summary(accelerator: str, samples_per_second: float, source: str, benchmark: str, local_batch: int,
