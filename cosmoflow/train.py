@@ -37,7 +37,7 @@ def train(config: str, overrides: list[str], stop: StopRequests) -> int:
 
 def strategy_for(cfg: CosmoConfig, dist: DistEnv) -> DataParallel:
     """The hybrid Mesh-TF strategy when parallel.spatial splits the cube, else data parallel (or elastic)."""
-    if not cfg.parallel.hybrid or cfg.train.emulate.enabled:  # (an emulated run refuses the hybrid path)
+    if not cfg.parallel.hybrid or cfg.train.emulated:  # (an emulated run refuses the hybrid path)
         return run.choose_strategy(cfg, dist)
     if cfg.dist.elastic.enabled:
         raise BenchError(f"dist.elastic.enabled=true with parallel.spatial={list(cfg.parallel.spatial)}: the hybrid "

@@ -130,6 +130,11 @@ class TrainConfig:
     # An emulated accelerator's time instead of each step's work (common/storage/, docs/storage.md)
     emulate: EmulateConfig = dataclasses.field(default_factory=EmulateConfig)
 
+    @property
+    def emulated(self) -> bool:
+        """Whether an accelerator is emulated (train.emulate.accelerator is not none)."""
+        return self.emulate.accelerator != "none"
+
     def __post_init__(self):
         check(self.max_epochs >= 1, "train.max_epochs", self.max_epochs, ">= 1")
         custom = self.emulate.accelerator == "custom"
@@ -271,7 +276,7 @@ def resolve(cfg: T, replicas: int, with_rcp: Callable, closed_differences: Calla
     division that falls to open is announced with the reasons."""
     cfg = with_rcp(cfg, cfg.train.local_batch_size * replicas)
     found = closed_differences(cfg) + data_differences(cfg.data)
-    if cfg.train.emulate.enabled:
+    if cfg.train.emulated:
         found.append(f"train.emulate.accelerator={cfg.train.emulate.accelerator}: steps emulated, nothing trained")
         if cfg.train.emulate.page_cache == "evict":
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dali_mmap=False))

@@ -49,7 +49,7 @@ class RunMonitor(Callback):
         steps = cfg.system.window_steps if cfg.system.enabled and not cfg.dist.elastic.enabled else 0
         self.window = StepWindow(cfg.system.warmup_steps, steps)
         self.elastic = cfg.dist.elastic.enabled
-        self.emulated = cfg.train.emulate.enabled
+        self.emulated = cfg.train.emulated
         self.energy: tuple = (None, None, "energy counters not read")  # energy_start's answer
         self.readings: tuple | None = None
         self.board = board_writer(out) if cfg.tensorboard.enabled and dist.is_root else None  # TensorBoard

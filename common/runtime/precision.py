@@ -64,8 +64,8 @@ def with_precision(cfg: Any, precision: str) -> Any:
 
 def decide_auto(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]) -> dict:
     """The auto choice on this rank: a path that runs float32 only, else the cached or freshly probed steps."""
-    if getattr(getattr(cfg, "parallel", None), "hybrid", False) or cfg.train.emulate.enabled:
-        path = "an emulated accelerator's run" if cfg.train.emulate.enabled else "the hybrid Mesh-TF path"
+    if getattr(getattr(cfg, "parallel", None), "hybrid", False) or cfg.train.emulated:
+        path = "an emulated accelerator's run" if cfg.train.emulated else "the hybrid Mesh-TF path"
         return {"precision": "float32", "reason": f"{path} trains in float32 only",
                 "step_seconds": {}, "epochs_ratio": None}
     key = probe_key(app.name, cfg, dist.threads, dist.gpu)

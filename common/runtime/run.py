@@ -119,7 +119,7 @@ def reading_as(read_error: Callable[[Exception], Exception], run: "Run"):
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
     """Data parallel, elastic data parallel with dist.elastic.enabled, or emulated accelerators with
     train.emulate (checked before any work)."""
-    if cfg.train.emulate.enabled:
+    if cfg.train.emulated:
         from common.storage.emulate import EmulatedStrategy
         return EmulatedStrategy(cfg, dist)
     return ElasticStrategy(cfg, dist) if cfg.dist.elastic.enabled else DataParallel(dist)

@@ -45,10 +45,6 @@ class EmulateConfig:
     # storage, not RAM (posix_fadvise DONTNEED, checked with mincore); keep: leave the cache alone (`cached`)
     page_cache: Literal["evict", "keep"] = "evict"
 
-    @property
-    def enabled(self) -> bool:
-        return self.accelerator != "none"
-
 
 def rate(emulate: EmulateConfig, app: str, local_batch: int) -> tuple[float, str]:
     """Samples per second of one emulated accelerator training `app` at `local_batch`, and its source."""
