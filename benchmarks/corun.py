@@ -15,7 +15,7 @@ of deepcam_throughput.py (reference size, batch 1) and cosmoflow_throughput.py (
 `pair` against `alone` is what the two cores cost each other (shared caches, memory bandwidth, the hypervisor);
 `2 ranks` against `pair` is what data parallelism adds. Each worker also reports its threads' CPU over the
 timed steps (threadcpu.py): compute, Horovod's and MPI's threads, the main thread. Writes
-benchmarks/results/corun.json and the two tables between their markers in docs/performance.md.
+benchmarks/results/corun.json and the two tables between their markers in docs/metrics.md.
 """
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ import os
 import subprocess
 from pathlib import Path
 
-from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section, run_header,
+from harness import (REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section, run_header,
                      run_worker, sgemm_gflops, step_figures, take_worker_json, worker_command, worker_env,
                      write_json_atomic)
+
+DOC = REPO / "docs/metrics.md"  # its tables live in the page of the system figures
 
 RESULTS = RESULTS_DIR / "corun.json"
 BEGIN, END = "<!-- corun:begin -->", "<!-- corun:end -->"

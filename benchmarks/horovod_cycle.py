@@ -11,7 +11,7 @@ benchmarks/mesh_throughput.py (the same worker: the app's model and steps on in-
 samples/s, and each rank's user and system CPU seconds per step (os.times over the timed steps; a rank
 that only computes uses about its wall time, what the coordination adds shows above that, mostly as system
 time). Writes benchmarks/results/horovod_cycle.json and the table between the markers in
-docs/performance.md.
+docs/metrics.md.
 """
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ import argparse
 import time
 
 # Run as a script, so benchmarks/ is on sys.path.
-from harness import (DOC, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section, run_header,
+from harness import (REPO, RESULTS_DIR, check_marked_section, measured_note, replace_marked_section, run_header,
                      sgemm_gflops, write_json_atomic)
 from mesh_throughput import SIZES, Case, measure
+
+DOC = REPO / "docs/metrics.md"  # its tables live in the page of the system figures
 
 RESULTS = RESULTS_DIR / "horovod_cycle.json"
 BEGIN, END = "<!-- horovod-cycle:begin -->", "<!-- horovod-cycle:end -->"

@@ -69,12 +69,12 @@ class DistConfig:
     fusion_threshold_mb: float = 64.0  # HOROVOD_FUSION_THRESHOLD
     # HOROVOD_CYCLE_TIME. Each cycle Horovod's background thread coordinates with every rank, even with nothing
     # to reduce; with Open MPI busy-polling, 1 ms took ~0.3 of a core per rank here. 10 ms adds up to 10 ms to
-    # each allreduce: short steps pay that (cosmo_mini sets 2 ms; docs/performance.md, "Horovod cycle time").
+    # each allreduce: short steps pay that (cosmo_mini sets 2 ms; docs/metrics.md, "Horovod cycle time").
     cycle_time_ms: float = 10.0
     # OMPI_MCA_mpi_yield_when_idle (Open MPI; other MPIs ignore it). While Horovod's background thread waits in
     # MPI for the other ranks (every cycle) it otherwise busy-polls a core the compute threads need: 2 ranks on
     # 2 cores spent ~10% of each core in Horovod's and MPI's threads, a fifth of that with yielding on
-    # (docs/performance.md, "Two processes on two cores"). Yielding returns at once on an idle core.
+    # (docs/metrics.md, "Two processes on two cores"). Yielding returns at once on an idle core.
     mpi_yield_when_idle: bool = True
     hierarchical_allreduce: bool = False  # HOROVOD_HIERARCHICAL_ALLREDUCE
     hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER; None: as hierarchical_allreduce
