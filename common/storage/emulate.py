@@ -102,6 +102,7 @@ class EmulatedRank(Callback):
         self.io_start: tuple[float, dict] = (time.perf_counter(), {})
         self.exchange = ThreadPoolExecutor(1, thread_name_prefix="emulated-allreduce")
         self.allreduces, self.allreduce_seconds = 0, 0.0  # the steps' allreduces and their time
+        self.trained = 0  # training steps taken
         self.allreduce_exposed = 0.0  # the part of it the steps waited for after their emulated compute
 
     def train(self, x: Any, y: Any) -> Any:
@@ -121,6 +122,7 @@ class EmulatedRank(Callback):
             values = exchange.result()
             self.allreduce_exposed += time.perf_counter() - waited
         self.pending, self.all_compute = (seconds, batch), self.all_compute + seconds
+        self.trained += 1
         if flags:
             self.stop.agreed.assign(values[1])
         return values[0]
@@ -174,7 +176,7 @@ class EmulatedRank(Callback):
         io = {"read_bytes": reads.get("read_bytes"), "read_chars": reads.get("rchar"), "io_seconds": seconds,
               "storage_mb_per_second": reads["read_bytes"] / seconds / 1e6 if "read_bytes" in reads else None,
               "read_mb_per_second": reads["rchar"] / seconds / 1e6 if "rchar" in reads else None}
-        return io | {"rank": self.dist.rank, "au": au, "measured_steps": self.steps,
+        return io | {"rank": self.dist.rank, "au": au, "training_steps": self.trained, "measured_steps": self.steps,
                 "compute_seconds": self.compute, "wall_seconds": self.wall,
                 "samples_per_second": self.samples / self.wall if self.wall > 0 else None,
                 "input_wait_per_step_seconds": self.input_wait / self.steps if self.steps else None,
