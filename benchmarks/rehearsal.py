@@ -2,7 +2,7 @@
 run the rank counts a cluster would, over the real input path and Horovod (issue 50 §2).
 
     python benchmarks/rehearsal.py [--apps cosmoflow deepcam] [--ranks 8 16] [--fit-gib 20] [--slurm 16]
-        [--work DIR] [--out benchmarks/results/rehearsal.json]
+        [--work DIR] [--out benchmarks/results/rehearsal.json] [--append]
 
 For each application and rank count, under horovodrun on localhost:
 1. `run`: two emulated epochs (h100-hpc rates, local batch 1), staged by rank
@@ -46,24 +46,26 @@ BIN = Path(sys.executable).parent
 APPS = {  # config, overrides, dataset maker
     "cosmoflow": ("cosmoflow/configs/cosmo_mini.yaml", ["model.input_shape=[16,16,16,4]",
                                                         "model.conv_filters=[16,32,64,128]",
-                                                        "train.local_batch_size=1", "data.uneven_files=drop"]),
+                                                        "train.local_batch_size=1"]),
     "deepcam": ("deepcam/configs/deepcam_mini.yaml", ["train.local_batch_size=1", "train.eval_every_steps=0"]),
 }
 COMMON = ["train.emulate.accelerator=h100-hpc", "tensorboard.enabled=false", "system.window_steps=0"]
 STOPPED = 75
 
 
-def make_data(app: str, work: Path) -> Path:
-    """The rehearsal's dataset, made once with data_prep: many small samples, enough files for many ranks."""
-    out = work / f"{app}-data"
+def make_data(app: str, work: Path, ranks: int) -> Path:
+    """The rehearsal's dataset for `ranks` ranks, made once with data_prep: 24 training and 8 validation samples
+    per rank, one per file (CosmoFlow: 16^3 universes; DeepCAM: 96 x 144 snapshots), so that every staging mode
+    divides it evenly."""
+    out = work / f"{app}-data-{ranks}"
     if (out / "tfrecords" / "manifest.json").is_file():
         return out / "tfrecords"
-    py = [sys.executable, "-m", "data_prep"]
-    steps = ([[*py, "cosmo-synth", "--out", out / "raw", "--universes", "512", "--size", "16", "--box-size", "128",
-               "--prior", "mini", "--seed", "7"],
+    py, train, val = [sys.executable, "-m", "data_prep"], 24 * ranks, 8 * ranks
+    steps = ([[*py, "cosmo-synth", "--out", out / "raw", "--universes", train + val, "--size", "16", "--box-size",
+               "128", "--prior", "mini", "--seed", "7"],
               [*py, "cosmo-convert", "--input", out / "raw", "--out", out / "tfrecords", "--sample-size", "16",
-               "--val-universes", "128", "--seed", "7"]] if app == "cosmoflow" else
-             [[*py, "deepcam-synth", "--out", out / "raw", "--train", "512", "--validation", "128", "--height", "96",
+               "--val-universes", val, "--seed", "7"]] if app == "cosmoflow" else
+             [[*py, "deepcam-synth", "--out", out / "raw", "--train", train, "--validation", val, "--height", "96",
                "--width", "144", "--seed", "2026"],
               [*py, "deepcam-convert", "--input", out / "raw", "--out", out / "tfrecords"]])
     for step in steps:
@@ -226,19 +228,21 @@ def largest_fitting(results: list[dict], fit_gib: float) -> int:
     return int(fit_gib * 1024 // max(rss)) if rss else 0
 
 
-def rehearse(app: str, ranks: list[int], fit_gib: float, work: Path) -> list[dict]:
-    data = make_data(app, work)
+def rehearse(app: str, ranks: list[int], fit_gib: float, work: Path, saved=lambda _entry: None) -> list[dict]:
+    """Each rank count's rehearsal (`saved` is called with each as it ends), then the largest that fits."""
     done = []
     counts = list(ranks)
     while counts:
         n = counts.pop(0)
         print(f"{app}: {n} ranks ...", flush=True)
+        data = make_data(app, work, n)
         entry = {"ranks": n, **{mode: rehearse_run(app, data, n, work, mode) for mode in ("rank", "node_share")}}
         entry["stop_resume"] = rehearse_stop_and_resume(app, data, n, work)
         entry["figures"] = entry["rank"]["figures"]
         entry["passed"] = all(all(entry[k]["checks"].values()) for k in ("rank", "node_share", "stop_resume"))
         print(json.dumps({"ranks": n, "passed": entry["passed"], **entry["figures"]}), flush=True)
         done.append(entry)
+        saved(entry)
         fit = largest_fitting(done, fit_gib) if fit_gib and not counts else 0
         if fit > max(e["ranks"] for e in done):
             counts.append(fit)  # the largest count that fits, once the others have measured a rank's memory
@@ -254,16 +258,21 @@ def main(argv=None) -> int:
     parser.add_argument("--slurm", type=int, default=0, metavar="N",
                         help="also a campaign of N-rank emulated CosmoFlow runs under a local Slurm (needs root)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--append", action="store_true",
+                        help="add to --out's rehearsals (each entry keeps its own header) instead of replacing them")
     args = parser.parse_args(argv)
     import tempfile
     work = Path(args.work or tempfile.mkdtemp(prefix="rehearsal-"))
-    result = run_header(sgemm_gflops()) | {"fit_gib": args.fit_gib, "work": str(work), "apps": {}}
+    header = run_header(sgemm_gflops()) | {"fit_gib": args.fit_gib, "work": str(work)}
+    result = json.loads(args.out.read_text()) if args.append and args.out.is_file() else header | {"apps": {}}
     for app in args.apps:
-        result["apps"][app] = rehearse(app, args.ranks, args.fit_gib, work)
-        write_json_atomic(args.out, result)
+        def save(entry: dict, app: str = app) -> None:
+            result["apps"].setdefault(app, []).append(entry | {"run": header})
+            write_json_atomic(args.out, result)
+        rehearse(app, args.ranks, args.fit_gib, work, save)
     if args.slurm:
         print(f"slurm: a campaign of {args.slurm}-rank runs ...", flush=True)
-        result["slurm"] = rehearse_slurm("cosmoflow", make_data("cosmoflow", work), args.slurm, work)
+        result["slurm"] = rehearse_slurm("cosmoflow", make_data("cosmoflow", work, args.slurm), args.slurm, work)
         write_json_atomic(args.out, result)
     failed = [f"{app} {e['ranks']}" for app, entries in result["apps"].items() for e in entries if not e["passed"]]
     failed += ["slurm"] if args.slurm and not result["slurm"]["passed"] else []

@@ -50,6 +50,7 @@ class Summary:
     precision: dict | None = None  # how train.precision was chosen: precision, reason, step_seconds, epochs_ratio
     parallel: dict | None = None  # the hybrid strategy's partitioning
     elastic: dict | None = None  # the elastic strategy's resets
+    emulation: dict | None = None  # an emulated accelerator's figures (common/storage/emulate.py)
     attempt: int | None = None  # a resumed run's attempt
     resumed_from: dict | None = None
     time_to_train_all_attempts_seconds: float | None = None

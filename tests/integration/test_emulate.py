@@ -7,6 +7,7 @@ import json
 import pytest
 
 from common.campaign.compliance import check_log
+from common.campaign.summary import read_summary
 from tests.conftest import REPO, horovodrun, log_events, show
 from tests.integration.cosmo_fixtures import write_config
 
@@ -48,3 +49,5 @@ def test_emulated_h100_run_reads_real_input_and_reports_au(cosmo_dataset, tmp_pa
     assert [e["key"] for e in events].count("eval_stop") == 2
     checked = check_log(out / "mlperf.log")
     assert not checked.passed and checked.only_target_failed, checked.output
+    # A campaign of emulated runs reads their summaries through its strict schema.
+    assert read_summary(out / "summary.json").emulation["accelerators"] == 2
