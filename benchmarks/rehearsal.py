@@ -22,7 +22,7 @@ its emulated compute), delivered samples/s, AU and each rank's peak RSS are reco
 --fit-gib, the largest count whose ranks fit in that memory (at the largest peak RSS a rank has shown so far)
 is rehearsed last. With --slurm N (as root), a rendered campaign of two N-rank emulated CosmoFlow
 runs is submitted to a one-node Slurm on this host that declares N CPUs (jobs/localslurm.py, overcommitted).
-Writes benchmarks/results/rehearsal.json; the figures are in docs/storage.md.
+Writes benchmarks/results/rehearsal.json and the table between its markers in docs/storage.md.
 """
 from __future__ import annotations
 
@@ -35,13 +35,16 @@ import sys
 import time
 from pathlib import Path
 
-from harness import REPO, RESULTS_DIR, run_header, sgemm_gflops, write_json_atomic
+from harness import (REPO, RESULTS_DIR, measured_on, replace_marked_section, run_header, sgemm_gflops,
+                     write_json_atomic)
 
 sys.path.insert(0, str(REPO))
 from common.base.procs import rank_process  # noqa: E402
 from common.campaign.compliance import check_log  # noqa: E402
 
 RESULTS = RESULTS_DIR / "rehearsal.json"
+DOC = REPO / "docs/storage.md"
+BEGIN, END = "<!-- rehearsal:begin -->", "<!-- rehearsal:end -->"
 BIN = Path(sys.executable).parent
 APPS = {  # config, overrides, dataset maker
     "cosmoflow": ("cosmoflow/configs/cosmo_mini.yaml", ["model.input_shape=[16,16,16,4]",
@@ -249,6 +252,32 @@ def rehearse(app: str, ranks: list[int], fit_gib: float, work: Path, saved=lambd
     return done
 
 
+def table(result: dict) -> str:
+    """The rehearsals' table for docs/storage.md: a row per application and rank count, its run's caption
+    under it."""
+    rows = ["| benchmark | ranks | checks passed | start-up (s) | allreduce ms/step (beyond compute) | "
+            "step overhead (ms) | samples/s | AU | peak RSS per rank (MB) |", "|---|---|---|---|---|---|---|---|---|"]
+    runs = []
+    for app, entries in result["apps"].items():
+        for e in entries:
+            f, checks = e["figures"], [c for k in ("rank", "node_share", "stop_resume") for c in e[k]["checks"].values()]
+            run = measured_on(e["run"])
+            runs += [run] if run not in runs else []
+            rows.append(f"| {app} | {e['ranks']} | {sum(checks)} of {len(checks)} | {_fmt(f['startup_seconds'], 0)} | "
+                        f"{_fmt(f.get('allreduce_ms_per_step'), 1)} ({_fmt(f.get('allreduce_exposed_ms_per_step'), 1)})"
+                        f" | {_fmt(f['step_overhead_ms'], 1)} | {_fmt(f['samples_per_second'], 0)} | "
+                        f"{_fmt(f['au'], 3)} | {_fmt(f['rss_mb_max'], 0)} |")
+    slurm = result.get("slurm")
+    notes = [f"Slurm: a rendered campaign of 2 runs of {slurm['ranks']} ranks on a local Slurm declaring "
+             f"{slurm['ranks']} CPUs: {'passed' if slurm['passed'] else 'failed'} ({slurm['seconds']:.0f} s)."] \
+        if slurm else []
+    return "\n".join(rows + [""] + [f"Run{'s' if len(runs) > 1 else ''}: " + " / ".join(runs)] + notes)
+
+
+def _fmt(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--apps", nargs="+", default=list(APPS), choices=list(APPS))
@@ -274,6 +303,7 @@ def main(argv=None) -> int:
         print(f"slurm: a campaign of {args.slurm}-rank runs ...", flush=True)
         result["slurm"] = rehearse_slurm("cosmoflow", make_data("cosmoflow", work, args.slurm), args.slurm, work)
         write_json_atomic(args.out, result)
+    replace_marked_section(DOC, BEGIN, END, table(result))
     failed = [f"{app} {e['ranks']}" for app, entries in result["apps"].items() for e in entries if not e["passed"]]
     failed += ["slurm"] if args.slurm and not result["slurm"]["passed"] else []
     print(f"wrote {args.out}; " + (f"failed: {', '.join(failed)}" if failed else "every rehearsal passed"))

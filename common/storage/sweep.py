@@ -27,6 +27,7 @@ from pathlib import Path
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.host import cpu_flags, cpu_model
+from common.base.version import code_version
 from common.storage.accelerators import AU_THRESHOLD, RATES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +65,9 @@ def storage_command(args: argparse.Namespace, overrides: list[str]) -> int:
         print(row_line(rows[-1]), flush=True)
         write_json_atomic(result(args, threshold, rows), out / RESULT)
     best = largest_passing(rows)
-    feeds = f"this storage and these hosts feed {best} emulated {args.accelerator}" if best else \
-        f"no rank count's AU reached {threshold:.0%}: this storage does not feed one emulated {args.accelerator}"
+    tried = " ".join(str(r["ranks"]) for r in rows)
+    feeds = f"this storage and these hosts feed {best} emulated {args.accelerator} (of {tried} ranks tried)" if best \
+        else f"none of the rank counts tried ({tried}) reached an AU of {threshold:.0%}"
     print(f"{feeds} ({args.bench}; {out / RESULT})", flush=True)
     return 0 if best else 1
 
@@ -143,6 +145,6 @@ def result(args: argparse.Namespace, threshold: float, rows: list[dict]) -> dict
     flags = cpu_flags()
     return {"date": time.strftime("%Y-%m-%d"), "host": {"cpu": cpu_model(),
                                                        "isa_flags": [f for f in ISA_FLAGS if f in flags]},
-            "benchmark": args.bench, "accelerator": args.accelerator, "data": str(args.data),
+            "code": code_version(), "benchmark": args.bench, "accelerator": args.accelerator, "data": str(args.data),
             "epochs": args.epochs, "au_threshold": threshold, "counts": rows,
             "largest_passing": largest_passing(rows)}
