@@ -39,6 +39,7 @@ from harness import (REPO, RESULTS_DIR, measured_on, replace_marked_section, run
                      write_json_atomic)
 
 sys.path.insert(0, str(REPO))
+from common.base.mlperf_log import read_events  # noqa: E402
 from common.base.procs import rank_process  # noqa: E402
 from common.campaign.compliance import check_log  # noqa: E402
 
@@ -91,8 +92,7 @@ def finish(proc: subprocess.Popen, out: Path, launched: float, lines: tuple = ()
     output = "".join(lines) + rest
     out.mkdir(parents=True, exist_ok=True)
     (out / "launcher.log").write_text(output)
-    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (out / "mlperf.log").read_text().splitlines()
-              if ":::MLLOG " in line] if (out / "mlperf.log").is_file() else []
+    events = read_events(out / "mlperf.log") if (out / "mlperf.log").is_file() else []
     start = next((e["time_ms"] / 1000 for e in events if e["key"] == "run_start"), None)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     return {"code": proc.returncode, "tail": output[-3000:], "startup_seconds": start - launched if start else None,

@@ -28,6 +28,7 @@ from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.host import cpu_flags, cpu_model
 from common.base.version import code_version
+from common.campaign.spec import DEFAULT_LAUNCHER
 from common.storage.accelerators import AU_THRESHOLD, RATES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--au-threshold", type=float, default=0.0,
                         help="the AU a count must reach to pass (default: MLPerf Storage's, 0.7 for CosmoFlow)")
     parser.add_argument("--stage-dir", default="", help="node-local directory each run stages DIR into first")
-    parser.add_argument("--launcher", default="{python}/horovodrun -np {np} -H localhost:{np}",
+    parser.add_argument("--launcher", default=DEFAULT_LAUNCHER,
                         help="how a run is launched; {np} and {python} are filled in (default: %(default)s)")
 
 
@@ -73,7 +74,8 @@ def storage_command(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def check_args(args: argparse.Namespace) -> float:
-    """The AU threshold, after checking what the command line gives (the dataset's manifest read last)."""
+    """The AU threshold, after checking what the command line gives (the dataset's manifest read last, once: its
+    sample shape kept in `args.sample_shape` for every run)."""
     from common.io.manifest import load_manifest
     if any(n < 1 for n in args.ranks) or args.epochs < 1:
         raise BenchError(f"--ranks {args.ranks} --epochs {args.epochs}: expected counts >= 1")
@@ -87,7 +89,7 @@ def check_args(args: argparse.Namespace) -> float:
     if not (Path(args.data) / "manifest.json").is_file():
         raise BenchError(f"--data {args.data}: no manifest.json there (a dataset made by data_prep convert or "
                          f"index)")
-    load_manifest(args.data)  # refused now, before anything is written, if it is not a dataset's
+    args.sample_shape = list(load_manifest(args.data).sample_shape)  # refused now, before anything is written
     return threshold
 
 
@@ -115,10 +117,8 @@ def run_count(args: argparse.Namespace, overrides: list[str], out: Path, ranks: 
 
 def run_overrides(args: argparse.Namespace, run_dir: Path, ranks: int) -> list[str]:
     """The emulated run's config: the accelerator, the dataset, its sample shape and counts, the epochs."""
-    from common.io.manifest import load_manifest
-    shape = list(load_manifest(args.data).sample_shape)
     found = [f"train.emulate.accelerator={args.accelerator}", f"data.dir={args.data}",
-             f"model.input_shape={json.dumps(shape).replace(' ', '')}", f"train.max_epochs={args.epochs}",
+             f"model.input_shape={json.dumps(args.sample_shape).replace(' ', '')}", f"train.max_epochs={args.epochs}",
              f"run.output_dir={run_dir}", "tensorboard.enabled=false",
              "data.train_samples=0", "data.val_samples=0"]  # the dataset's own counts
     if args.samples_per_second:
