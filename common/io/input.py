@@ -181,11 +181,12 @@ def open_input(cfg, fmt: str, dist, local_batch: int, check: Callable[[Manifest]
                        str(dataset.root / MANIFEST_NAME))
     loader = resolve_loader(cfg.loader, manifest, SPLITS) if whole_dataset else None
     shards = rank_shards(manifest, cfg, dist, local_batch, shard)
-    if shards[VALIDATION].local is not None:
-        _report_unevaluated(manifest, shards[VALIDATION], dist)
+    if shards[VALIDATION].local is not None and dist.is_root:
+        _report_node_share(manifest, shards)
     paths = None if whole_dataset else shard_paths(manifest, shards)
     if loader is None:
         loader = resolve_loader(cfg.loader, manifest, SPLITS, files=paths)
+    loader = node_share_loader(loader, cfg.loader, shards, dist)
     check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
     return RankInput(manifest=manifest, loader=loader, train=shards[TRAIN], val=shards[VALIDATION],
                      local_batch=local_batch, record_bytes=record_bytes(manifest, only=paths))
@@ -198,14 +199,17 @@ def rank_shards(manifest: Manifest, cfg, dist, local_batch: int,
     if not (cfg.stage_dir and cfg.stage_mode == "node_share"):
         train, val = shard(manifest)
         return {TRAIN: train, VALIDATION: val}
-    return {split: node_share_shard(manifest, split, dist, local_batch) for split in SPLITS}
+    drop = getattr(cfg, "uneven_files", "refuse") == "drop"  # CosmoFlow's data section has it
+    return {split: node_share_shard(manifest, split, dist, local_batch, drop) for split in SPLITS}
 
 
-def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int) -> Shard:
+def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int, drop: bool = False) -> Shard:
     """This rank's node's share of `split` (`node_share`), whole files."""
-    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch)
+    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch,
+                       drop=drop)
     # Every rank evaluates samples_per_rank of the node's share: that is what eval_samples says.
-    together = share.samples_per_rank * dist.size if split == VALIDATION else share.global_samples
+    # With drop, training reads that many too.
+    together = share.samples_per_rank * dist.size if split == VALIDATION or drop else share.global_samples
     root = manifest.root
     return Shard(split=split, files=tuple(str(root / e.path) for e in share.files),
                  index_files=tuple(str(root / e.index) if e.index else None for e in share.files),
@@ -213,12 +217,35 @@ def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int) -> 
                  global_samples=together, local=(dist.local_rank, dist.local_size))
 
 
-def _report_unevaluated(manifest: Manifest, shard: Shard, dist) -> None:
-    left = manifest.splits[VALIDATION].samples - shard.global_samples
-    if left and dist.is_root:
-        print(f"note: data.stage_mode=node_share evaluates {shard.global_samples} of the "
+def node_share_loader(loader: str, requested: str, shards: dict[str, Shard], dist) -> str:
+    """The loader for node shares whose ranks do not divide the node's files (data.uneven_files=drop): tf.data,
+    which leaves a different few files out each epoch. DALI's reader divides a node's records, not its files,
+    so its shards would differ in size: refused when asked for, and data.loader=auto takes tf.data."""
+    uneven = [s.split for s in shards.values() if s.local is not None and len(s.files) % s.local[1]]
+    if loader != "dali" or not uneven:
+        return loader
+    why = (f"each node's share of the {uneven[0]} split has {len(shards[uneven[0]].files)} files for its "
+           f"{dist.local_size} ranks (data.uneven_files=drop leaves some out each epoch), which only the tf.data "
+           f"reader can do: DALI divides a node's records, not its files")
+    if requested == "dali":
+        raise BenchError(f"data.loader=dali: {why}; use data.loader=tfdata or auto, or a rank count per node "
+                         f"that divides the files")
+    if dist.is_root:
+        print(f"note: data.loader=auto reads with tf.data: {why}", flush=True)
+    return "tfdata"
+
+
+def _report_node_share(manifest: Manifest, shards: dict[str, Shard]) -> None:
+    """Say what node shares leave out of an epoch: whole batches per rank, data.uneven_files=drop."""
+    train, val = shards[TRAIN], shards[VALIDATION]
+    if train.global_samples < manifest.splits[TRAIN].samples:
+        print(f"note: data.uneven_files=drop: each training epoch reads {train.global_samples} of the "
+              f"{manifest.splits[TRAIN].samples} samples in node shares (the files each node's permutation leaves "
+              f"over change every epoch)", flush=True)
+    if val.global_samples < manifest.splits[VALIDATION].samples:
+        print(f"note: data.stage_mode=node_share evaluates {val.global_samples} of the "
               f"{manifest.splits[VALIDATION].samples} validation samples (whole batches per rank); the log's "
-              f"eval_samples says {shard.global_samples}", flush=True)
+              f"eval_samples says {val.global_samples}", flush=True)
 
 
 def shard_paths(manifest: Manifest, shards: dict[str, Shard]) -> set[str]:

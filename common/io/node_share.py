@@ -5,6 +5,11 @@ files from the run seed and the epoch number (the same on every rank of the node
 the samples a rank sees change from epoch to epoch. Validation files are divided the same way, without the
 permutation (so block l is the one DALI's reader gives shard l of L). common/io/input.py makes a rank's shards
 of them.
+
+With data.uneven_files=drop a file count that does not divide is cut rather than refused: every node reads as
+many files as the node with the fewest (files node, node+N, ... of the split's first N * (files // N)), and each
+epoch the last (files mod L) of a node's permutation are not read, so a different few are left out every epoch
+(validation, unpermuted, always leaves out the same last ones, and says so).
 """
 from __future__ import annotations
 
@@ -33,26 +38,33 @@ def node_share_files(manifest: Manifest, split: str, node: int, nodes: int) -> t
 
 
 def node_share(manifest: Manifest, split: str, node: int, nodes: int, local_rank: int, local_size: int,
-               local_batch: int) -> NodeShare:
+               local_batch: int, drop: bool = False) -> NodeShare:
     """The node's share of `split`, checked so that every rank reads the same whole number of batches.
 
     Raises BenchError when the split's files cannot be dealt evenly: every node must get the same number
-    of files with the same records each, a multiple of local_size files, and whole batches per rank.
+    of files with the same records each, a multiple of local_size files (both cut instead with `drop`,
+    data.uneven_files=drop), and whole batches per rank.
     """
     entries = manifest.splits[split].files
     where = manifest.root / MANIFEST_NAME
     per_node = [node_share_files(manifest, split, n, nodes) for n in range(nodes)]
     counts = [len(files) for files in per_node]
     records = sorted({e.records for e in entries})
-    if len(set(counts)) != 1 or len(records) != 1:
+    if len(records) != 1 or (len(set(counts)) != 1 and not drop):
         raise BenchError(f"{where}: the {split} split's {len(entries)} files (records per file {records}) do not "
                          f"divide evenly between {nodes} nodes in data.stage_mode=node_share (files per node "
-                         f"{counts}); it needs a file count that is a multiple of the node count and files of "
-                         f"equal size")
-    if counts[0] % local_size:
+                         f"{counts}); it needs files of equal size and a file count that is a multiple of the "
+                         f"node count (or data.uneven_files=drop)")
+    if drop:
+        per_node = [files[:min(counts)] for files in per_node]
+    elif counts[0] % local_size:
         raise BenchError(f"{where}: each node's share of the {split} split has {counts[0]} files, not a multiple "
-                         f"of the {local_size} ranks per node that divide it in data.stage_mode=node_share")
-    samples = counts[0] // local_size * records[0]
+                         f"of the {local_size} ranks per node that divide it in data.stage_mode=node_share; "
+                         f"data.uneven_files=drop leaves {counts[0] % local_size} of them out each epoch")
+    if min(counts) < local_size:
+        raise BenchError(f"{where}: each node's share of the {split} split has {min(counts)} files for its "
+                         f"{local_size} ranks; each rank needs at least one file")
+    samples = min(counts) // local_size * records[0]
     if samples % local_batch:
         raise BenchError(f"{where}: each rank reads {samples} {split} samples per epoch in "
                          f"data.stage_mode=node_share, not a multiple of the local batch size {local_batch}")

@@ -99,8 +99,8 @@ def _staging(node_share: bool) -> dict:
 def cosmo(records: Path, dist: DistEnv, node_share: bool, **cfg):
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
-    cfg = CosmoDataConfig(dir=str(records), loader="dali", shuffle=True, shuffle_buffer=4, **_staging(node_share),
-                          **cfg)
+    cfg = CosmoDataConfig(**{"dir": str(records), "loader": "dali", "shuffle": True, "shuffle_buffer": 4,
+                             **_staging(node_share), **cfg})
     return build_datasets(cfg, COSMO_SHAPE, BATCH, dist, seed=5)
 
 
@@ -219,3 +219,25 @@ def test_a_rebuilt_stream_skipped_by_the_consumed_batches_continues_the_uninterr
     resumed = iter(data.train.skip(consumed))
     rest = [n for _ in range(EPOCHS * data.train_steps - consumed) for n in ids(next(resumed))]
     assert rest == straight[consumed * BATCH:]
+
+
+def test_cosmoflow_node_share_drop_reads_with_tf_data_and_leaves_out_different_files_each_epoch(cosmo_records):
+    """8 files on one node of 3 ranks with data.uneven_files=drop and data.loader=auto: tf.data (DALI divides
+    records, not files), 2 files = 8 samples = 4 steps a rank; each epoch 24 different samples, and the 2 files
+    left over change between epochs; data.loader=dali is refused with the reason. A record shuffle buffer of 1:
+    tf.data's buffer otherwise mixes the last records of an epoch with the next's (the division is by files)."""
+    from common.base.errors import BenchError
+    runs = []
+    for dist in ranks(1, 3):
+        data = cosmo(cosmo_records, dist, node_share=True, uneven_files="drop", loader="auto", shuffle_buffer=1)
+        assert (data.loader, data.train_steps, data.train_samples) == ("tfdata", 4, 24)
+        it = iter(data.train)
+        runs.append([[n for _ in range(data.train_steps) for n in cosmo_ids(next(it))] for _ in range(6)])
+    left_out = []
+    for epoch in range(6):
+        read = [n for run in runs for n in run[epoch]]
+        assert len(read) == len(set(read)) == 24
+        left_out.append(frozenset(range(32)) - set(read))
+    assert len(set(left_out)) > 1 and frozenset().union(*left_out) != frozenset(left_out[0])
+    with pytest.raises(BenchError, match=r"data.loader=dali: .* 8 files for its 3 ranks"):
+        cosmo(cosmo_records, ranks(1, 3)[0], node_share=True, uneven_files="drop")

@@ -63,6 +63,54 @@ def test_uneven_node_shares_are_refused(case, message):
         node_share(m, "train", 0, case["nodes"], 0, case["local_size"], case["batch"])
 
 
+@pytest.mark.parametrize("files,nodes,local_size", [(7, 1, 2), (10, 4, 1), (11, 2, 3), (34, 1, 8)])
+def test_dropped_node_shares_leave_out_different_files_each_epoch(files, nodes, local_size):
+    """data.uneven_files=drop: equal samples per rank, no file twice in an epoch, and within a node the files
+    left over change from epoch to epoch, so every file the nodes keep is read over a few epochs."""
+    m = manifest(files=files)
+    kept = files // nodes * nodes  # the node cut: files beyond the first nodes * (files // nodes) are not read
+    per_rank = files // nodes // local_size
+    seen = Counter()
+    for epoch in range(12):
+        read = Counter()
+        for node in range(nodes):
+            for local in range(local_size):
+                share = node_share(m, "train", node, nodes, local, local_size, local_batch=4, drop=True)
+                assert len(share.files) == files // nodes and share.samples_per_rank == per_rank * 4
+                picked = epoch_file_indices(len(share.files), local, local_size, seed=5, epoch=epoch, shuffle=True)
+                read.update(share.files[i].path for i in picked)
+        assert set(read.values()) == {1} and len(read) == per_rank * local_size * nodes
+        seen.update(read)
+    assert set(seen) == {f"train/f{i:03d}.tfrecord" for i in range(kept)}
+
+
+def test_without_drop_an_uneven_node_share_names_the_setting_that_allows_it():
+    with pytest.raises(BenchError, match=r"has 7 files, not a multiple of the 2 ranks .*data.uneven_files=drop "
+                                         r"leaves 1 of them out each epoch"):
+        node_share(manifest(files=7), "train", 0, 1, 0, 2, 4)
+    with pytest.raises(BenchError, match=r"has 1 files for its 2 ranks; each rank needs at least one file"):
+        node_share(manifest(files=1), "train", 0, 1, 0, 2, 4, drop=True)
+
+
+def test_dropped_node_shares_read_with_tf_data_not_dali():
+    """DALI divides a node's records, so a node whose ranks do not divide its files reads with tf.data (auto) or is
+    refused (data.loader=dali); shards that divide keep DALI."""
+    from types import SimpleNamespace
+    from common.io.input import node_share_loader, rank_shards
+    from common.runtime.dist import DistEnv
+    m = manifest(files=7, val_files=4)
+    cfg = SimpleNamespace(stage_dir="/stage", stage_mode="node_share", uneven_files="drop")
+    dist = DistEnv(rank=0, size=2, local_rank=0, local_size=2)
+    shards = rank_shards(m, cfg, dist, 4, None)
+    assert (shards["train"].samples, shards["train"].global_samples) == (12, 24) and len(shards["train"].files) == 7
+    assert node_share_loader("dali", "auto", shards, dist) == "tfdata"
+    with pytest.raises(BenchError, match=r"data.loader=dali: each node's share of the train split has 7 files for "
+                                         r"its 2 ranks .*DALI divides a node's records"):
+        node_share_loader("dali", "dali", shards, dist)
+    even = rank_shards(manifest(files=8), cfg, dist, 4, None)
+    assert node_share_loader("dali", "dali", even, dist) == "dali"
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
 def test_cosmoflow_rank_shards_cover_every_file_once(ranks):
     from cosmoflow.data import files_read, shard_split
