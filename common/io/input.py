@@ -205,7 +205,7 @@ def rank_shards(manifest: Manifest, cfg, dist, local_batch: int,
 
 def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int, drop: bool = False) -> Shard:
     """This rank's node's share of `split` (`node_share`), whole files."""
-    share = node_share(manifest, split, dist.node, dist.num_nodes, dist.local_rank, dist.local_size, local_batch,
+    share = node_share(manifest, split, (dist.node, dist.num_nodes), (dist.local_rank, dist.local_size), local_batch,
                        drop=drop)
     # Every rank evaluates samples_per_rank of the node's share: that is what eval_samples says.
     # With drop, training reads that many too.

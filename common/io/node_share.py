@@ -37,14 +37,16 @@ def node_share_files(manifest: Manifest, split: str, node: int, nodes: int) -> t
     return tuple(manifest.splits[split].files[node::nodes])
 
 
-def node_share(manifest: Manifest, split: str, node: int, nodes: int, local_rank: int, local_size: int,
-               local_batch: int, drop: bool = False) -> NodeShare:
-    """The node's share of `split`, checked so that every rank reads the same whole number of batches.
+def node_share(manifest: Manifest, split: str, node: tuple[int, int], local: tuple[int, int], local_batch: int,
+               drop: bool = False) -> NodeShare:
+    """The node's share of `split`, checked so that every rank reads the same whole number of batches;
+    `node` is (node, nodes), `local` (local rank, ranks per node).
 
     Raises BenchError when the split's files cannot be dealt evenly: every node must get the same number
     of files with the same records each, a multiple of local_size files (both cut instead with `drop`,
     data.uneven_files=drop), and whole batches per rank.
     """
+    (node, nodes), (local_rank, local_size) = node, local
     entries = manifest.splits[split].files
     where = manifest.root / MANIFEST_NAME
     per_node = [node_share_files(manifest, split, n, nodes) for n in range(nodes)]

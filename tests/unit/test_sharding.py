@@ -27,7 +27,7 @@ def test_node_shares_read_every_record_once_per_epoch(nodes, local_size):
         read = Counter()
         for node in range(nodes):
             for local in range(local_size):
-                share = node_share(m, "train", node, nodes, local, local_size, local_batch=4)
+                share = node_share(m, "train", (node, nodes), (local, local_size), local_batch=4)
                 picked = epoch_file_indices(len(share.files), local, local_size, seed=5, epoch=epoch, shuffle=True)
                 assert sum(share.files[i].records for i in picked) == share.samples_per_rank
                 read.update(share.files[i].path for i in picked)
@@ -60,7 +60,7 @@ def test_the_tf_data_division_is_the_planned_one():
 def test_uneven_node_shares_are_refused(case, message):
     m = manifest(files=case["files"])
     with pytest.raises(BenchError, match=message):
-        node_share(m, "train", 0, case["nodes"], 0, case["local_size"], case["batch"])
+        node_share(m, "train", (0, case["nodes"]), (0, case["local_size"]), case["batch"])
 
 
 @pytest.mark.parametrize("files,nodes,local_size", [(7, 1, 2), (10, 4, 1), (11, 2, 3), (34, 1, 8)])
@@ -75,7 +75,7 @@ def test_dropped_node_shares_leave_out_different_files_each_epoch(files, nodes, 
         read = Counter()
         for node in range(nodes):
             for local in range(local_size):
-                share = node_share(m, "train", node, nodes, local, local_size, local_batch=4, drop=True)
+                share = node_share(m, "train", (node, nodes), (local, local_size), local_batch=4, drop=True)
                 assert len(share.files) == files // nodes and share.samples_per_rank == per_rank * 4
                 picked = epoch_file_indices(len(share.files), local, local_size, seed=5, epoch=epoch, shuffle=True)
                 read.update(share.files[i].path for i in picked)
@@ -87,9 +87,9 @@ def test_dropped_node_shares_leave_out_different_files_each_epoch(files, nodes, 
 def test_without_drop_an_uneven_node_share_names_the_setting_that_allows_it():
     with pytest.raises(BenchError, match=r"has 7 files, not a multiple of the 2 ranks .*data.uneven_files=drop "
                                          r"leaves 1 of them out each epoch"):
-        node_share(manifest(files=7), "train", 0, 1, 0, 2, 4)
+        node_share(manifest(files=7), "train", (0, 1), (0, 2), 4)
     with pytest.raises(BenchError, match=r"has 1 files for its 2 ranks; each rank needs at least one file"):
-        node_share(manifest(files=1), "train", 0, 1, 0, 2, 4, drop=True)
+        node_share(manifest(files=1), "train", (0, 1), (0, 2), 4, drop=True)
 
 
 def test_dropped_node_shares_read_with_tf_data_not_dali():
