@@ -15,15 +15,18 @@ machine's sgemm rate is measured before and after. The references have no bfloat
 (CosmoFlow's --amp is mixed_float16; DeepCAM has no CPU autocast): for mixed_bfloat16 the harness sets the
 Keras 2 `mixed_bfloat16` global policy before the reference CosmoFlow model is built, and runs the reference
 DeepCAM's forward and loss under `torch.autocast("cpu", dtype=torch.bfloat16)`; the suite trains as
-train.precision=mixed_bfloat16 does. It writes
-benchmarks/results/reference_compare.json and rewrites the table between its markers in
-docs/performance.md. Only ratios of figures from one such run should be quoted.
+train.precision=mixed_bfloat16 does. It writes benchmarks/results/reference_compare_<host kind>.json (host kind:
+the CPU's maker and family and its widest matrix unit's flag, e.g. intel-xeon-avx512f: hosts of this VM kind
+differ from
+day to day) and rewrites the table between its markers in docs/performance.md from every host kind's
+latest file, one block of rows per kind. Only ratios of figures from one such run should be quoted.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +35,7 @@ from pathlib import Path
 from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_on, replace_marked_section,
                      run_header, sgemm_gflops, step_figures, take_worker_json, write_json_atomic)
 
-RESULTS = RESULTS_DIR / "reference_compare.json"
+RESULTS_GLOB = "reference_compare_*.json"
 BEGIN, END = "<!-- reference-compare:begin -->", "<!-- reference-compare:end -->"
 HERE = REPO / "benchmarks/reference"
 VENVS = REPO / ".venv-reference"
@@ -150,21 +153,49 @@ def compare(app: str, checkout: Path, warmup: int | None, steps: int | None, pre
             "suite_over_reference": suite["samples_per_second"] / reference["samples_per_second"]}
 
 
-def table(result: dict) -> str:
-    rows = ["| benchmark | precision | sample, batch | suite samples/s | reference samples/s (framework) "
-            "| suite / reference |", "|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        rows.append(f"| {r['app']} | {r.get('precision', 'float32')} | {r['sample']}, {r['local_batch']} "
-                    f"| {r['suite']['samples_per_second']:.3g} "
-                    f"| {r['reference']['samples_per_second']:.3g} ({r['reference']['framework']}) "
-                    f"| {r['suite_over_reference']:.2f} |")
-    commit = result["reference_commit"] or "not a git work tree"
-    rows.append(f"\nsgemm (numpy, 2048^2, float32, all cores): {result['sgemm_gflops']:.1f} GFLOP/s before, "
-                f"{result['sgemm_gflops_after']:.1f} after. Reference checkout's HEAD: {commit}. "
-                f"{measured_on(result)}")
-    if any(r.get("precision") == "mixed_bfloat16" for r in result["runs"]):
+def host_kind(result: dict) -> tuple[str, str]:
+    """(slug, words) of the host a results file was measured on: the CPU's maker and family and its widest matrix
+    unit (AMX-BF16, AVX-512 with AVX512-BF16, AVX-512, AVX2), e.g. ("intel-xeon-avx512f", "Intel Xeon, AVX-512")."""
+    cpu, flags = result.get("cpu", ""), set(result.get("isa_flags", "").split())
+    maker = next((name for key, name in (("EPYC", "AMD EPYC"), ("AMD", "AMD"), ("Xeon", "Intel Xeon"),
+                                         ("Intel", "Intel")) if key in cpu), cpu.split(",")[0] or "unknown CPU")
+    flag, unit = next(((flag, words) for flag, words in (
+        ("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX-512 with AVX512-BF16"), ("avx512f", "AVX-512"),
+        ("avx2", "AVX2")) if flag in flags), ("sse", "no AVX2"))
+    return f"{maker.lower().replace(' ', '-')}-{flag}", f"{maker}, {unit}"
+
+
+def results_path(result: dict) -> Path:
+    return RESULTS_DIR / f"reference_compare_{host_kind(result)[0]}.json"
+
+
+def table(results: list[dict]) -> str:
+    """One table, a block of rows per host kind (each its latest run), and under it each run's sgemm, reference
+    commit, date and ISA."""
+    rows = ["| host | benchmark | precision | sample, batch | suite samples/s | reference samples/s (framework) "
+            "| suite / reference |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for result in results:
+        kind = host_kind(result)[1]
+        for r in result["runs"]:
+            rows.append(f"| {kind} | {r['app']} | {r.get('precision', 'float32')} | {r['sample']}, {r['local_batch']} "
+                        f"| {r['suite']['samples_per_second']:.3g} "
+                        f"| {r['reference']['samples_per_second']:.3g} ({r['reference']['framework']}) "
+                        f"| {r['suite_over_reference']:.2f} |")
+        commit = result["reference_commit"] or "not a git work tree"
+        notes.append(f"{kind}: sgemm (numpy, 2048^2, float32, all cores) {result['sgemm_gflops']:.1f} GFLOP/s "
+                     f"before, {result['sgemm_gflops_after']:.1f} after. Reference checkout's HEAD: {commit}. "
+                     f"{measured_on(result)}")
+    rows += [f"\n{note}" for note in notes]
+    if any(r.get("precision") == "mixed_bfloat16" for result in results for r in result["runs"]):
         rows.append(f"\n{BF16_NOTE}")
     return "\n".join(rows)
+
+
+def recorded_results() -> list[dict]:
+    """Every host kind's latest results file, by host kind."""
+    return sorted((json.loads(path.read_text()) for path in RESULTS_DIR.glob(RESULTS_GLOB)),
+                  key=lambda result: host_kind(result)[0])
 
 
 def main() -> None:
@@ -193,11 +224,12 @@ def main() -> None:
     result["runs"] = [compare(app, checkout, args.warmup, args.steps, precision) for app in args.apps
                       for precision in args.precisions]
     result["sgemm_gflops_after"] = sgemm_gflops()
-    write_json_atomic(RESULTS, result)
-    replace_marked_section(DOC, BEGIN, END, table(result))
+    path = results_path(result)
+    write_json_atomic(path, result)
+    replace_marked_section(DOC, BEGIN, END, table(recorded_results()))
     for r in result["runs"]:
         print(f"  {r['app']} {r['precision']}: suite / reference = {r['suite_over_reference']:.2f}")
-    print(f"wrote {RESULTS} and the table in {DOC}")
+    print(f"wrote {path} and the table in {DOC} ({host_kind(result)[1]})")
 
 
 if __name__ == "__main__":

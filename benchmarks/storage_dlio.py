@@ -26,7 +26,7 @@ DLIO is installed the first time into .venv-dlio from benchmarks/dlio/requiremen
 run, its side of each row says why. Figures per count and side: AU and delivered samples/s, each side as its
 own code defines them (DLIO: samples over each epoch's wall time, the first step's included; the suite and
 DLIO's `samples_per_second_from_au`: AU x accelerators x the accelerator's rate, the first step of each epoch
-left out). Writes benchmarks/results/storage_dlio.json and prints a table.
+left out). Writes benchmarks/results/storage_dlio_<accelerator>.json and prints a table.
 """
 from __future__ import annotations
 
@@ -51,7 +51,6 @@ from common.storage import page_cache
 from common.storage.accelerators import EmulateConfig, rate
 from common.storage.sweep import CONFIGS
 
-RESULTS = RESULTS_DIR / "storage_dlio.json"
 HERE = REPO / "benchmarks/dlio"
 PINS = HERE / "requirements.txt"
 VENV = REPO / ".venv-dlio"
@@ -460,11 +459,16 @@ def main() -> None:
     print("sgemm ...", flush=True)
     result = run_facts(args, workload, train_samples)
     python, result["dlio_data"] = prepare_dlio(args, workload, args.work)
+    results = results_path(args.accelerator)
     for index, ranks in enumerate(args.ranks):
         result["counts"].append(measure_count(args, index, ranks, python, workload, result["dlio_data"], args.work))
-        write_json_atomic(RESULTS, result)  # after every count: a killed run keeps the counts it finished
+        write_json_atomic(results, result)  # after every count: a killed run keeps the counts it finished
     print(table(result))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
+
+
+def results_path(accelerator: str) -> Path:
+    return RESULTS_DIR / f"storage_dlio_{accelerator}.json"
 
 
 if __name__ == "__main__":

@@ -37,20 +37,37 @@ def test_every_reference_package_is_pinned_and_tf_package_picks_the_tensorflow_b
     assert "torch==2.13.0" in rc.requirements("deepcam")
 
 
-def test_the_table_gives_each_ratio_with_the_sgemm_rates_and_the_reference_commit():
+def test_the_table_gives_each_hosts_ratios_with_the_sgemm_rates_and_the_reference_commit():
     result = {"date": "2026-11-27", "machine": "host 2 cores", "sgemm_gflops": 143.0, "sgemm_gflops_after": 141.0,
+              "cpu": "AMD EPYC 9B14, avx512f", "isa_flags": "avx2 fma avx512f avx512_bf16 avx512_vnni",
               "reference_commit": "abc123", "runs": [
                   {"app": "cosmoflow", "sample": "128^3 x 4", "local_batch": 4, "suite_over_reference": 1.1,
                    "suite": {"samples_per_second": 0.44}, "reference": {"samples_per_second": 0.4,
                                                                         "framework": "tensorflow 2.15.1"}}]}
-    text = rc.table(result)
-    assert "| cosmoflow | float32 | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) | 1.10 |" in text
+    text = rc.table([result])
+    amd = "| AMD EPYC, AVX-512 with AVX512-BF16 |"
+    assert f"{amd} cosmoflow | float32 | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) | 1.10 |" in text
     assert "143.0 GFLOP/s before, 141.0 after" in text and "checkout's HEAD: abc123" in text
     assert "not a mode of the references" not in text  # the bfloat16 note only where a row is bfloat16
     bf16 = {**result["runs"][0], "precision": "mixed_bfloat16", "suite_over_reference": 1.5}
-    text = rc.table({**result, "runs": [result["runs"][0] | {"precision": "float32"}, bf16]})
-    assert "| cosmoflow | mixed_bfloat16 | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) | 1.50 |" in text
+    intel = {**result, "cpu": "Intel(R) Xeon(R) Processor @ 2.80GHz, avx512f", "isa_flags": "avx2 fma avx512f",
+             "sgemm_gflops": 260.0, "runs": [result["runs"][0] | {"precision": "float32"}, bf16]}
+    text = rc.table([result, intel])
+    assert ("| Intel Xeon, AVX-512 | cosmoflow | mixed_bfloat16 | 128^3 x 4, 4 | 0.44 | 0.4 (tensorflow 2.15.1) "
+            "| 1.50 |") in text and f"{amd} cosmoflow | float32" in text
+    assert "Intel Xeon, AVX-512: sgemm (numpy, 2048^2, float32, all cores) 260.0 GFLOP/s" in text
     assert 'torch.autocast("cpu", dtype=torch.bfloat16)' in text and "mixed_float16" in text
+
+
+@pytest.mark.parametrize("cpu,flags,slug", [
+    ("AMD EPYC 7B13, avx2", "avx2 fma", "amd-epyc-avx2"),
+    ("AMD EPYC 9B14, avx512f", "avx2 fma avx512f avx512_bf16", "amd-epyc-avx512_bf16"),
+    ("Intel(R) Xeon(R) Processor @ 2.80GHz, avx512f", "avx2 fma avx512f avx512_vnni", "intel-xeon-avx512f"),
+    ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, avx512f", "avx512f avx512_bf16 amx_bf16 amx_tile",
+     "intel-xeon-amx_bf16"),
+])
+def test_each_host_kind_keeps_its_own_results_file(cpu, flags, slug):
+    assert rc.results_path({"cpu": cpu, "isa_flags": flags}).name == f"reference_compare_{slug}.json"
 
 
 def test_the_reference_cosmoflow_driver_builds_the_checkouts_model_from_its_config_and_times_it(tmp_path):
