@@ -22,7 +22,7 @@ its emulated compute), delivered samples/s, AU and each rank's peak RSS are reco
 --fit-gib, the largest count whose ranks fit in that memory (at the largest peak RSS a rank has shown so far)
 is rehearsed last. With --slurm N (as root), a rendered campaign of two N-rank emulated CosmoFlow
 runs is submitted to a one-node Slurm on this host that declares N CPUs (jobs/localslurm.py, overcommitted).
-Writes benchmarks/results/rehearsal.json and the table between its markers in docs/storage.md.
+Writes benchmarks/results/rehearsal.json and the table between its markers in docs/performance.md.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (REPO, RESULTS_DIR, measured_on, replace_marked_section, run_header, sgemm_gflops,
+from harness import (DOC, REPO, RESULTS_DIR, measured_on, replace_marked_section, run_header, sgemm_gflops,
                      write_json_atomic)
 
 sys.path.insert(0, str(REPO))
@@ -44,7 +44,6 @@ from common.base.procs import rank_process  # noqa: E402
 from common.campaign.compliance import check_log  # noqa: E402
 
 RESULTS = RESULTS_DIR / "rehearsal.json"
-DOC = REPO / "docs/storage.md"
 BEGIN, END = "<!-- rehearsal:begin -->", "<!-- rehearsal:end -->"
 BIN = Path(sys.executable).parent
 APPS = {  # config, overrides, dataset maker
@@ -253,7 +252,7 @@ def rehearse(app: str, ranks: list[int], fit_gib: float, work: Path, saved=lambd
 
 
 def table(result: dict) -> str:
-    """The rehearsals' table for docs/storage.md: a row per application and rank count, its run's caption
+    """The rehearsals' table for docs/performance.md: a row per application and rank count, its run's caption
     under it."""
     rows = ["| benchmark | ranks | checks passed | start-up (s) | allreduce ms/step (beyond compute) | "
             "step overhead (ms) | samples/s | AU | peak RSS per rank (MB) |", "|---|---|---|---|---|---|---|---|---|"]

@@ -26,7 +26,8 @@ DLIO is installed the first time into .venv-dlio from benchmarks/dlio/requiremen
 run, its side of each row says why. Figures per count and side: AU and delivered samples/s, each side as its
 own code defines them (DLIO: samples over each epoch's wall time, the first step's included; the suite and
 DLIO's `samples_per_second_from_au`: AU x accelerators x the accelerator's rate, the first step of each epoch
-left out). Writes benchmarks/results/storage_dlio_<accelerator>.json and prints a table.
+left out). Writes benchmarks/results/storage_dlio_<accelerator>.json, prints a table, and rewrites the table
+of every accelerator's latest run between its markers in docs/performance.md.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from harness import REPO, RESULTS_DIR, measured_on, run_header, sgemm_gflops, write_json_atomic
+from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_on, replace_marked_section, run_header,
+                     sgemm_gflops, write_json_atomic)
 
 from common.base.errors import BenchError
 from common.io.manifest import FileEntry, load_manifest
@@ -55,6 +57,8 @@ HERE = REPO / "benchmarks/dlio"
 PINS = HERE / "requirements.txt"
 VENV = REPO / ".venv-dlio"
 WORKLOADS = {"h100": "cosmoflow_h100", "a100": "cosmoflow_a100"}  # DLIO's own workload files
+BEGIN, END = "<!-- storage-dlio:begin -->", "<!-- storage-dlio:end -->"  # the table of both accelerators in DOC
+THRESHOLD = 0.70  # MLPerf Storage's AU threshold for CosmoFlow
 # horovodrun's mpirun options on one host (horovod/runner/mpi_run.py): DLIO's ranks sit on the cores as the suite's do
 MPIRUN = ("--allow-run-as-root", "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib")
 DATA_STAMP = "suite_workload.json"  # in --dlio-data: the dataset section its files were generated for
@@ -397,6 +401,42 @@ def table(result: dict) -> str:
     return "\n".join(rows + [f"\n{e}" for e in errors])
 
 
+def doc_table(results: list[dict]) -> str:
+    """docs/performance.md's table: each accelerator's latest run, a row per rank count with both sides' AU,
+    samples/s and verdict, and the largest count each side feeds; a caption per run."""
+    rows = ["| emulated | ranks | suite AU | suite samples/s | suite MB/s | DLIO AU | DLIO samples/s | passes (70%): "
+            "suite, DLIO |", "|---|---|---|---|---|---|---|---|"]
+    captions = []
+    for result in results:
+        name = f"{result['accelerator']} ({1 / result['seconds_per_sample']:.1f}/s)"
+        for r in result["counts"]:
+            s, d = r["suite"], r["dlio"]
+            rows.append(f"| {name} | {r['ranks']} | {figure(s, 'au', '.3f')} | {figure(s, 'samples_per_second', '.1f')} "
+                        f"| {figure(s, 'storage_mb_per_second', '.1f')} | {figure(d, 'au', '.3f')} "
+                        f"| {figure(d, 'samples_per_second', '.1f')} | {verdict(s)}, {verdict(d)} |")
+        w = result["workload"]
+        captions.append(f"{result['accelerator']}: largest passing count: suite {largest(result, 'suite')}, DLIO "
+                        f"{largest(result, 'dlio')}. {w['num_files_train']} files x {w['num_samples_per_file']} "
+                        f"samples ({result['suite_train_samples']} an epoch), batch {w['batch_size']}, "
+                        f"{result['epochs']} epochs, evicted before each. {measured_on(result)}")
+    return "\n".join(rows + [f"\n{c}" for c in captions])
+
+
+def verdict(row: dict) -> str:
+    return "failed" if "error" in row else "n/a" if row.get("au") is None else (
+        "yes" if row["au"] >= THRESHOLD else "no")
+
+
+def largest(result: dict, side: str) -> int:
+    """The most ranks at which `side` passed (0: none)."""
+    return max((r["ranks"] for r in result["counts"] if verdict(r[side]) == "yes"), default=0)
+
+
+def recorded_results() -> list[dict]:
+    return [json.loads(results_path(a).read_text()) for a in sorted(WORKLOADS, reverse=True)
+            if results_path(a).is_file()]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="the suite's CosmoFlow dataset (its manifest.json)")
@@ -456,6 +496,7 @@ def main() -> None:
         print(dlio_python())
         return
     workload, train_samples = fitted_workload(args)
+    check_marked_section(DOC, BEGIN, END)
     print("sgemm ...", flush=True)
     result = run_facts(args, workload, train_samples)
     python, result["dlio_data"] = prepare_dlio(args, workload, args.work)
@@ -464,7 +505,8 @@ def main() -> None:
         result["counts"].append(measure_count(args, index, ranks, python, workload, result["dlio_data"], args.work))
         write_json_atomic(results, result)  # after every count: a killed run keeps the counts it finished
     print(table(result))
-    print(f"wrote {results}")
+    replace_marked_section(DOC, BEGIN, END, doc_table(recorded_results()))
+    print(f"wrote {results} and the table in {DOC}")
 
 
 def results_path(accelerator: str) -> Path:

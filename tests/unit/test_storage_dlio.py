@@ -126,3 +126,21 @@ def test_dlios_data_goes_beside_the_dataset_unless_told(tmp_path):
         sd.parse_args(["--data", "d", "--epochs", "0"])
     with pytest.raises(SystemExit):
         sd.parse_args(["--data", "d", "train.local_batch_size"])
+
+
+def test_the_performance_table_gives_both_sides_verdicts_and_the_largest_passing_count_per_accelerator():
+    def count(ranks, suite_au, dlio):
+        return {"ranks": ranks, "suite": {"au": suite_au, "samples_per_second": 200.0 * ranks,
+                                          "storage_mb_per_second": 50.0 * ranks}, "dlio": dlio}
+    result = {"accelerator": "a100", "seconds_per_sample": 0.00551, "epochs": 2, "suite_train_samples": 8192,
+              "date": "2026-12-06", "machine": "vm 2 cores", "cpu": "Intel Xeon, avx512f", "commit": "abc1234",
+              "workload": {"num_files_train": 1024, "num_samples_per_file": 8, "batch_size": 4},
+              "counts": [count(1, 0.87, {"au": 0.9, "samples_per_second": 160.0}),
+                         count(2, 0.76, {"au": 0.69, "samples_per_second": 250.0}),
+                         count(4, 0.55, {"ranks": 4, "error": "mpirun: exit 1"})]}
+    text = sd.doc_table([result])
+    assert "| a100 (181.5/s) | 1 | 0.870 | 200.0 | 50.0 | 0.900 | 160.0 | yes, yes |" in text
+    assert "| a100 (181.5/s) | 2 | 0.760 | 400.0 | 100.0 | 0.690 | 250.0 | yes, no |" in text
+    assert "| a100 (181.5/s) | 4 | 0.550 | 800.0 | 200.0 | failed | failed | no, failed |" in text
+    assert "a100: largest passing count: suite 2, DLIO 1. 1024 files x 8 samples (8192 an epoch)" in text
+    assert "Measured 2026-12-06 on vm 2 cores (Intel Xeon, avx512f)" in text
