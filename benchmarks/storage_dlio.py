@@ -381,24 +381,16 @@ def figure(row: dict, key: str, fmt: str) -> str:
 
 
 def table(result: dict) -> str:
-    rows = ["| ranks | suite AU | DLIO AU | suite samples/s | DLIO samples/s (its own) | DLIO AU x rate |",
-            "|---|---|---|---|---|---|"]
-    for r in result["counts"]:
-        s, d = r["suite"], r["dlio"]
-        rows.append(f"| {r['ranks']} | {figure(s, 'au', '.1%')} | {figure(d, 'au', '.1%')} "
-                    f"| {figure(s, 'samples_per_second', '.1f')} | {figure(d, 'samples_per_second', '.1f')} "
-                    f"| {figure(d, 'samples_per_second_from_au', '.1f')} |")
+    """What a run prints: its rows of the docs' table, the settings both sides ran with, and any side's error."""
     w = result["workload"]
-    rows.append(f"\n{result['accelerator']} ({1 / result['seconds_per_sample']:.1f} samples/s per accelerator), "
-                f"{result['epochs']} epochs; {w['num_files_train']} files x {w['num_samples_per_file']} samples of "
-                f"{w['record_length']} +- {w['record_length_stdev']} bytes, batch {w['batch_size']} "
-                f"(computation_time {w['computation_time']} s), {w['read_threads']} read threads. Samples/s: the "
-                f"suite's and the last column are AU x accelerators x rate (each epoch's first step left out); "
-                f"DLIO's own counts every step over each epoch's wall time. DLIO page cache: "
-                f"{result['dlio_page_cache']}. {measured_on(result)}")
+    settings = (f"\n{w['record_length']} +- {w['record_length_stdev']} bytes a record, computation_time "
+                f"{w['computation_time']} s a batch, {w['read_threads']} read threads. Samples/s: the suite's are AU x "
+                f"accelerators x rate (each epoch's first step left out; DLIO's own figure of that kind is "
+                f"`samples_per_second_from_au` in the JSON); DLIO's count every step over each epoch's wall time. DLIO "
+                f"page cache: {result['dlio_page_cache']}.")
     errors = [f"{side} at {r['ranks']} rank(s): {r[side]['error']}" for r in result["counts"]
               for side in ("suite", "dlio") if "error" in r[side]]
-    return "\n".join(rows + [f"\n{e}" for e in errors])
+    return "\n".join([doc_table([result]), settings] + [f"\n{e}" for e in errors])
 
 
 def doc_table(results: list[dict]) -> str:
