@@ -8,6 +8,7 @@ rewrites its table in docs/performance.md with `replace_marked_section`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -255,6 +256,38 @@ def measured_on(result: dict) -> str:
     known = f" {known[0].upper()}{known[1:]}." if known else ""
     return f"Measured {result['date']} on {result['machine']}{cpu}.{known}" + (
         f" Not recorded: {', '.join(missing)}." if missing else "")
+
+
+class VenvError(RuntimeError):
+    """A pinned environment could not be built; the message has the command and its output's tail."""
+
+
+def read_pins(path: Path) -> list[str]:
+    """A requirements file's lines without comments and blank lines."""
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def pinned_venv(venv: Path, pins: Sequence[str], label: str, pip_options: Sequence[str] = (), env: dict | None = None,
+                finish: Callable[[Path], None] | None = None) -> Path:
+    """The interpreter of the virtual environment `venv` holding exactly `pins`: built the first time and again when
+    the pins change (a sha256 of them is stamped in it); `finish(python)` completes a fresh build before the stamp.
+    Raises VenvError when a step fails."""
+    stamp, digest = venv / ".pins-sha256", hashlib.sha256("\n".join(pins).encode()).hexdigest()
+    python = venv / "bin/python"
+    if python.is_file() and stamp.is_file() and stamp.read_text() == digest:
+        return python
+    print(f"building {label} {venv} ({len(pins)} pinned packages) ...", flush=True)
+    for cmd in ([sys.executable, "-m", "venv", "--clear", str(venv)],
+                [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *pip_options, *pins]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise VenvError(f"building {venv} failed (exit {proc.returncode}, {' '.join(cmd)}):\n"
+                            f"{(proc.stdout + proc.stderr)[-3000:]}")
+    if finish:
+        finish(python)
+    stamp.write_text(digest)
+    return python
 
 
 def write_json_atomic(path: Path, obj) -> None:

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_on, replace_marked_section,
-                     run_header, sgemm_gflops, step_figures, take_worker_json, write_json_atomic)
+from harness import (DOC, REPO, RESULTS_DIR, VenvError, check_marked_section, measured_on, pinned_venv,
+                     read_pins, replace_marked_section, run_header, sgemm_gflops, step_figures, take_worker_json,
+                     write_json_atomic)
 
 RESULTS_GLOB = "reference_compare_*.json"
 BEGIN, END = "<!-- reference-compare:begin -->", "<!-- reference-compare:end -->"
@@ -82,29 +82,17 @@ def checkout_commit(checkout: Path) -> str | None:
 
 def requirements(app: str) -> list[str]:
     """The pinned packages of `app`'s reference environment (TF_PACKAGE swaps the TensorFlow build)."""
-    lines = (HERE / f"requirements-{app}.txt").read_text().splitlines()
-    pins = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
     tf_package = os.environ.get("TF_PACKAGE")
     return [f"{tf_package}=={p.split('==')[1]}" if tf_package and p.startswith("tensorflow-cpu==") else p
-            for p in pins]
+            for p in read_pins(HERE / f"requirements-{app}.txt")]
 
 
 def reference_python(app: str) -> Path:
     """The reference environment's interpreter, built or rebuilt when its pins changed."""
-    venv, pins = VENVS / app, requirements(app)
-    stamp, digest = venv / ".pins-sha256", hashlib.sha256("\n".join(pins).encode()).hexdigest()
-    python = venv / "bin/python"
-    if python.is_file() and stamp.is_file() and stamp.read_text() == digest:
-        return python
-    print(f"  building the {app} reference environment {venv}: {' '.join(pins)} ...", flush=True)
-    for cmd in ([sys.executable, "-m", "venv", "--clear", str(venv)],
-                [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *pins]):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"building {venv} failed (exit {proc.returncode}, {' '.join(cmd)}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    stamp.write_text(digest)
-    return python
+    try:
+        return pinned_venv(VENVS / app, requirements(app), f"the {app} reference environment")
+    except VenvError as err:
+        raise SystemExit(str(err)) from None
 
 
 def reference_env() -> dict:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -44,13 +43,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from harness import (DOC, REPO, RESULTS_DIR, check_marked_section, measured_on, replace_marked_section, run_header,
-                     sgemm_gflops, write_json_atomic)
+from harness import (DOC, REPO, RESULTS_DIR, VenvError, check_marked_section, measured_on, pinned_venv, read_pins,
+                     replace_marked_section, run_header, sgemm_gflops, write_json_atomic)
 
 from common.base.errors import BenchError
 from common.io.manifest import FileEntry, load_manifest
+from common.io.tfrecord import read_index
 from common.storage import page_cache
-from common.storage.accelerators import EmulateConfig, rate
+from common.storage.accelerators import AU_THRESHOLD, EmulateConfig, rate
 from common.storage.sweep import CONFIGS
 
 HERE = REPO / "benchmarks/dlio"
@@ -58,7 +58,6 @@ PINS = HERE / "requirements.txt"
 VENV = REPO / ".venv-dlio"
 WORKLOADS = {"h100": "cosmoflow_h100", "a100": "cosmoflow_a100"}  # DLIO's own workload files
 BEGIN, END = "<!-- storage-dlio:begin -->", "<!-- storage-dlio:end -->"  # the table of both accelerators in DOC
-THRESHOLD = 0.70  # MLPerf Storage's AU threshold for CosmoFlow
 # horovodrun's mpirun options on one host (horovod/runner/mpi_run.py): DLIO's ranks sit on the cores as the suite's do
 MPIRUN = ("--allow-run-as-root", "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib")
 DATA_STAMP = "suite_workload.json"  # in --dlio-data: the dataset section its files were generated for
@@ -109,11 +108,11 @@ def record_sizes(root: Path, files: Sequence[FileEntry]) -> list[int]:
         if entry.index is None:
             sizes += [round(entry.bytes / entry.records)] * entry.records if entry.records else []
             continue
-        lines = (root / entry.index).read_text().splitlines()
-        if len(lines) != entry.records:
-            raise BenchError(f"{root / entry.index}: {len(lines)} lines, expected {entry.records} (one per record "
+        index = read_index(root / entry.index)
+        if len(index) != entry.records:
+            raise BenchError(f"{root / entry.index}: {len(index)} lines, expected {entry.records} (one per record "
                              f"of {entry.path})")
-        sizes += [int(line.split()[1]) for line in lines]
+        sizes += [size for _, size in index]
     return sizes
 
 
@@ -144,33 +143,27 @@ def suite_settings(config: Path, overrides: Sequence[str]) -> tuple[int, int, in
 # ---------------------------------------------------------------------------- DLIO's environment
 def pins() -> list[str]:
     """The exact packages of DLIO's environment."""
-    lines = PINS.read_text().splitlines()
-    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    return read_pins(PINS)
 
 
 def dlio_python() -> Path:
-    """DLIO's interpreter in .venv-dlio, built the first time (and again when the pins changed)."""
-    stamp, digest = VENV / ".pins-sha256", hashlib.sha256("\n".join(pins()).encode()).hexdigest()
-    python = VENV / "bin/python"
-    if python.is_file() and stamp.is_file() and stamp.read_text() == digest:
-        return python
-    print(f"building DLIO's environment {VENV} from {PINS} (pip install --no-deps) ...", flush=True)
-    build_step([sys.executable, "-m", "venv", "--clear", str(VENV)], python)
+    """DLIO's interpreter in .venv-dlio, built the first time (and again when the pins changed) with --no-deps."""
+    try:
+        return pinned_venv(VENV, pins(), "DLIO's environment", pip_options=("--no-deps",),
+                           env=dlio_env(VENV / "bin/python"), finish=finish_dlio_venv)
+    except VenvError as err:
+        raise DlioUnavailable(str(err)) from None
+
+
+def finish_dlio_venv(python: Path) -> None:
+    """What a fresh .venv-dlio needs beyond its pins: git leaves it out, DLIO imports, tfrecord2idx is there."""
     (VENV / ".gitignore").write_text("*\n")  # what Python 3.13's venv writes: git then leaves the environment out
-    build_step([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps", "-r",
-                str(PINS)], python)
-    build_step([str(python), "-c", "import dlio_benchmark.main, tensorflow, mpi4py.MPI"], python)
-    link_tfrecord2idx(python)
-    stamp.write_text(digest)
-    return python
-
-
-def build_step(cmd: list[str], python: Path) -> None:
-    """One command of building DLIO's environment; DlioUnavailable with its output's tail when it fails."""
+    cmd = [str(python), "-c", "import dlio_benchmark.main, tensorflow, mpi4py.MPI"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dlio_env(python))
     if proc.returncode != 0:
-        raise DlioUnavailable(f"building {VENV} failed (exit {proc.returncode}, {' '.join(cmd)}): "
+        raise DlioUnavailable(f"{VENV} does not import DLIO (exit {proc.returncode}, {' '.join(cmd)}): "
                               f"{(proc.stdout + proc.stderr)[-2000:]}")
+    link_tfrecord2idx(python)
 
 
 def link_tfrecord2idx(python: Path) -> None:
@@ -286,12 +279,12 @@ def dlio_count(python: Path, workload: Workload, data: dict, ranks: int, epochs:
     plan = [(f"epoch_{e}", 1) for e in range(1, epochs + 1)] if evict == "epoch" else [("epochs", epochs)]
     for name, run_epochs in plan:
         eviction = page_cache.evict(folder / "train")
-        before = disk_read_bytes(folder)
+        before, run_dir = disk_read_bytes(folder), work / f"dlio/ranks_{ranks}/{name}"
         cmd = run_dlio(python, ranks, [*workload.dataset_overrides(folder), *workload.train_overrides(run_epochs)],
-                       work / f"dlio/ranks_{ranks}/{name}")
+                       run_dir)
         read = None if before is None else disk_read_bytes(folder) - before
         resident, pages = page_cache.resident_pages(page_cache.files_under(folder / "train"))
-        runs.append({**parse_dlio_summary(work / f"dlio/ranks_{ranks}/{name}"), "epochs": run_epochs,
+        runs.append({**parse_dlio_summary(run_dir), "epochs": run_epochs,
                      "resident_share_after_eviction": eviction["resident_share"],
                      "resident_share_after_run": resident / pages if pages else 0.0,
                      "disk_read_bytes": read,
@@ -403,8 +396,9 @@ def doc_table(results: list[dict]) -> str:
         name = f"{result['accelerator']} ({1 / result['seconds_per_sample']:.1f}/s)"
         for r in result["counts"]:
             s, d = r["suite"], r["dlio"]
-            rows.append(f"| {name} | {r['ranks']} | {figure(s, 'au', '.3f')} | {figure(s, 'samples_per_second', '.1f')} "
-                        f"| {figure(s, 'storage_mb_per_second', '.1f')} | {figure(d, 'au', '.3f')} "
+            rows.append(f"| {name} | {r['ranks']} | {figure(s, 'au', '.3f')} "
+                        f"| {figure(s, 'samples_per_second', '.1f')} | {figure(s, 'storage_mb_per_second', '.1f')} "
+                        f"| {figure(d, 'au', '.3f')} "
                         f"| {figure(d, 'samples_per_second', '.1f')} | {verdict(s)}, {verdict(d)} |")
         w = result["workload"]
         captions.append(f"{result['accelerator']}: largest passing count: suite {largest(result, 'suite')}, DLIO "
@@ -416,7 +410,7 @@ def doc_table(results: list[dict]) -> str:
 
 def verdict(row: dict) -> str:
     return "failed" if "error" in row else "n/a" if row.get("au") is None else (
-        "yes" if row["au"] >= THRESHOLD else "no")
+        "yes" if row["au"] >= AU_THRESHOLD[APP] else "no")
 
 
 def largest(result: dict, side: str) -> int:
