@@ -24,7 +24,6 @@ from common.io.formats import cosmoflow as record_format, cosmoflow_blocks
 from common.io.formats.cosmoflow import FORMAT
 from common.io.input import Datasets, Shard, dali_reader_sharding, open_input, rank_shards
 from common.io.manifest import Manifest, check_split_counts, load_manifest
-from common.io.node_share import local_files_dataset
 from common.runtime.dist import DistEnv
 from cosmoflow.config import CosmoDataConfig
 from cosmoflow.mesh.groups import SampleBlock, block_records
@@ -166,31 +165,15 @@ def _rank_entries(manifest: Manifest, split: str, rank: int, size: int, drop: bo
 # ---------------------------------------------------------------------------- tf.data
 def _tfdata_dataset(pipe: Pipe, shard: Shard, shuffle: bool, seed: int):
     import tensorflow as tf
+    from common.io.tfdata import epoch_batches
     manifest, cfg = pipe.manifest, pipe.cfg
     compression = "GZIP" if manifest.compression == "gzip" else ""
-    parse = _record_parser(manifest.sample_shape, manifest.target_size, pipe.block)
-    files = tf.data.Dataset.from_tensor_slices(list(shard.files))
-    if shard.local:
-        # Every epoch, this rank's part of a new division of the node's files (already endless).
-        records = local_files_dataset(list(shard.files), *shard.local, pipe.seed, shuffle=shuffle).interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-            cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if shuffle:
-            records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    elif shuffle:
-        # Reshuffled every epoch (repeat after shuffle); the seed makes it reproducible.
-        files = files.shuffle(len(shard.files), seed=seed, reshuffle_each_iteration=True)
-        records = files.repeat().interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-            cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    else:
-        # Files in manifest order, records in file order: the order DALI reads them unshuffled.
-        records = tf.data.TFRecordDataset(files, compression_type=compression).repeat()
-    samples = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    batches = samples.batch(pipe.batch, drop_remainder=True)
+    # A node share's ranks divide its files from the run's seed; a rank alone orders its own from its seed.
+    batches = epoch_batches(
+        list(shard.files), shard.local, pipe.seed if shard.local else seed, seed, shuffle,
+        read=lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+        parse=_record_parser(manifest.sample_shape, manifest.target_size, pipe.block), batch=pipe.batch,
+        drop_remainder=True, read_threads=cfg.read_threads, shuffle_buffer=cfg.shuffle_buffer)
     return batches.map(pipe.preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 

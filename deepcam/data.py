@@ -29,7 +29,6 @@ from common.io.formats import deepcam as record_format
 from common.io.formats.deepcam import CHANNELS, FORMAT, STATS_AUX, STATS_NAME, read_stats
 from common.io.input import Datasets, RankInput, Shard, dali_reader_sharding, open_input, rank_shards
 from common.io.manifest import MANIFEST_NAME, Manifest, check_aux_file, check_split_counts, load_manifest
-from common.io.node_share import local_files_dataset
 from common.runtime.dist import DistEnv
 from deepcam.config import DeepCamDataConfig
 
@@ -161,34 +160,22 @@ def _tfdata_dataset(shard: Shard, rank_input: RankInput, cfg: DeepCamDataConfig,
                     shuffle: bool, seed: int, run_seed: int):
     """run_seed: what the ranks of a node draw their division of its files from (data.stage_mode=node_share)."""
     import tensorflow as tf
+    from common.io.tfdata import epoch_batches
     manifest, batch = rank_input.manifest, rank_input.local_batch
     compression = "GZIP" if manifest.compression == "gzip" else ""
     # (path, first record, records) of every file the shard reads
     columns = (list(shard.files), np.int64([start for start, _ in shard.runs]), np.int64([n for _, n in shard.runs]))
-    pieces = tf.data.Dataset.from_tensor_slices(columns)
 
     def read(path, start, count):
         return tf.data.TFRecordDataset(path, compression_type=compression).skip(start).take(count)
 
-    if shard.local:
-        # Every epoch, this rank's part of a new division of the node's files (already endless).
-        pieces = local_files_dataset(columns, *shard.local, run_seed, shuffle=shuffle)
-        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
-                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if shuffle:
-            records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    elif shuffle:
-        # The pipeline is re-iterated by repeat() below, so both shuffles draw a new order every epoch.
-        pieces = pieces.shuffle(len(shard.files), seed=seed, reshuffle_each_iteration=True)
-        records = pieces.interleave(read, cycle_length=min(cfg.read_threads, len(shard.files)), block_length=1,
-                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        records = records.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    else:
-        records = pieces.flat_map(read)  # the block in file order: the order DALI reads it unshuffled
-    samples = records.map(_record_parser(manifest.sample_shape), num_parallel_calls=tf.data.AUTOTUNE)
-    # A pass is shard.samples records, batched on its own: no batch spans two passes, and a validation
-    # block that is not a whole number of batches ends with a partial one.
-    batches = samples.batch(batch, drop_remainder=shard.local is not None).repeat()
+    # A pass is shard.samples records, batched on its own: no batch spans two passes, and a validation block
+    # that is not a whole number of batches ends with a partial one. A node share's ranks divide its files from
+    # the run's seed; a rank alone orders its own from its seed.
+    batches = epoch_batches(
+        columns, shard.local, run_seed if shard.local else seed, seed, shuffle, read=read,
+        parse=_record_parser(manifest.sample_shape), batch=batch, drop_remainder=shard.local is not None,
+        read_threads=cfg.read_threads, shuffle_buffer=cfg.shuffle_buffer)
     return batches.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 

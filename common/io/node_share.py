@@ -90,23 +90,27 @@ def permutation(count: int, seed: int, epoch: int) -> list[int]:
     return [int(i) for i in np.argsort(keys, kind="stable")]
 
 
-def local_files_dataset(items: Sequence, local_rank: int, local_size: int, seed: int, shuffle: bool):
+def local_files_dataset(items: Sequence, local_rank: int, local_size: int, seed: int, shuffle: bool,
+                        per_epoch=None):
     """A tf.data.Dataset of this rank's items, epoch after epoch, endlessly.
 
     `items`: a list of file paths, or a tuple of equal-length lists (one element per file).
 
-    Epoch e yields the items at `epoch_file_indices(len(items), local_rank, local_size, seed, e, shuffle)`.
+    Epoch e yields the items at `epoch_file_indices(len(items), local_rank, local_size, seed, e, shuffle)`;
+    with `per_epoch(items_dataset, e)` (e an int64 tensor), what it makes of them instead, so that what it
+    does (a shuffle buffer, batching) stays within the epoch.
     """
     import tensorflow as tf
     count = len(items[0]) if isinstance(items, tuple) else len(items)
     orders = tf.data.Dataset.counter().map(
-        lambda epoch: tf.numpy_function(lambda e: np_indices(count, local_rank, local_size, seed, int(e), shuffle),
-                                        [epoch], tf.int64, stateful=False))
+        lambda epoch: (epoch, tf.numpy_function(
+            lambda e: np_indices(count, local_rank, local_size, seed, int(e), shuffle), [epoch], tf.int64,
+            stateful=False)))
     elements = tuple(tf.constant(x) for x in items) if isinstance(items, tuple) else tf.constant(items)
 
-    def pick(indices):
-        chosen = tf.nest.map_structure(lambda t: tf.gather(t, indices), elements)
-        return tf.data.Dataset.from_tensor_slices(chosen)
+    def pick(epoch, indices):
+        chosen = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(lambda t: tf.gather(t, indices), elements))
+        return per_epoch(chosen, epoch) if per_epoch else chosen
 
     return orders.flat_map(pick)
 

@@ -5,7 +5,7 @@ A checkpoint is a directory `CKPT_DIR/ckpt-<global step>/` holding
 - `rank_<r>.npz`: each rank's own non-trainable variables (batch-norm running statistics between
   evaluations, dropout seed-generator state), written by that rank,
 - `input_rank_<r>.*`: each rank's tf.data iterator state (its position in the endless training stream,
-  shuffle buffers included) when the loader is tf.data; DALI's iterator cannot be saved,
+  its record window included) when the loader is tf.data; DALI's iterator cannot be saved,
 - `meta.json`, written last by rank 0: where the run stands (`Progress`: epoch, steps done in it, the
   history, the partial epoch's sums, time spent by earlier attempts), the variables' names and shapes,
   the size and xxh3-128 of every file, and what the training input's position depends on (`InputPosition`:

@@ -1,5 +1,5 @@
-"""The real DALI pipelines of cosmoflow.data and deepcam.data on several ranks with shuffling: in every epoch the
-ranks read disjoint samples that together cover the split (less the remainder each builder documents), and each
+"""The real DALI and tf.data pipelines of cosmoflow.data and deepcam.data on several ranks with shuffling: in every
+epoch (exactly train_steps batches, no shuffle buffer reaching across its end) the ranks read disjoint samples that together cover the split (less the remainder each builder documents), and each
 rank reads a new order every epoch; for per-rank sharding and for data.stage_mode=node_share.
 
 The ranks are simulated in one process through the builders' `DistEnv` (rank, size, node, local rank and size):
@@ -107,8 +107,8 @@ def cosmo(records: Path, dist: DistEnv, node_share: bool, **cfg):
 def deepcam(records: Path, dist: DistEnv, node_share: bool, **cfg):
     from deepcam.config import DeepCamDataConfig
     from deepcam.data import build_datasets
-    cfg = DeepCamDataConfig(dir=str(records), loader="dali", shuffle=True, shuffle_buffer=4, **_staging(node_share),
-                            **cfg)
+    cfg = DeepCamDataConfig(**{"dir": str(records), "loader": "dali", "shuffle": True, "shuffle_buffer": 4,
+                               **_staging(node_share), **cfg})
     return build_datasets(cfg, DEEPCAM_SHAPE, BATCH, dist, seed=5)
 
 
@@ -124,7 +124,6 @@ def deepcam_ids(batch) -> list[int]:
 
 def epochs(data, ids, count: int = EPOCHS) -> list[list[int]]:
     """The sample numbers one rank's training dataset gives in `count` epochs (train_steps batches each)."""
-    assert data.loader == "dali"
     it = iter(data.train)
     return [[n for _ in range(data.train_steps) for n in ids(next(it))] for _ in range(count)]
 
@@ -144,14 +143,15 @@ BUILDERS = {"cosmoflow": (cosmo, cosmo_ids, "cosmo_records"), "deepcam": (deepca
 
 
 # Per-rank sharding, where the ranks divide the split evenly: every sample once per epoch.
+@pytest.mark.parametrize("loader", ["dali", "tfdata"])
 @pytest.mark.parametrize("app", ["cosmoflow", "deepcam"])
-def test_two_ranks_read_the_whole_split_once_per_epoch_in_new_orders(app, request):
+def test_two_ranks_read_the_whole_split_once_per_epoch_in_new_orders(app, loader, request):
     build, ids, fixture = BUILDERS[app]
     records = request.getfixturevalue(fixture)
     runs = []
     for dist in ranks(1, 2):
-        data = build(records, dist, node_share=False)
-        assert data.train_steps == 16 // BATCH and data.train_samples == 32
+        data = build(records, dist, node_share=False, loader=loader)
+        assert data.loader == loader and data.train_steps == 16 // BATCH and data.train_samples == 32
         runs.append(epochs(data, ids))
     check_epochs(runs, list(range(32)))
 
@@ -180,9 +180,11 @@ def test_deepcam_leaves_out_the_tail_of_the_split_that_is_not_a_whole_batch_per_
     check_epochs(runs, list(range(30)))
 
 
+@pytest.mark.parametrize("loader", ["dali", "tfdata"])
 @pytest.mark.parametrize("app", ["cosmoflow", "deepcam"])
 @pytest.mark.parametrize("nodes, local_size", [(1, 2), (2, 2)])
-def test_node_share_ranks_read_the_whole_split_once_per_epoch_in_new_orders(app, nodes, local_size, request):
+def test_node_share_ranks_read_the_whole_split_once_per_epoch_in_new_orders(app, nodes, local_size, loader,
+                                                                            request):
     """Each node's ranks divide the node's files (node n holds files n, n + nodes, ...) afresh every epoch, so
     a rank's samples, not only their order, change between epochs, and nothing is left out (node_share refuses
     a split that does not divide)."""
@@ -190,8 +192,8 @@ def test_node_share_ranks_read_the_whole_split_once_per_epoch_in_new_orders(app,
     records = request.getfixturevalue(fixture)
     runs, per_node = [], {}
     for dist in ranks(nodes, local_size):
-        data = build(records, dist, node_share=True)
-        assert data.train_steps * BATCH * nodes * local_size == 32
+        data = build(records, dist, node_share=True, loader=loader)
+        assert data.loader == loader and data.train_steps * BATCH * nodes * local_size == 32
         run = epochs(data, ids)
         node_samples = {n for f in range(dist.node, TRAIN_FILES, nodes) for n in range(4 * f, 4 * f + 4)}
         assert all(set(e) <= node_samples for e in run)  # only its node's share
@@ -221,15 +223,37 @@ def test_a_rebuilt_stream_skipped_by_the_consumed_batches_continues_the_uninterr
     assert rest == straight[consumed * BATCH:]
 
 
+@pytest.mark.parametrize("app", ["cosmoflow", "deepcam"])
+@pytest.mark.parametrize("node_share", [False, True])
+def test_a_tf_data_stream_restored_from_its_saved_iterator_continues_the_uninterrupted_one(app, node_share, request,
+                                                                                           tmp_path):
+    """What an exact tf.data resume rests on: the iterator saved inside epoch 2 (as checkpoints save it) and read
+    into a rebuilt stream gives the uninterrupted stream's batches, across the next epoch's new orders too."""
+    import tensorflow as tf
+    build, ids, fixture = BUILDERS[app]
+    records = request.getfixturevalue(fixture)
+    dist = ranks(1, 2)[1]
+    data = build(records, dist, node_share, loader="tfdata")
+    straight = [n for epoch in epochs(data, ids) for n in epoch]
+    consumed = data.train_steps + 3
+    it = iter(build(records, dist, node_share, loader="tfdata").train)
+    for _ in range(consumed):
+        next(it)
+    tf.train.Checkpoint(iterator=it).write(str(tmp_path / "input"))
+    restored = iter(build(records, dist, node_share, loader="tfdata").train)
+    tf.train.Checkpoint(iterator=restored).read(str(tmp_path / "input")).expect_partial()
+    rest = [n for _ in range(EPOCHS * data.train_steps - consumed) for n in ids(next(restored))]
+    assert rest == straight[consumed * BATCH:]
+
+
 def test_cosmoflow_node_share_drop_reads_with_tf_data_and_leaves_out_different_files_each_epoch(cosmo_records):
     """8 files on one node of 3 ranks with data.uneven_files=drop and data.loader=auto: tf.data (DALI divides
     records, not files), 2 files = 8 samples = 4 steps a rank; each epoch 24 different samples, and the 2 files
-    left over change between epochs; data.loader=dali is refused with the reason. A record shuffle buffer of 1:
-    tf.data's buffer otherwise mixes the last records of an epoch with the next's (the division is by files)."""
+    left over change between epochs; data.loader=dali is refused with the reason."""
     from common.base.errors import BenchError
     runs = []
     for dist in ranks(1, 3):
-        data = cosmo(cosmo_records, dist, node_share=True, uneven_files="drop", loader="auto", shuffle_buffer=1)
+        data = cosmo(cosmo_records, dist, node_share=True, uneven_files="drop", loader="auto")
         assert (data.loader, data.train_steps, data.train_samples) == ("tfdata", 4, 24)
         it = iter(data.train)
         runs.append([[n for _ in range(data.train_steps) for n in cosmo_ids(next(it))] for _ in range(6)])
