@@ -165,15 +165,16 @@ def _rank_entries(manifest: Manifest, split: str, rank: int, size: int, drop: bo
 # ---------------------------------------------------------------------------- tf.data
 def _tfdata_dataset(pipe: Pipe, shard: Shard, shuffle: bool, seed: int):
     import tensorflow as tf
-    from common.io.tfdata import epoch_batches
+    from common.io.tfdata import Records, epoch_batches
     manifest, cfg = pipe.manifest, pipe.cfg
     compression = "GZIP" if manifest.compression == "gzip" else ""
+    records = Records(read=lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+                      parse=_record_parser(manifest.sample_shape, manifest.target_size, pipe.block),
+                      batch=pipe.batch, drop_remainder=True, read_threads=cfg.read_threads,
+                      shuffle_buffer=cfg.shuffle_buffer)
     # A node share's ranks divide its files from the run's seed; a rank alone orders its own from its seed.
-    batches = epoch_batches(
-        list(shard.files), shard.local, pipe.seed if shard.local else seed, seed, shuffle,
-        read=lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-        parse=_record_parser(manifest.sample_shape, manifest.target_size, pipe.block), batch=pipe.batch,
-        drop_remainder=True, read_threads=cfg.read_threads, shuffle_buffer=cfg.shuffle_buffer)
+    batches = epoch_batches(list(shard.files), shard.local, (pipe.seed if shard.local else seed, seed), shuffle,
+                            records)
     return batches.map(pipe.preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 

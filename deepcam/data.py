@@ -160,7 +160,7 @@ def _tfdata_dataset(shard: Shard, rank_input: RankInput, cfg: DeepCamDataConfig,
                     shuffle: bool, seed: int, run_seed: int):
     """run_seed: what the ranks of a node draw their division of its files from (data.stage_mode=node_share)."""
     import tensorflow as tf
-    from common.io.tfdata import epoch_batches
+    from common.io.tfdata import Records, epoch_batches
     manifest, batch = rank_input.manifest, rank_input.local_batch
     compression = "GZIP" if manifest.compression == "gzip" else ""
     # (path, first record, records) of every file the shard reads
@@ -172,10 +172,10 @@ def _tfdata_dataset(shard: Shard, rank_input: RankInput, cfg: DeepCamDataConfig,
     # A pass is shard.samples records, batched on its own: no batch spans two passes, and a validation block
     # that is not a whole number of batches ends with a partial one. A node share's ranks divide its files from
     # the run's seed; a rank alone orders its own from its seed.
-    batches = epoch_batches(
-        columns, shard.local, run_seed if shard.local else seed, seed, shuffle, read=read,
-        parse=_record_parser(manifest.sample_shape), batch=batch, drop_remainder=shard.local is not None,
-        read_threads=cfg.read_threads, shuffle_buffer=cfg.shuffle_buffer)
+    records = Records(read=read, parse=_record_parser(manifest.sample_shape), batch=batch,
+                      drop_remainder=shard.local is not None, read_threads=cfg.read_threads,
+                      shuffle_buffer=cfg.shuffle_buffer)
+    batches = epoch_batches(columns, shard.local, (run_seed if shard.local else seed, seed), shuffle, records)
     return batches.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 

@@ -17,28 +17,41 @@ a B-record shuffle buffer does.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 from common.io.node_share import local_files_dataset
 
 
-def epoch_batches(items: Sequence, local: tuple[int, int] | None, file_seed: int, record_seed: int,
-                  shuffle: bool, read: Callable, parse: Callable, batch: int, drop_remainder: bool,
-                  read_threads: int, shuffle_buffer: int):
-    """Endless batches of parse(record) for `items` (paths, or a tuple of per-file columns that `read` takes),
-    epoch after epoch; `local` = (local_rank, local_size) divides them as a node share."""
+@dataclasses.dataclass(frozen=True)
+class Records:
+    """How an application's record files become its batches."""
+
+    read: Callable  # one file's element (its path, or its columns) -> a dataset of its serialised records
+    parse: Callable  # a serialised record -> one sample
+    batch: int
+    drop_remainder: bool
+    read_threads: int  # files read at once (data.read_threads)
+    shuffle_buffer: int  # the records shuffled together (data.shuffle_buffer)
+
+
+def epoch_batches(items: Sequence, local: tuple[int, int] | None, seeds: tuple[int, int], shuffle: bool,
+                  records: Records):
+    """Endless batches of `items` (paths, or a tuple of per-file columns) epoch after epoch; `local` =
+    (local_rank, local_size) divides them as a node share; `seeds`: (the files' order's, the records' order's)."""
     import tensorflow as tf
     count = len(items[0]) if isinstance(items, tuple) else len(items)
+    file_seed, record_seed = seeds
 
     def epoch(files, number):
         if shuffle:
-            records = files.interleave(read, cycle_length=min(read_threads, count), block_length=1,
-                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            records = window_shuffled(records, shuffle_buffer, record_seed, number)
+            read = files.interleave(records.read, cycle_length=min(records.read_threads, count), block_length=1,
+                                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            read = window_shuffled(read, records.shuffle_buffer, record_seed, number)
         else:
-            records = files.flat_map(read)
-        samples = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return samples.batch(batch, drop_remainder=drop_remainder)
+            read = files.flat_map(records.read)
+        samples = read.map(records.parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return samples.batch(records.batch, drop_remainder=records.drop_remainder)
 
     return local_files_dataset(items, *(local or (0, 1)), file_seed, shuffle=shuffle, per_epoch=epoch)
 
