@@ -29,7 +29,8 @@ from common.base.errors import BenchError
 from common.io.formats import cosmoflow as cosmo_format
 from common.io.formats.cosmoflow_blocks import BLOCKS_KIND, block_dir, block_rows, blocks_dir_name
 from common.io.formats.cosmoflow_prep import parse_record
-from common.io.manifest import MANIFEST_NAME, Manifest, SplitEntry, load_manifest, sha256_file, write_manifest
+from common.io.manifest import MANIFEST_NAME, Manifest, SplitEntry, load_manifest
+from common.io.manifest_write import sha256_file, write_manifest
 from common.io.tfrecord import read_records
 from data_prep import tfrecords
 

@@ -33,7 +33,8 @@ from common.io.formats import cosmoflow_prep
 from common.io.formats.cosmoflow import (CHANNELS, FORMAT, SAMPLE_DTYPE, TARGET_SIZE, VERSION, record_features,
                                          sample_shape)
 from common.io.hdf5 import reading
-from common.io.manifest import MANIFEST_NAME, Manifest, SplitEntry, write_manifest
+from common.io.manifest import MANIFEST_NAME, Manifest, SplitEntry
+from common.io.manifest_write import write_manifest
 from data_prep import tfrecords
 
 STATE_NAME = ".cosmo-convert.json"

@@ -40,7 +40,8 @@ from common.io.formats import SPLITS
 from common.io.formats.deepcam import (CHANNELS, CLASSES, FORMAT, SAMPLE_DTYPE, STATS_AUX, STATS_NAME, TARGET_DTYPE,
                                        VERSION, read_stats, record_features, sample_shape)
 from common.io.hdf5 import open_file, reading
-from common.io.manifest import MANIFEST_NAME, AuxFile, Manifest, SplitEntry, sha256_file, write_manifest, xxh3_128_file
+from common.io.manifest import MANIFEST_NAME, AuxFile, Manifest, SplitEntry, xxh3_128_file
+from common.io.manifest_write import sha256_file, write_manifest
 from data_prep import tfrecords
 
 STATE_NAME = ".deepcam-convert.json"

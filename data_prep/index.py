@@ -54,7 +54,8 @@ from common.io.crc import masked_crc32c
 from common.io.decompress import WHOLE_MAX_BYTES, DigestingReader, record_stream
 from common.io.formats import SPLITS, TRAIN, VALIDATION
 from common.io.formats import cosmoflow as record_format, cosmoflow_prep
-from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, SplitEntry, write_manifest
+from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, SplitEntry
+from common.io.manifest_write import write_manifest
 from common.io.tfrecord import FRAMING_BYTES, HEADER_BYTES, LENGTH_BYTES, FramingError, data_crc_error, iter_frames
 from data_prep import tfrecords, validate
 

@@ -30,7 +30,8 @@ from typing import BinaryIO
 
 from common.base.errors import BenchError
 from common.base.files import atomic_path, write_json_atomic
-from common.io.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from common.io.manifest import MANIFEST_NAME, load_manifest
+from common.io.manifest_write import sha256_file
 from common.io.packing import PACK_NAME, SUFFIXES, Archive, Member, Pack, dataset_files
 from data_prep import tfrecords
 

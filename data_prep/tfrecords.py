@@ -25,7 +25,8 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.base.files import TEMP_MARK, atomic_path, write_json_atomic
-from common.io.manifest import COMPRESSIONS, MANIFEST_NAME, FileEntry, file_digests
+from common.io.manifest import COMPRESSIONS, MANIFEST_NAME, FileEntry
+from common.io.manifest_write import file_digests
 from common.io.tfrecord import FRAMING_BYTES, index_path, index_text, read_index
 
 

@@ -16,7 +16,8 @@ import numpy as np
 from common.base.errors import BenchError
 from common.io.formats.cosmoflow_blocks import BLOCKS_KIND, block_dir, block_rows
 from common.io.formats.cosmoflow import FORMAT
-from common.io.manifest import MANIFEST_NAME, Manifest, load_manifest, sha256_file
+from common.io.manifest import MANIFEST_NAME, Manifest, load_manifest
+from common.io.manifest_write import sha256_file
 
 
 @dataclasses.dataclass(frozen=True)

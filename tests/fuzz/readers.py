@@ -160,7 +160,8 @@ def replace_record(app: str, root: str, rel: str, number: int, spec) -> None:
     (bad values of the right size), or a _feature spec; extra names are added as features.
     """
     import tensorflow as tf
-    from common.io.manifest import load_manifest, write_manifest
+    from common.io.manifest import load_manifest
+    from common.io.manifest_write import write_manifest
     from common.io.tfrecord import read_records
     from data_prep import tfrecords
     root_path = Path(root)

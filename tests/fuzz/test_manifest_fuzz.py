@@ -22,7 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.io.manifest import (MANIFEST_NAME, AuxFile, Manifest, SplitEntry, check_aux_file, check_split_files,
-                             load_manifest, write_manifest, xxh3_128_file)
+                                load_manifest, xxh3_128_file)
+from common.io.manifest_write import write_manifest
 from common.io.packing import PACK_NAME, load_pack
 from tests.conftest import copy_of
 from tests.fuzz.harness import corrupt_file, corruptions, fuzz, outcome_of, time_limit, timed
@@ -53,7 +54,7 @@ def dataset(root: Path, kind: str) -> Path:
               "validation": SplitEntry(samples=3, files=(entries[2],))}
     if kind == "deepcam":
         (root / "stats.h5").write_bytes(bytes(range(200)))
-        from common.io.manifest import file_digests
+        from common.io.manifest_write import file_digests
         sha, xxh = file_digests(root / "stats.h5")
         manifest = Manifest(root=root, format="deepcam-tfrecord", version=1, sample_shape=(2, 3, 16),
                             sample_dtype="float32", target_size=6, target_shape=(2, 3), target_dtype="uint8",

@@ -36,7 +36,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.io import staging
-from common.io.manifest import MANIFEST_NAME, check_split_counts, load_manifest, sha256_file, xxh3_128_file
+from common.io.manifest import MANIFEST_NAME, check_split_counts, load_manifest, xxh3_128_file
+from common.io.manifest_write import sha256_file
 from common.io.packing import PACK_NAME, dataset_files
 from common.io.staging import Layout, open_source, plan, stage
 from tests.conftest import copy_of

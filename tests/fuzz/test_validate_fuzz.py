@@ -26,7 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.io.crc import masked_crc32c
-from common.io.manifest import MANIFEST_NAME, file_digests, load_manifest
+from common.io.manifest import MANIFEST_NAME, load_manifest
+from common.io.manifest_write import file_digests
 from common.io.tfrecord import FRAMING_BYTES, HEADER_BYTES, index_path, read_records
 from tests.fuzz import readers
 from tests.conftest import copy_of

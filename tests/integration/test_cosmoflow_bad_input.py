@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from common.io.manifest import sha256_file
+from common.io.manifest_write import sha256_file
 from cosmoflow import train
 from tests.conftest import REPO, horovodrun, log_events, run_cmd
 from tests.integration.cosmo_fixtures import corrupt_last_train_file, write_config

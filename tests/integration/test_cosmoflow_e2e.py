@@ -104,7 +104,8 @@ def test_normalize_standardises_with_the_manifest_statistics(cosmo_dataset, load
 def test_normalize_without_statistics_is_refused(cosmo_dataset, tmp_path):
     from common.runtime.dist import DistEnv
     from common.base.errors import BenchError
-    from common.io.manifest import load_manifest, write_manifest
+    from common.io.manifest import load_manifest
+    from common.io.manifest_write import write_manifest
     from cosmoflow.config import CosmoDataConfig
     from cosmoflow.data import build_datasets
     copy = tmp_path / "data"

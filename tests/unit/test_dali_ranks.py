@@ -1,6 +1,7 @@
 """The real DALI and tf.data pipelines of cosmoflow.data and deepcam.data on several ranks with shuffling: in every
-epoch (exactly train_steps batches, no shuffle buffer reaching across its end) the ranks read disjoint samples that together cover the split (less the remainder each builder documents), and each
-rank reads a new order every epoch; for per-rank sharding and for data.stage_mode=node_share.
+epoch (exactly train_steps batches, no shuffle buffer reaching across its end) the ranks read disjoint samples
+that together cover the split (less the remainder each builder documents), and each rank reads a new order every
+epoch; for per-rank sharding and for data.stage_mode=node_share.
 
 The ranks are simulated in one process through the builders' `DistEnv` (rank, size, node, local rank and size):
 each builder sees only its own rank, as under horovodrun. Every record carries its sample's number: CosmoFlow's
@@ -14,7 +15,8 @@ import h5py
 import numpy as np
 import pytest
 
-from common.io.manifest import AuxFile, Manifest, SplitEntry, sha256_file, write_manifest, xxh3_128_file
+from common.io.manifest import AuxFile, Manifest, SplitEntry, xxh3_128_file
+from common.io.manifest_write import sha256_file, write_manifest
 from common.runtime.dist import DistEnv
 from data_prep import tfrecords
 from tests.conftest import require_dali

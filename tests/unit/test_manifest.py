@@ -8,8 +8,8 @@ import pytest
 
 from common.io import manifest as manifest_module
 from common.base.errors import BenchError
-from common.io.manifest import (FileEntry, Manifest, SplitEntry, check_split_files, load_manifest, sha256_file,
-                                write_manifest, xxh3_128_file)
+from common.io.manifest import FileEntry, Manifest, SplitEntry, check_split_files, load_manifest, xxh3_128_file
+from common.io.manifest_write import file_digests, sha256_file, write_manifest
 
 
 def _record_file(root, rel, lengths, with_index=True) -> FileEntry:
@@ -231,7 +231,7 @@ def test_file_digests_match_hashlib_and_xxhash(tmp_path):
     import xxhash
     data = bytes(range(256)) * 5000
     (tmp_path / "f").write_bytes(data)
-    assert manifest_module.file_digests(tmp_path / "f", chunk_bytes=999) == (
+    assert file_digests(tmp_path / "f", chunk_bytes=999) == (
         hashlib.sha256(data).hexdigest(), xxhash.xxh3_128(data).hexdigest())
 
 

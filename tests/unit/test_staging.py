@@ -18,7 +18,8 @@ import pytest
 from common.io import pycopy, staging
 from common.base.errors import BenchError
 from common.io.manifest import (MANIFEST_NAME, AuxFile, FileEntry, Manifest, SplitEntry, check_unstaged_source,
-                                load_manifest, sha256_file, write_manifest, xxh3_128_file)
+                                load_manifest, xxh3_128_file)
+from common.io.manifest_write import sha256_file, write_manifest
 from common.io.packing import PACK_NAME, load_pack
 from common.io.staging import Layout, open_source, plan, stage, staged_dir
 from data_prep.__main__ import main as data_prep_main
