@@ -13,7 +13,6 @@ Node shares (data.stage_mode=node_share) are cut by common/io/node_share.py.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 from typing import Any, Callable, Collection, Literal, Sequence, TypedDict
 
@@ -22,7 +21,7 @@ from common.base.errors import BenchError
 from common.io.formats import SPLITS, TRAIN, VALIDATION
 from common.io.manifest import (MANIFEST_NAME, Manifest, check_shard_files, check_split_counts, load_manifest,
                                 record_bytes)
-from common.io.node_share import node_share
+from common.io.node_share import node_share, node_share_loader
 
 LOADERS = ("auto", "tfdata", "dali")
 
@@ -119,12 +118,6 @@ class Datasets:
                    train_files=len(train_shard.files), val_files=len(val_shard.files), loader=loader,
                    val_rank_samples=val_shard.samples)
 
-    def without_input(self) -> "Datasets":
-        """The same step counts for a rank that reads no data: endless (None, None) batches, no files."""
-        nothing = itertools.repeat((None, None))
-        return dataclasses.replace(self, train=nothing, val=nothing, record_bytes=0.0, train_files=0,
-                                   val_files=0, loader="", decoded_fraction=0.0)
-
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
@@ -181,12 +174,11 @@ def open_input(cfg, fmt: str, dist, local_batch: int, check: Callable[[Manifest]
                        str(dataset.root / MANIFEST_NAME))
     loader = resolve_loader(cfg.loader, manifest, SPLITS) if whole_dataset else None
     shards = rank_shards(manifest, cfg, dist, local_batch, shard)
-    if shards[VALIDATION].local is not None and dist.is_root:
-        _report_node_share(manifest, shards)
     paths = None if whole_dataset else shard_paths(manifest, shards)
     if loader is None:
         loader = resolve_loader(cfg.loader, manifest, SPLITS, files=paths)
-    loader = node_share_loader(loader, cfg.loader, shards, dist)
+    if shards[VALIDATION].local is not None:
+        loader = node_share_loader(manifest, loader, cfg.loader, shards, dist)
     check_shard_files(manifest, shards, verify_checksums=checksums_wanted(cfg.verify_checksums, loader))
     return RankInput(manifest=manifest, loader=loader, train=shards[TRAIN], val=shards[VALIDATION],
                      local_batch=local_batch, record_bytes=record_bytes(manifest, only=paths))
@@ -215,37 +207,6 @@ def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int, dro
                  index_files=tuple(str(root / e.index) if e.index else None for e in share.files),
                  runs=tuple((0, e.records) for e in share.files), samples=share.samples_per_rank,
                  global_samples=together, local=(dist.local_rank, dist.local_size))
-
-
-def node_share_loader(loader: str, requested: str, shards: dict[str, Shard], dist) -> str:
-    """The loader for node shares whose ranks do not divide the node's files (data.uneven_files=drop): tf.data,
-    which leaves a different few files out each epoch. DALI's reader divides a node's records, not its files,
-    so its shards would differ in size: refused when asked for, and data.loader=auto takes tf.data."""
-    uneven = [s.split for s in shards.values() if s.local is not None and len(s.files) % s.local[1]]
-    if loader != "dali" or not uneven:
-        return loader
-    why = (f"each node's share of the {uneven[0]} split has {len(shards[uneven[0]].files)} files for its "
-           f"{dist.local_size} ranks (data.uneven_files=drop leaves some out each epoch), which only the tf.data "
-           f"reader can do: DALI divides a node's records, not its files")
-    if requested == "dali":
-        raise BenchError(f"data.loader=dali: {why}; use data.loader=tfdata or auto, or a rank count per node "
-                         f"that divides the files")
-    if dist.is_root:
-        print(f"note: data.loader=auto reads with tf.data: {why}", flush=True)
-    return "tfdata"
-
-
-def _report_node_share(manifest: Manifest, shards: dict[str, Shard]) -> None:
-    """Say what node shares leave out of an epoch: whole batches per rank, data.uneven_files=drop."""
-    train, val = shards[TRAIN], shards[VALIDATION]
-    if train.global_samples < manifest.splits[TRAIN].samples:
-        print(f"note: data.uneven_files=drop: each training epoch reads {train.global_samples} of the "
-              f"{manifest.splits[TRAIN].samples} samples in node shares (the files each node's permutation leaves "
-              f"over change every epoch)", flush=True)
-    if val.global_samples < manifest.splits[VALIDATION].samples:
-        print(f"note: data.stage_mode=node_share evaluates {val.global_samples} of the "
-              f"{manifest.splits[VALIDATION].samples} validation samples (whole batches per rank); the log's "
-              f"eval_samples says {val.global_samples}", flush=True)
 
 
 def shard_paths(manifest: Manifest, shards: dict[str, Shard]) -> set[str]:

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Sequence
 
 from common.base.errors import BenchError
+from common.io.formats import TRAIN, VALIDATION
 from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest
 
 
@@ -118,3 +119,37 @@ def local_files_dataset(items: Sequence, local_rank: int, local_size: int, seed:
 def np_indices(count: int, local_rank: int, local_size: int, seed: int, epoch: int, shuffle: bool):
     import numpy as np
     return np.asarray(epoch_file_indices(count, local_rank, local_size, seed, epoch, shuffle), dtype=np.int64)
+
+
+def node_share_loader(manifest: Manifest, loader: str, requested: str, shards: dict, dist) -> str:
+    """The loader node shares (`shards`: common/io/input.py's Shard of each split) read with, said on rank 0 with
+    what they leave out of an epoch. Where a node's ranks do not divide its files (data.uneven_files=drop):
+    tf.data, which leaves a different few files out each epoch. DALI's reader divides a node's records, not its
+    files, so its shards would differ in size: refused when asked for, and data.loader=auto takes tf.data."""
+    if dist.is_root:
+        _report_node_share(manifest, shards)
+    uneven = [s.split for s in shards.values() if s.local is not None and len(s.files) % s.local[1]]
+    if loader != "dali" or not uneven:
+        return loader
+    why = (f"each node's share of the {uneven[0]} split has {len(shards[uneven[0]].files)} files for its "
+           f"{dist.local_size} ranks (data.uneven_files=drop leaves some out each epoch), which only the tf.data "
+           f"reader can do: DALI divides a node's records, not its files")
+    if requested == "dali":
+        raise BenchError(f"data.loader=dali: {why}; use data.loader=tfdata or auto, or a rank count per node "
+                         f"that divides the files")
+    if dist.is_root:
+        print(f"note: data.loader=auto reads with tf.data: {why}", flush=True)
+    return "tfdata"
+
+
+def _report_node_share(manifest: Manifest, shards: dict) -> None:
+    """Say what node shares leave out of an epoch: whole batches per rank, data.uneven_files=drop."""
+    train, val = shards[TRAIN], shards[VALIDATION]
+    if train.global_samples < manifest.splits[TRAIN].samples:
+        print(f"note: data.uneven_files=drop: each training epoch reads {train.global_samples} of the "
+              f"{manifest.splits[TRAIN].samples} samples in node shares (the files each node's permutation leaves "
+              f"over change every epoch)", flush=True)
+    if val.global_samples < manifest.splits[VALIDATION].samples:
+        print(f"note: data.stage_mode=node_share evaluates {val.global_samples} of the "
+              f"{manifest.splits[VALIDATION].samples} validation samples (whole batches per rank); the log's "
+              f"eval_samples says {val.global_samples}", flush=True)

@@ -1,4 +1,5 @@
-"""One rank's failure as the whole run's, so that every rank exits with the run's code (docs/faults.md).
+"""One rank's failure as the whole run's, so that every rank exits with the run's code (docs/faults.md), and
+the summary of a run that an exception ended. Imported only when a run fails (run.py `shared_failures`, `abort`).
 
 A rank that an exception ends writes OUT/failures/rank_<r>.json (its exit code, 2 for a BenchError and 4
 for anything else, and its message) before it exits. A rank whose own error is only Horovod's shutdown (a
@@ -10,20 +11,24 @@ node-local run.output_dir leaves the shutdown an internal error, exit 4, as befo
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any
+
+import psutil
 
 from common.base import exits
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
-from common.runtime.dist import DistEnv, StoppedBeforeStart
+from common.runtime.config import to_dict
+from common.runtime.dist import DistEnv
+from common.runtime.summary import RUN_ABORTED, layout
 
 FAILURES_DIR = "failures"
 PEER_WAIT_SECONDS = 10.0
-PROCESS_START = time.time()
+# This process's start (not this module's import, which a run makes only once a rank has failed)
+PROCESS_START = psutil.Process().create_time()
 # How Horovod says a collective failed because a rank has ended (its TensorFlow ops raise UnknownError with it).
 SHUTDOWN_TEXT = "Horovod has been shut down"
 
@@ -37,24 +42,15 @@ class PeerFailed(BenchError):
         self.exit_code = exit_code
 
 
-@contextlib.contextmanager
-def shared_failures(out: Path, dist: DistEnv) -> Iterator[None]:
-    """Inside: an exception writes this rank's note, or, when it is Horovod's shutdown after another rank's
-    failure, becomes that rank's failure."""
-    try:
-        yield
-    except StoppedBeforeStart:
-        raise
-    except Exception as err:
-        if dist.size == 1:
-            raise
-        if not peer_shutdown(err):
-            write_note(out, dist.rank, err)
-            raise
-        note = wait_for_note(out, dist.rank)
-        if note is None:
-            raise
-        raise PeerFailed(f"rank {note['rank']}: {note['reason']}", note["code"]) from err
+def run_failure(out: Path, dist: DistEnv, err: Exception) -> PeerFailed | None:
+    """What `err`, raised on one of several ranks, makes of the run: this rank's own failure is noted (None:
+    raise it as it is); Horovod's shutdown after another rank's failure becomes that rank's, once its note is
+    read (None when none comes)."""
+    if not peer_shutdown(err):
+        write_note(out, dist.rank, err)
+        return None
+    note = wait_for_note(out, dist.rank)
+    return None if note is None else PeerFailed(f"rank {note['rank']}: {note['reason']}", note["code"])
 
 
 def peer_shutdown(err: BaseException) -> bool:
@@ -94,3 +90,34 @@ def _read(path: Path) -> dict | None:
         return note if {"rank", "code", "reason"} <= set(note) else None
     except (OSError, ValueError):
         return None
+
+
+def failure_summary(run: Any, error: BaseException) -> dict:
+    """summary.json of a run that an exception ended after run_start: status aborted, the error as the reason,
+    and what the run knew by then (`run` as for run_summary; its data and trainee may still be None). The
+    history ended with the training loop: `epochs` is null, the MLPerf log has the epochs that ran."""
+    cfg, data, trainee = run.cfg, run.data, run.trainee
+    return {
+        "benchmark": run.benchmark,
+        "status": RUN_ABORTED,
+        "reason": failure_reason(error),
+        "error": type(error).__name__,
+        "time_to_train_seconds": run.time_to_train,
+        "epochs": None,
+        "metric_name": trainee.metric.name if trainee else None,
+        "final_metric": None,
+        "target": cfg.train.target,
+        **layout(run.dist),
+        "train_samples": data.train_samples if data else None,
+        "eval_samples": data.val_samples if data else None,
+        "loader": (data.loader if data else None) or cfg.data.loader,
+        "history": [],
+        "config": to_dict(cfg),
+    }
+
+
+def failure_reason(error: BaseException) -> str:
+    """A BenchError's message (what the user must fix); for any other exception its type and message."""
+    if isinstance(error, BenchError):
+        return str(error)
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

@@ -9,10 +9,9 @@
 
 What is trained comes in as a `Trainee` (model, optimizer, loss, metric, schedule); how a rank trains and
 evaluates one batch as `Steps` from the run's strategy (common/runtime/strategy.py; the CosmoFlow hybrid path
-brings steps that run a Mesh-TF graph, and its ranks that read no data take part in every step's collectives
-with (None, None) batches). Everything else a run adds is a `Callback` (common/runtime/callbacks.py: resuming,
-checkpoints, stop signals, in-epoch evaluation; common/runtime/monitor.py: the system window and TensorBoard;
-common/runtime/elastic.py: elastic commits). Callbacks read and steer the `Loop`: where training starts
+brings steps that run a Mesh-TF graph). Everything else a run adds is a `Callback` (common/runtime/callbacks.py:
+resuming, checkpoints, stop signals, in-epoch evaluation; common/runtime/monitor.py: the system window and
+TensorBoard; common/runtime/elastic.py: elastic commits). Callbacks read and steer the `Loop`: where training starts
 (`start_at`), `evaluate()`, `end_epoch`, and `result` (a common/runtime/summary.py `FitResult`), which ends the run
 when set.
 """

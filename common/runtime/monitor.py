@@ -538,30 +538,26 @@ def io_start() -> dict:
     return {"started": time.perf_counter(), "proc": read_proc_io()}
 
 
-def io_stop(start: dict, data: Datasets, history: list[dict], reads: bool = True) -> dict:
+def io_stop(start: dict, data: Datasets, history: list[dict]) -> dict:
     """This rank's reads during training, from `io_start`'s counters: `seconds`, the kernel's counter deltas
-    (`measured`) and the read plan's figures (`planned`); `reads` False: a rank that read no input (a Mesh-TF
-    helper)."""
+    (`measured`) and the read plan's figures (`planned`)."""
     end = read_proc_io()
     return {"seconds": time.perf_counter() - start["started"],
             "measured": {k: end[k] - start["proc"][k] for k in end if k in start["proc"]},
-            "planned": planned_reads(data, history, reads)}
+            "planned": planned_reads(data, history)}
 
 
-def planned_reads(data: Datasets, history: list[dict], reads: bool = True) -> dict:
-    """Records, bytes and file opens of this rank's training and evaluations, from the read plan (all 0 for a
-    rank that reads nothing)."""
+def planned_reads(data: Datasets, history: list[dict]) -> dict:
+    """Records, bytes and file opens of this rank's training and evaluations, from the read plan."""
     steps = sum(h.get("steps", 0) for h in history)
     evaluations = sum(1 for h in history if "val_samples_seen" in h)
-    batch = data.local_batch_size if reads else 0
-    train_records = steps * batch
-    val_records = evaluations * (data.val_rank_samples or data.val_steps * data.local_batch_size) if reads else 0
+    train_records = steps * data.local_batch_size
+    val_records = evaluations * (data.val_rank_samples or data.val_steps * data.local_batch_size)
     passes = steps / data.train_steps if data.train_steps else 0.0
     read = int((train_records + val_records) * data.record_bytes)
     return {"train_records": train_records, "eval_records": val_records, "bytes": read,
             "files_opened": round(passes * data.train_files) + evaluations * data.val_files,
-            "decoded_fraction": data.decoded_fraction if reads else 0.0,
-            "block_records": data.block_records if reads else False}
+            "decoded_fraction": data.decoded_fraction, "block_records": data.block_records}
 
 
 def io_report(counters: dict, staging: StageResult | None, history: list[dict], dist) -> dict:

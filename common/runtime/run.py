@@ -32,9 +32,8 @@ from common.runtime.config import load_config, resolve, save_config
 from common.runtime.dist import DistEnv, StopRequests, StoppedBeforeStart, describe, init_distributed
 from common.runtime.elastic import ElasticStrategy, elastic_attempt
 from common.runtime.loop import Callback, Loop, Trainee, fit
-from common.runtime.failures import shared_failures
 from common.runtime.precision import choose as choose_precision
-from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code, failure_summary,
+from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code,
                                     run_summary, scale_keys, throughput, write_summary)
 from common.runtime.strategy import DataParallel, reseeded
 
@@ -99,6 +98,24 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
         run.stopped(result, strategy)
         run.keep_trained(loop)  # after run_stop: the weights that met the target
         return run.finish(strategy, result)  # io_report.json, summary.json
+
+
+@contextlib.contextmanager
+def shared_failures(out: Path, dist: DistEnv):
+    """Inside: an exception on one of several ranks is noted for the others, or, when it is Horovod's shutdown
+    after another rank's failure, becomes that rank's (common/runtime/failures.py)."""
+    try:
+        yield
+    except StoppedBeforeStart:
+        raise
+    except Exception as err:
+        if dist.size == 1:
+            raise
+        from common.runtime.failures import run_failure
+        failure = run_failure(out, dist, err)
+        if failure is None:
+            raise
+        raise failure from err
 
 
 @contextlib.contextmanager
@@ -281,7 +298,7 @@ class Run:
     def stopped(self, result: FitResult, strategy: DataParallel) -> None:
         """run_stop after training, and the training phase's I/O counters."""
         self._run_stop(result.status)
-        self.io = io_stop(self.io, self.data, result.history, strategy.reads)
+        self.io = io_stop(self.io, self.data, result.history)
 
     def keep_trained(self, loop: Loop | None) -> None:
         """After run_stop, untimed: a run that met its target saves the weights that met it as its newest
@@ -315,6 +332,7 @@ class Run:
         self.monitor.close(None)
         if not self.dist.is_root:
             return
+        from common.runtime.failures import failure_summary
         out = Path(self.cfg.run.output_dir)
         write_summary(failure_summary(self, error) | self._attempt_summary(), out)
         if not isinstance(error, (BenchError, StoppedBeforeStart)):

@@ -58,11 +58,6 @@ class DataParallel:
         return self.dist
 
     @property
-    def reads(self) -> bool:
-        """Whether this rank reads input (a rank that only lends its devices to a group does not)."""
-        return True
-
-    @property
     def saves_input_position(self) -> bool:
         """Whether every rank reads its own stream, so that checkpoints can save each rank's input position."""
         return True

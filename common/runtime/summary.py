@@ -96,7 +96,7 @@ def run_summary(run: Any, result: FitResult, metric_name: str, replicas: int) ->
         "final_metric": result.metric,
         "target": cfg.train.target,
         **throughput(result.history),
-        **_layout(run.dist),
+        **layout(run.dist),
         "global_batch_size": data.local_batch_size * replicas,
         "train_samples": data.train_samples,
         "eval_samples": data.val_samples,
@@ -106,38 +106,7 @@ def run_summary(run: Any, result: FitResult, metric_name: str, replicas: int) ->
     }
 
 
-def failure_summary(run: Any, error: BaseException) -> dict:
-    """summary.json of a run that an exception ended after run_start: status aborted, the error as the reason,
-    and what the run knew by then (`run` as for run_summary; its data and trainee may still be None). The
-    history ended with the training loop: `epochs` is null, the MLPerf log has the epochs that ran."""
-    cfg, data, trainee = run.cfg, run.data, run.trainee
-    return {
-        "benchmark": run.benchmark,
-        "status": RUN_ABORTED,
-        "reason": failure_reason(error),
-        "error": type(error).__name__,
-        "time_to_train_seconds": run.time_to_train,
-        "epochs": None,
-        "metric_name": trainee.metric.name if trainee else None,
-        "final_metric": None,
-        "target": cfg.train.target,
-        **_layout(run.dist),
-        "train_samples": data.train_samples if data else None,
-        "eval_samples": data.val_samples if data else None,
-        "loader": (data.loader if data else None) or cfg.data.loader,
-        "history": [],
-        "config": to_dict(cfg),
-    }
-
-
-def failure_reason(error: BaseException) -> str:
-    """A BenchError's message (what the user must fix); for any other exception its type and message."""
-    if isinstance(error, BenchError):
-        return str(error)
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-def _layout(dist: Any) -> dict:
+def layout(dist: Any) -> dict:
     """The summary fields of the rank layout (`dist`: the run's DistEnv)."""
     return {
         "ranks": dist.size,

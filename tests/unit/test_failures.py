@@ -1,6 +1,8 @@
-"""One rank's failure as every rank's (common/runtime/failures.py): the failing rank's note, and a rank whose
-collective failed with Horovod's shutdown ending as the noted rank did."""
+"""One rank's failure as every rank's (common/runtime/run.py shared_failures, common/runtime/failures.py): the
+failing rank's note, and a rank whose collective failed with Horovod's shutdown ending as the noted rank did."""
 import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -8,6 +10,8 @@ import pytest
 from common.base.errors import BenchError
 from common.base.cli import guarded
 from common.runtime import failures
+from common.runtime.run import shared_failures
+from tests.conftest import REPO
 
 SHUTDOWN = RuntimeError("{{function_node x}} Horovod has been shut down. This was caused by an exception on one of "
                         "the ranks")
@@ -18,7 +22,7 @@ def dist(rank, size=2):
 
 
 def fail_with(err, out, rank, size=2):
-    with failures.shared_failures(out, dist(rank, size)):
+    with shared_failures(out, dist(rank, size)):
         raise err
 
 
@@ -61,3 +65,14 @@ def test_one_process_writes_no_note(tmp_path):
     with pytest.raises(BenchError):
         fail_with(BenchError("bad"), tmp_path, 0, size=1)
     assert not (tmp_path / "failures").exists()
+
+
+def test_a_note_written_before_the_module_is_imported_is_this_processs(tmp_path):
+    """A run imports failures.py only once a rank has failed; another rank's note written earlier in the run
+    still counts (only notes older than the process are an earlier attempt's)."""
+    code = ("import json, sys, time; from pathlib import Path; p = Path(sys.argv[1]) / 'failures' / 'rank_00001.json'; "
+            "p.parent.mkdir(); p.write_text(json.dumps({'rank': 1, 'code': 2, 'reason': 'bad'})); time.sleep(0.2); "
+            "from common.runtime import failures; print(failures.wait_for_note(Path(sys.argv[1]), 0)['reason'])")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "bad", proc.stderr

@@ -96,19 +96,21 @@ def test_dropped_node_shares_read_with_tf_data_not_dali():
     """DALI divides a node's records, so a node whose ranks do not divide its files reads with tf.data (auto) or is
     refused (data.loader=dali); shards that divide keep DALI."""
     from types import SimpleNamespace
-    from common.io.input import node_share_loader, rank_shards
+    from common.io.input import rank_shards
+    from common.io.node_share import node_share_loader
     from common.runtime.dist import DistEnv
     m = manifest(files=7, val_files=4)
     cfg = SimpleNamespace(stage_dir="/stage", stage_mode="node_share", uneven_files="drop")
     dist = DistEnv(rank=0, size=2, local_rank=0, local_size=2)
     shards = rank_shards(m, cfg, dist, 4, None)
     assert (shards["train"].samples, shards["train"].global_samples) == (12, 24) and len(shards["train"].files) == 7
-    assert node_share_loader("dali", "auto", shards, dist) == "tfdata"
+    assert node_share_loader(m, "dali", "auto", shards, dist) == "tfdata"
     with pytest.raises(BenchError, match=r"data.loader=dali: each node's share of the train split has 7 files for "
                                          r"its 2 ranks .*DALI divides a node's records"):
-        node_share_loader("dali", "dali", shards, dist)
-    even = rank_shards(manifest(files=8), cfg, dist, 4, None)
-    assert node_share_loader("dali", "dali", even, dist) == "dali"
+        node_share_loader(m, "dali", "dali", shards, dist)
+    even_manifest = manifest(files=8)
+    even = rank_shards(even_manifest, cfg, dist, 4, None)
+    assert node_share_loader(even_manifest, "dali", "dali", even, dist) == "dali"
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
