@@ -2,8 +2,8 @@
 
 mlperf-logging's `rcp_checker/hpc_<ruleset>/rcps_<benchmark>.json` holds, per RCP name (e.g. `cosmoflow_ref_128`),
 the global batch size, the hyperparameters the reference ran with (under their MLPerf log keys) and the epochs its
-runs took to converge. `optimizer.rcp` names one (common/runtime/config.py's `requested_rcp` loads it); each
-application maps the hyperparameters onto its config sections (its config.py's `with_rcp`). It is read when a
+runs took to converge. `optimizer.rcp` names one (`requested_rcp` loads it); each
+application maps the hyperparameters onto its config sections (its rcp.py's `with_rcp`). It is read when a
 config is, not by the run's machinery, so it sits in base beside the MLPerf log reader.
 """
 from __future__ import annotations
@@ -68,3 +68,14 @@ def load_rcp(benchmark: str, name: str) -> Rcp:
     record = records[name]
     return Rcp(name, record["Benchmark"], int(record["BS"]), dict(record["Hyperparams"]),
                tuple(record["Epochs to converge"]))
+
+
+def requested_rcp(cfg, benchmark: str, global_batch: int) -> Rcp | None:
+    """The RCP `cfg.optimizer.rcp` names, refused unless the run's global batch is its; None for no RCP."""
+    if not cfg.optimizer.rcp:
+        return None
+    rcp = load_rcp(benchmark, cfg.optimizer.rcp)
+    local = cfg.train.local_batch_size
+    rcp.check_global_batch(global_batch, f"train.local_batch_size {local} x {global_batch // local} "
+                                         f"data-parallel replicas")
+    return rcp

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypeVar
+from typing import Any, Callable, Literal, Sequence, TypeVar
 
 import yaml
 
@@ -21,9 +21,6 @@ from common.base import documents
 from common.base.files import ram_filesystem
 from common.base.errors import BenchError
 from common.storage.accelerators import EmulateConfig
-
-if TYPE_CHECKING:
-    from common.base.rcp import Rcp
 
 T = TypeVar("T")
 
@@ -274,7 +271,8 @@ def resolve(cfg: T, replicas: int, with_rcp: Callable, closed_differences: Calla
     """The config a run uses: optimizer.rcp's hyperparameters applied (its global batch checked against
     local batch x `replicas`), mlperf.division settled (closed only for the reference's run); an auto
     division that falls to open is announced with the reasons."""
-    cfg = with_rcp(cfg, cfg.train.local_batch_size * replicas)
+    if cfg.optimizer.rcp:  # the application's mapping (its rcp.py) reads mlperf-logging's RCP files
+        cfg = with_rcp(cfg, cfg.train.local_batch_size * replicas)
     found = closed_differences(cfg) + data_differences(cfg.data)
     if cfg.train.emulated:
         found.append(f"train.emulate.accelerator={cfg.train.emulate.accelerator}: steps emulated, nothing trained")
@@ -297,18 +295,6 @@ def data_differences(data: StagedDataConfig) -> list[str]:
         found.append(f"data.dir {data.dir} is on {ram}, in RAM (the rules: data start on durable storage, which "
                      f"\"explicitly excludes RAM\"; stage into RAM with data.stage_dir instead)")
     return found
-
-
-def requested_rcp(cfg, benchmark: str, global_batch: int) -> Rcp | None:
-    """The RCP `cfg.optimizer.rcp` names, refused unless the run's global batch is its; None for no RCP."""
-    if not cfg.optimizer.rcp:
-        return None
-    from common.base.rcp import load_rcp  # only a run that names an RCP reads mlperf-logging's RCP files
-    rcp = load_rcp(benchmark, cfg.optimizer.rcp)
-    local = cfg.train.local_batch_size
-    rcp.check_global_batch(global_batch, f"train.local_batch_size {local} x {global_batch // local} "
-                                         f"data-parallel replicas")
-    return rcp
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), schema: type[T] = None) -> T:

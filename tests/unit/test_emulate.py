@@ -8,7 +8,8 @@ from common.runtime.config import load_config, resolve
 from common.storage import page_cache
 from common.storage.accelerators import EmulateConfig, rate
 from common.storage.emulate import emulation_summary
-from cosmoflow.config import CosmoConfig, closed_differences, with_rcp
+from cosmoflow.config import CosmoConfig, closed_differences
+from cosmoflow.rcp import with_rcp
 from tests.conftest import REPO
 
 MINI = REPO / "cosmoflow/configs/cosmo_mini.yaml"

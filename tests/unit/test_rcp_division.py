@@ -7,7 +7,8 @@ from common.base.errors import BenchError
 from common.runtime.config import load_config, resolve_division
 from common.base.rcp import load_rcp, rcp_file, rcp_names
 from cosmoflow.config import CosmoConfig
-from cosmoflow.config import closed_differences, with_rcp
+from cosmoflow.config import closed_differences
+from cosmoflow.rcp import with_rcp
 from cosmoflow.train import LRSchedule
 from cosmoflow.train import main
 from tests.conftest import REPO
@@ -87,7 +88,8 @@ def test_dry_run_of_a_mismatched_batch_fails_with_the_reason(capsys):
 
 def test_deepcam_rcps_set_optimizer_and_schedule_and_the_mini_config_is_open():
     from deepcam.config import DeepCamConfig
-    from deepcam.config import closed_differences as deepcam_differences, with_rcp as deepcam_rcp
+    from deepcam.config import closed_differences as deepcam_differences
+    from deepcam.rcp import with_rcp as deepcam_rcp
     reference = REPO / "deepcam/configs/deepcam.yaml"
     for name in rcp_names("deepcam"):
         rcp = load_rcp("deepcam", name)

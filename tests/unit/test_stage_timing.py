@@ -14,7 +14,8 @@ from common.io import stage_rate
 from common.runtime.config import data_differences, load_config, resolve
 from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.run import Run
-from cosmoflow.config import CosmoConfig, closed_differences, with_rcp
+from cosmoflow.config import CosmoConfig, closed_differences
+from cosmoflow.rcp import with_rcp
 from jobs.render import Job, init_estimate, render
 from jobs.site import load_site
 from tests.conftest import REPO
