@@ -21,7 +21,7 @@ from pathlib import Path
 from harness import REPO, RESULTS_DIR, run_header, sgemm_gflops, write_json_atomic
 
 sys.path.insert(0, str(REPO))
-from common.runtime import precision  # noqa: E402
+from common.runtime import precision, precision_measure  # noqa: E402
 
 CASES = {"deepcam": "deepcam/configs/deepcam.yaml", "deepcam_mini": "deepcam/configs/deepcam_mini.yaml"}
 WAYS = ("transposed", "phased")
@@ -36,7 +36,7 @@ def measure_case(case: str, precisions: list[str], rounds: int, threads: int) ->
         for p in precisions:
             for way in (WAYS if r % 2 == 0 else WAYS[::-1]):
                 print(f"  {case} round {r + 1}/{rounds}: {p}, model.deconv={way} ...", flush=True)
-                seconds[p][way].append(precision.measure_in_subprocess(
+                seconds[p][way].append(precision_measure.measure_in_subprocess(
                     "deepcam", str(REPO / CASES[case]), [f"model.deconv={way}"], p, threads))
     medians = {p: {w: statistics.median(v) for w, v in by_way.items()} for p, by_way in seconds.items()}
     return {"case": case, "config": CASES[case], "threads": threads, "step_seconds": seconds,

@@ -25,7 +25,7 @@ from pathlib import Path
 from harness import REPO, RESULTS_DIR, run_header, sgemm_gflops, write_json_atomic
 
 sys.path.insert(0, str(REPO))
-from common.runtime import precision  # noqa: E402
+from common.runtime import precision, precision_measure  # noqa: E402
 
 CASES = {"cosmo_mini": ("cosmoflow", "cosmoflow/configs/cosmo_mini.yaml"),
          "cosmo": ("cosmoflow", "cosmoflow/configs/cosmo.yaml"),
@@ -49,7 +49,7 @@ def measure_case(name: str, rounds: int, threads: int, fpmath: bool = False) -> 
         for v in order:
             print(f"  {name} round {r + 1}/{rounds}: {v} ...", flush=True)
             policy, env = VARIANTS[v]
-            seconds[v].append(precision.measure_in_subprocess(app, str(REPO / config), [], policy, threads, env))
+            seconds[v].append(precision_measure.measure_in_subprocess(app, str(REPO / config), [], policy, threads, env))
     medians = {v: statistics.median(s) for v, s in seconds.items()}
     choice = precision.decide({p: medians[p] for p in precision.CANDIDATES}, precision.epochs_ratio(app))
     extra = {"fpmath_bf16_over_f32": medians[FPMATH] / medians["float32"]} if fpmath else {}

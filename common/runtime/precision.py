@@ -20,10 +20,7 @@ import dataclasses
 import fcntl
 import json
 import math
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,14 +29,13 @@ from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.base.host import cpu_flags, cpu_model
 from common.base.host import cache_root, tf_version
+from common.runtime import precision_measure
+from common.runtime.precision_measure import CANDIDATES
 
 THRESHOLD = 0.8  # bfloat16 must take at most this share of float32's time to train
-CANDIDATES = ("float32", "mixed_bfloat16")
 KEY_FIELDS = ("cpu", "amx_bf16", "avx512_bf16", "threads", "tensorflow", "app", "input_shape", "local_batch_size",
               "gpu")
 EPOCHS_RECORD = Path(__file__).resolve().parents[2] / "benchmarks/results/precision_epochs.json"
-LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
-                     "HOROVOD_HOSTNAME", "SLURM_PROCID", "SLURM_LOCALID")
 
 
 def choose(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]) -> tuple[Any, dict]:
@@ -75,8 +71,8 @@ def decide_auto(app: Any, cfg: Any, dist: Any, config: str, overrides: list[str]
         print(f"train.precision=auto: probing this host's {app.name} training step in float32 and "
               f"mixed_bfloat16 (once per host, shape and batch; cached)", flush=True)
         try:
-            seconds = probe_steps(key, lambda precision: measure_in_subprocess(app.name, config, overrides,
-                                                                                precision, dist.threads))
+            seconds = probe_steps(key, lambda precision: precision_measure.measure_in_subprocess(
+                app.name, config, overrides, precision, dist.threads))
         except BenchError as err:  # a probe that cannot run leaves the run in float32, said so
             print(f"warning: {err}", flush=True)
             return {"precision": "float32", "reason": "the precision probe failed (above): float32",
@@ -164,21 +160,3 @@ def _records() -> list[dict]:
         return []  # absent or unreadable: probe again
     return [r for r in records if isinstance(r, dict) and isinstance(r.get("step_seconds"), dict)] \
         if isinstance(records, list) else []
-
-
-# ---------------------------------------------------------------------------- the measurement
-def measure_in_subprocess(app_name: str, config: str, overrides: list[str], precision: str, threads: int,
-                          extra_env: dict | None = None) -> float:
-    """The median training-step seconds of `app_name` in `precision`, measured by a fresh process on `threads`
-    (`extra_env`: variables set for it, e.g. benchmarks/precision_probe.py's ONEDNN_DEFAULT_FPMATH_MODE=BF16)."""
-    # One process, not a rank of the run's launch: none of the variables a launcher sets for its ranks.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    env |= extra_env or {}
-    cmd = [sys.executable, "-m", "common.runtime.precision_measure", "--measure", app_name, config, precision,
-           "--threads", str(threads), *overrides]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise BenchError(f"the precision probe ({' '.join(cmd[1:6])} ...) failed with exit {proc.returncode}: "
-                         f"{proc.stderr.strip()[-2000:]}; set train.precision=float32 to run without it")
-    return float(json.loads(lines[-1])["step_seconds"])

@@ -1,6 +1,7 @@
-"""The precision probe's measuring process (common/runtime/precision.py launches it, one per precision: a Keras
-policy is global): the application's training step built in one precision on a number of threads, timed on a
-synthetic batch of the run's sample shape and local batch. Prints one JSON line, {"step_seconds": median}.
+"""The precision probe's measuring process (common/runtime/precision.py launches it with `measure_in_subprocess`, one
+per precision: a Keras policy is global): the application's training step built in one precision on a number of
+threads, timed on a synthetic batch of the run's sample shape and local batch. Prints one JSON line,
+{"step_seconds": median}.
 
     python -m common.runtime.precision_measure --measure APP CONFIG PRECISION [--threads N] [OVERRIDES ...]
 """
@@ -8,13 +9,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 
-from common.runtime.precision import CANDIDATES
+from common.base.errors import BenchError
+
+CANDIDATES = ("float32", "mixed_bfloat16")  # what train.precision=auto chooses between
+LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
+                     "HOROVOD_HOSTNAME", "SLURM_PROCID", "SLURM_LOCALID")
 
 # Timed steps: at least PROBE_STEPS and PROBE_SECONDS of them (short steps are noisy), at most PROBE_MAX_STEPS.
 PROBE_WARMUP, PROBE_STEPS, PROBE_SECONDS, PROBE_MAX_STEPS = 2, 4, 3.0, 60
+
+
+def measure_in_subprocess(app_name: str, config: str, overrides: list[str], precision: str, threads: int,
+                          extra_env: dict | None = None) -> float:
+    """The median training-step seconds of `app_name` in `precision`, measured by a fresh process on `threads`
+    (`extra_env`: variables set for it, e.g. benchmarks/precision_probe.py's ONEDNN_DEFAULT_FPMATH_MODE=BF16)."""
+    # One process, not a rank of the run's launch: none of the variables a launcher sets for its ranks.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    env |= extra_env or {}
+    cmd = [sys.executable, "-m", "common.runtime.precision_measure", "--measure", app_name, config, precision,
+           "--threads", str(threads), *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise BenchError(f"the precision probe ({' '.join(cmd[1:6])} ...) failed with exit {proc.returncode}: "
+                         f"{proc.stderr.strip()[-2000:]}; set train.precision=float32 to run without it")
+    return float(json.loads(lines[-1])["step_seconds"])
 
 
 def probe_step(app_name: str, config: str, precision: str, threads: int, overrides: list[str]):

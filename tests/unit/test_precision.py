@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from common.runtime import plan, precision
+from common.runtime import plan, precision, precision_measure
 from common.runtime.config import load_config
 from common.runtime.dist import DistEnv
 from cosmoflow.train import APP
@@ -30,7 +30,7 @@ def fake_probe(monkeypatch, seconds: dict) -> list:
     def measure(app, config, overrides, which, threads):
         calls.append(which)
         return seconds[which]
-    monkeypatch.setattr(precision, "measure_in_subprocess", measure)
+    monkeypatch.setattr(precision_measure, "measure_in_subprocess", measure)
     return calls
 
 
@@ -109,7 +109,7 @@ def test_every_rank_takes_rank_0s_answer(cache, monkeypatch):
 def test_a_probe_that_fails_leaves_float32_with_the_reason(cache, monkeypatch, capsys):
     def broken(*_args):
         raise precision.BenchError("the precision probe (...) failed with exit 4: boom")
-    monkeypatch.setattr(precision, "measure_in_subprocess", broken)
+    monkeypatch.setattr(precision_measure, "measure_in_subprocess", broken)
     cfg, choice = precision.choose(APP, cfg_of("train.precision=auto"), DistEnv(), CONFIG, TINY)
     assert cfg.train.precision == "float32" and "probe failed" in choice["reason"]
     assert "warning: the precision probe (...) failed with exit 4: boom" in capsys.readouterr().out
@@ -118,5 +118,5 @@ def test_a_probe_that_fails_leaves_float32_with_the_reason(cache, monkeypatch, c
 def test_the_probe_times_the_real_step_in_both_precisions_outside_the_runs_launch(cache, monkeypatch):
     for var in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMIX_RANK"):  # as a rank under horovodrun has them
         monkeypatch.setenv(var, "0")
-    seconds = {p: precision.measure_in_subprocess("cosmoflow", CONFIG, TINY, p, 1) for p in precision.CANDIDATES}
+    seconds = {p: precision_measure.measure_in_subprocess("cosmoflow", CONFIG, TINY, p, 1) for p in precision.CANDIDATES}
     assert all(0 < s < 30 for s in seconds.values()), seconds
