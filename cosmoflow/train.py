@@ -22,8 +22,8 @@ from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import Trainee
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
 from cosmoflow.config import CosmoConfig, OptimizerConfig, ScheduleConfig, closed_differences
-from cosmoflow.rcp import with_rcp
 from cosmoflow.data import build_datasets, files_read, read_error
+from cosmoflow.rcp import with_rcp
 
 
 def main(argv=None) -> int:

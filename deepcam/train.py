@@ -17,8 +17,8 @@ from common.runtime.loop import Trainee
 from common.runtime.dist import StopRequests
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
 from deepcam.config import DeepCamConfig, closed_differences
-from deepcam.rcp import with_rcp
 from deepcam.data import build_datasets, files_read, read_error
+from deepcam.rcp import with_rcp
 
 
 def main(argv=None) -> int:
