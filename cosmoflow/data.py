@@ -172,9 +172,7 @@ def _tfdata_dataset(pipe: Pipe, shard: Shard, shuffle: bool, seed: int):
                       parse=_record_parser(manifest.sample_shape, manifest.target_size, pipe.block),
                       batch=pipe.batch, drop_remainder=True, read_threads=cfg.read_threads,
                       shuffle_buffer=cfg.shuffle_buffer)
-    # A node share's ranks divide its files from the run's seed; a rank alone orders its own from its seed.
-    batches = epoch_batches(list(shard.files), shard.local, (pipe.seed if shard.local else seed, seed), shuffle,
-                            records)
+    batches = epoch_batches(list(shard.files), shard.local, (pipe.seed, seed), shuffle, records)
     return batches.map(pipe.preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 

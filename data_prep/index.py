@@ -52,7 +52,7 @@ from common.base.errors import BenchError
 from common.base.files import atomic_path, write_text_atomic
 from common.io.crc import masked_crc32c
 from common.io.decompress import WHOLE_MAX_BYTES, DigestingReader, record_stream
-from common.io.formats import SPLITS, TRAIN, VALIDATION
+from common.io.formats import SPLITS, TRAIN
 from common.io.formats import cosmoflow as record_format, cosmoflow_prep
 from common.io.manifest import MANIFEST_NAME, FileEntry, Manifest, SplitEntry
 from common.io.manifest_write import write_manifest

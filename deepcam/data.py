@@ -170,12 +170,11 @@ def _tfdata_dataset(shard: Shard, rank_input: RankInput, cfg: DeepCamDataConfig,
         return tf.data.TFRecordDataset(path, compression_type=compression).skip(start).take(count)
 
     # A pass is shard.samples records, batched on its own: no batch spans two passes, and a validation block
-    # that is not a whole number of batches ends with a partial one. A node share's ranks divide its files from
-    # the run's seed; a rank alone orders its own from its seed.
+    # that is not a whole number of batches ends with a partial one.
     records = Records(read=read, parse=_record_parser(manifest.sample_shape), batch=batch,
                       drop_remainder=shard.local is not None, read_threads=cfg.read_threads,
                       shuffle_buffer=cfg.shuffle_buffer)
-    batches = epoch_batches(columns, shard.local, (run_seed if shard.local else seed, seed), shuffle, records)
+    batches = epoch_batches(columns, shard.local, (run_seed, seed), shuffle, records)
     return batches.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
 
 

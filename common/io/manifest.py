@@ -17,7 +17,6 @@ version in `FORMATS`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 from pathlib import Path

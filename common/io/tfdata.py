@@ -38,10 +38,13 @@ class Records:
 def epoch_batches(items: Sequence, local: tuple[int, int] | None, seeds: tuple[int, int], shuffle: bool,
                   records: Records):
     """Endless batches of `items` (paths, or a tuple of per-file columns) epoch after epoch; `local` =
-    (local_rank, local_size) divides them as a node share; `seeds`: (the files' order's, the records' order's)."""
+    (local_rank, local_size) divides them as a node share. `seeds` = (run seed, rank seed): a node's ranks divide
+    its files from the run seed (the same on all of them); a rank alone orders its own files, and every rank
+    shuffles its records, from its rank seed."""
     import tensorflow as tf
     count = len(items[0]) if isinstance(items, tuple) else len(items)
-    file_seed, record_seed = seeds
+    run_seed, record_seed = seeds
+    file_seed = run_seed if local else record_seed
 
     def epoch(files, number):
         if shuffle:

@@ -16,7 +16,6 @@ from common.base import exits
 from common.base.documents import Figure, check
 from common.base.files import write_json_atomic
 from common.runtime.config import MlperfConfig, to_dict
-from common.base.errors import BenchError
 
 
 PARTIAL_KEYS = ("loss_sum", "seconds")  # Progress.partial: the running sums of the epoch in progress
