@@ -1,12 +1,11 @@
-"""The distributed runtime: the one module that imports Horovod, besides the elastic mode's own
-(common/runtime/elastic.py, which imports `horovod.tensorflow.elastic`).
+"""The distributed runtime: the rank layout and the collectives the suite needs, as one frozen `DistEnv`.
 
-`init_distributed(cfg.dist)` returns a frozen `DistEnv`. Under horovodrun (or mpirun/srun
-with an MPI launcher) it sets Horovod's tensor-fusion, cycle-time and hierarchical-allreduce
-environment before `hvd.init()` (common/runtime/hvd_settings.py; a variable the user set wins);
-otherwise it returns a single-process env whose collectives are identities, so every tool also
-runs plainly. It also pins one GPU per local rank when
-GPUs exist and sets TensorFlow's CPU thread pools from the cores and ranks per node.
+`init_distributed(cfg.dist)` returns a frozen `DistEnv`. Under horovodrun (or mpirun/srun with an MPI launcher) it
+sets Horovod's tensor-fusion, cycle-time and hierarchical-allreduce environment before `hvd.init()`
+(common/runtime/hvd_settings.py; a variable the user set wins) and its collectives are Horovod's
+(common/runtime/horovod_env.py); otherwise it returns a single-process env whose collectives are identities, so every
+tool also runs plainly. It also pins one GPU per local rank when GPUs exist and sets TensorFlow's CPU thread pools
+from the cores and ranks per node.
 
 The ranks also agree here on stopping: `StopRequests` turns a scheduler's stop signal into a request that every
 rank honours after the same step (the last section).
@@ -41,16 +40,16 @@ class DistEnv:
     node: int = 0  # this rank's node (Horovod's cross rank)
     threads: int = 1
     gpu: bool = False
-    # The GPU TensorFlow computes on, as an index into this process's visible devices (CUDA_VISIBLE_DEVICES):
-    # what DALI's device_id must be. 0 on every rank when each rank sees one GPU (the shipped job scripts).
+    # The GPU TensorFlow computes on, as an index into this process's visible devices (CUDA_VISIBLE_DEVICES): what
+    # DALI's device_id must be. 0 on every rank when each rank sees one GPU (the shipped job scripts).
     gpu_index: int | None = None
     horovod: bool = False
     # The HOROVOD_* variables hvd.init() read and which of them the environment set over the config
     # (common/runtime/hvd_settings.py), and what Horovod uses of them in this layout and build.
     settings: hvd_settings.HorovodSettings = dataclasses.field(default_factory=hvd_settings.HorovodSettings)
     horovod_used: dict = dataclasses.field(default_factory=dict)
-    # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor
-    # allreduce, allgather and broadcast, so grouped allreduces become one allreduce per tensor.
+    # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor allreduce,
+    # allgather and broadcast, so grouped allreduces become one allreduce per tensor.
     elastic: bool = False
 
     @property
@@ -61,88 +60,61 @@ class DistEnv:
     def num_nodes(self) -> int:
         return max(1, self.size // max(1, self.local_size))
 
+    @property
+    def several(self) -> bool:
+        """Whether collectives cross ranks: Horovod started with more than one rank (else they are identities)."""
+        return self.horovod and self.size > 1
+
     def allreduce_gradients(self, grads: Sequence[Any]) -> list:
         """Average gradients over ranks in one grouped (fused) allreduce; call inside tf.function."""
-        if not self.horovod or self.size == 1:
-            return list(grads)
-        return self._allreduce_each(grads, "Average")
-
-    def _allreduce_each(self, tensors: Sequence[Any], op: str) -> list:
-        """One grouped allreduce, or (elastic mode) one allreduce per tensor."""
-        import horovod.tensorflow as hvd
-        if self.elastic:
-            return [hvd.allreduce(t, op=getattr(hvd, op)) for t in tensors]
-        return hvd.grouped_allreduce(list(tensors), op=getattr(hvd, op))
+        return _hvd().allreduce(grads, "Average", self.elastic) if self.several else list(grads)
 
     def average(self, value: Any, name: str | None = None) -> Any:
-        """Average a tensor over ranks (identity on one process)."""
-        if not self.horovod or self.size == 1:
-            return value
-        import horovod.tensorflow as hvd
-        return hvd.allreduce(value, op=hvd.Average, name=name)
+        """Average a tensor over ranks."""
+        return _hvd().allreduce_one(value, "Average", name) if self.several else value
 
     def sum(self, value: Any, name: str | None = None) -> Any:
-        """Sum a tensor over ranks (identity on one process)."""
-        if not self.horovod or self.size == 1:
-            return value
-        import horovod.tensorflow as hvd
-        return hvd.allreduce(value, op=hvd.Sum, name=name)
+        """Sum a tensor over ranks."""
+        return _hvd().allreduce_one(value, "Sum", name) if self.several else value
 
     def sum_grouped(self, values: Sequence[Any]) -> list:
-        """Sum each tensor over ranks in one grouped (fused) allreduce (identities on one process)."""
-        if not self.horovod or self.size == 1:
-            return list(values)
-        return self._allreduce_each(values, "Sum")
+        """Sum each tensor over ranks in one grouped (fused) allreduce."""
+        return _hvd().allreduce(values, "Sum", self.elastic) if self.several else list(values)
 
     def average_variables(self, variables: Sequence[Any]) -> None:
         """Replace each variable (e.g. batch-norm running statistics) by its mean over ranks."""
-        if not self.horovod or self.size == 1 or not variables:
-            return
-        means = self._allreduce_each([v.value for v in variables], "Average")
-        for var, mean in zip(variables, means):
-            var.assign(mean)
+        if self.several and variables:
+            for var, mean in zip(variables, _hvd().allreduce([v.value for v in variables], "Average", self.elastic)):
+                var.assign(mean)
 
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int = 0) -> None:
         """Overwrite `variables` (Keras 3 or tf.Variables) with rank 0's values."""
-        if not self.horovod or self.size == 1:
-            return
-        import horovod.tensorflow as hvd
-        hvd.broadcast_variables([_tf_variable(v) for v in variables], root_rank=root_rank)
+        if self.several:
+            _hvd().broadcast_variables(variables, root_rank)
 
     def gather_object(self, obj: Any) -> list:
         """Every rank's picklable `obj`, in rank order, on every rank."""
-        if not self.horovod or self.size == 1:
-            return [obj]
-        import horovod.tensorflow as hvd
-        return hvd.allgather_object(obj)
+        return _hvd().gather_object(obj) if self.several else [obj]
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         """Rank 0's picklable object on every rank."""
-        if not self.horovod or self.size == 1:
-            return obj
-        import horovod.tensorflow as hvd
-        return hvd.broadcast_object(obj, root_rank=root_rank)
+        return _hvd().broadcast_object(obj, root_rank) if self.several else obj
 
     def barrier(self) -> None:
-        """Return when every rank has called it (an allreduce of one scalar; horovod.tensorflow has no barrier)."""
-        if self.horovod and self.size > 1:
-            import horovod.tensorflow as hvd
-            import tensorflow as tf
-            hvd.allreduce(tf.zeros(()), op=hvd.Sum, name="barrier")
+        """Return when every rank has called it."""
+        if self.several:
+            _hvd().barrier()
+
+
+def _hvd():
+    """common/runtime/horovod_env.py: imported only where Horovod runs."""
+    from common.runtime import horovod_env
+    return horovod_env
 
 
 def current_layout(env: DistEnv) -> DistEnv:
     """`env` with the rank layout Horovod has now (after an elastic reset re-initialised it), elastic set."""
-    import horovod.tensorflow as hvd
-    return dataclasses.replace(env, rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                               local_size=hvd.local_size(), node=hvd.cross_rank(), elastic=True,
-                               horovod_used=_horovod_used(env.settings))
-
-
-def _tf_variable(v: Any) -> Any:
-    """The tf.Variable behind a Keras 3 variable (Horovod needs the TF object)."""
-    inner = getattr(v, "value", v)
-    return inner if hasattr(inner, "assign") else v
+    return dataclasses.replace(env, elastic=True, **_hvd().layout(env.settings))
 
 
 def available_cores() -> int:
@@ -164,31 +136,14 @@ def init_distributed(cfg: DistConfig) -> DistEnv:
     """Start Horovod when launched by a parallel launcher, configure TF devices and threads."""
     # Must precede the first TensorFlow import (Horovod's included) to take effect.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if cfg.onednn else "0")
-    # float32 means float32: oneDNN may otherwise compute fp32 convolutions in bf16 on CPUs
-    # with AMX. A site that wants that trade sets ONEDNN_DEFAULT_FPMATH_MODE=BF16 itself.
+    # float32 means float32: oneDNN may otherwise compute fp32 convolutions in bf16 on CPUs with AMX. A site that
+    # wants that trade sets ONEDNN_DEFAULT_FPMATH_MODE=BF16 itself.
     os.environ.setdefault("ONEDNN_DEFAULT_FPMATH_MODE", "STRICT")
-    layout = _start_horovod(cfg) if launched_distributed() else dict(rank=0, size=1, local_rank=0, local_size=1,
-                                                                     horovod=False)
+    layout = _hvd().start(cfg) if launched_distributed() else dict(rank=0, size=1, local_rank=0, local_size=1,
+                                                                    horovod=False)
     threads = threads_per_rank(cfg, layout["local_size"])
     gpu_index = _configure_tensorflow(threads, cfg.inter_op_threads, layout["local_rank"])
     return DistEnv(threads=threads, gpu=gpu_index is not None, gpu_index=gpu_index, **layout)
-
-
-def _start_horovod(cfg: DistConfig) -> dict:
-    """hvd.init() with the config's Horovod settings where the environment sets none; the layout and settings
-    as DistEnv fields."""
-    settings = hvd_settings.resolve(cfg)
-    os.environ.update(settings.values)
-    import horovod.tensorflow as hvd
-    hvd.init()
-    return dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
-                node=hvd.cross_rank(), horovod=True, settings=settings, horovod_used=_horovod_used(settings))
-
-
-def _horovod_used(settings: hvd_settings.HorovodSettings) -> dict:
-    """What the initialised Horovod uses of `settings` in its current layout and build."""
-    import horovod.tensorflow as hvd
-    return settings.effective(hvd.size(), hvd.local_size(), bool(hvd.nccl_built() or hvd.ddl_built()))
 
 
 def pick_gpu(local_rank: int, visible: int) -> int | None:
@@ -223,19 +178,10 @@ def describe(env: DistEnv) -> str:
 
 
 # ---------------------------------------------------------------------------- stop requests
-# Stopping cleanly on the signals batch schedulers send before the wall-time limit (docs/faults.md).
-#
-# Slurm (`--signal`, scancel), LSF (`bkill`, `-wa`) and PBS send SIGTERM or SIGUSR1 to every task some time
-# before they kill it. `StopRequests.install()` turns those signals into a flag instead of death. Every
-# rank must stop after the same step, even when the signal reached only some of them: the flag rides in the
-# training step's gradient allreduce (`StopRequests.flag`, one more scalar in the fused allreduce; no collective of its
-# own), and the loop reads the agreed value after the step. Steps that do not carry it fall back to `agreed_now`,
-# a blocking one-scalar allreduce per step. Then every rank writes a checkpoint, logs run_stop with status
-# aborted and exits with common/base/exits.STOPPED (75, EX_TEMPFAIL: try again later, from the checkpoint).
-#
-# The train entry points install the handler before anything else (common/runtime/command.guarded_run), so a
-# signal during start-up is remembered too: the run then ends before run_start (`StoppedBeforeStart`, also
-# exit 75), at the first point where its ranks meet (common/runtime/run.Run.init_start and start).
+# The signals batch schedulers send before the wall-time limit become a request that every rank honours after the same
+# step, even when only some ranks were signalled: it rides in the training step's gradient allreduce (or, in steps
+# that do not carry it, `agreed_now`'s one-scalar allreduce). Before run_start the run ends at the first point its
+# ranks meet (`StoppedBeforeStart`). What a stop then does, and why: docs/faults.md, "Stop signals".
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -270,7 +216,7 @@ class StopRequests:
 
     def agreed_now(self, dist: DistEnv) -> int:
         """Collective: how many ranks have been asked to stop (0: keep going)."""
-        if not dist.horovod or dist.size == 1:
+        if not dist.several:
             return int(bool(self.signum))
         import tensorflow as tf
         return int(dist.sum(tf.constant(float(bool(self.signum))), name="stop_request"))

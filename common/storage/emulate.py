@@ -114,7 +114,7 @@ class EmulatedRank(Callback):
         flags = [self.stop.local.read_value()] if self.stop is not None else []
         values = [tf.zeros(())] + flags
         exchange = None
-        if self.dist.horovod and self.dist.size > 1:
+        if self.dist.several:
             exchange = self.exchange.submit(self._allreduce, values)
         time.sleep(seconds)
         if exchange is not None:
