@@ -1,13 +1,12 @@
-"""CosmoFlow input pipeline: TFRecords (see docs/formats.md) through tf.data or NVIDIA DALI.
+"""CosmoFlow input pipeline: TFRecords (docs/formats.md) through NVIDIA DALI, or tf.data (cosmoflow/tfdata.py).
 
-`build_datasets` checks the dataset against its manifest up front (sample shape, the files
-this rank reads, sizes, counts that divide across ranks and batches), shards files by rank
-(rank r reads files r, r+size, ...; with data.stage_mode=node_share the node's share, divided
-between its ranks afresh every epoch, see common/io/input.py), and returns repeated batched
-datasets of (B, D, H, W, 4) float32 log(1 + counts) and (B, 4) float32 targets. Both loaders
-give the same tensors. A rank of a spatial group (the hybrid Mesh-TF path) passes its `SampleBlock` (cosmoflow/mesh/groups.py): it
-then decodes and hands on only its block (B, D/pd, H/ph, W, 4) of every sample, cut from the raw bytes, or reads
-the block's own records (`block_records`).
+`build_datasets` checks the dataset against its manifest up front (sample shape, the files this rank reads, sizes,
+counts that divide across ranks and batches), shards files by rank (rank r reads files r, r+size, ...; with
+data.stage_mode=node_share the node's share, divided between its ranks afresh every epoch, see common/io/input.py),
+and returns repeated batched datasets of (B, D, H, W, 4) float32 log(1 + counts) and (B, 4) float32 targets. Both
+loaders give the same tensors. A rank of a spatial group (the hybrid Mesh-TF path) passes its `SampleBlock`
+(cosmoflow/mesh/groups.py): it then decodes and hands on only its block (B, D/pd, H/ph, W, 4) of every sample, cut
+from the raw bytes, or reads the block's own records (`block_records`).
 """
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from common.io.formats.cosmoflow import FORMAT
 from common.io.input import Datasets, Shard, dali_reader_sharding, open_input, rank_shards
 from common.io.manifest import Manifest, check_split_counts, load_manifest
 from common.runtime.dist import DistEnv
+from cosmoflow import tfdata
 from cosmoflow.config import CosmoDataConfig
 from cosmoflow.mesh.groups import SampleBlock, block_records
 
@@ -47,7 +47,7 @@ def build_datasets(cfg: CosmoDataConfig, sample_shape: Sequence[int], local_batc
                             check=lambda manifest: _records_read(manifest, cfg, sample_shape, block))
     # The block's own records (data_prep cosmo-blocks) are a dataset of their own, read whole.
     own = rank_input.manifest.root != Path(cfg.dir)
-    make = _dali_dataset if rank_input.loader == "dali" else _tfdata_dataset
+    make = _dali_dataset if rank_input.loader == "dali" else tfdata.tfdata_dataset
     preprocess = _preprocess(cfg, rank_input.manifest)
     pipe = Pipe(rank_input.manifest, cfg, local_batch, dist, seed, preprocess, None if own else block)
     train = make(pipe, rank_input.train, cfg.shuffle, seed + dist.rank)
@@ -162,20 +162,6 @@ def _rank_entries(manifest: Manifest, split: str, rank: int, size: int, drop: bo
     return entries[rank::size]
 
 
-# ---------------------------------------------------------------------------- tf.data
-def _tfdata_dataset(pipe: Pipe, shard: Shard, shuffle: bool, seed: int):
-    import tensorflow as tf
-    from common.io.tfdata import Records, epoch_batches
-    manifest, cfg = pipe.manifest, pipe.cfg
-    compression = "GZIP" if manifest.compression == "gzip" else ""
-    records = Records(read=lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-                      parse=_record_parser(manifest.sample_shape, manifest.target_size, pipe.block),
-                      batch=pipe.batch, drop_remainder=True, read_threads=cfg.read_threads,
-                      shuffle_buffer=cfg.shuffle_buffer)
-    batches = epoch_batches(list(shard.files), shard.local, (pipe.seed, seed), shuffle, records)
-    return batches.map(pipe.preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(cfg.prefetch)
-
-
 def _preprocess(cfg: CosmoDataConfig, manifest: Manifest):
     """int16 counts -> float32 log(1 + counts), standardised per channel when data.normalize is set.
 
@@ -215,20 +201,6 @@ def channel_stats(manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
     if np.any(arrays[1] <= 0):
         raise BenchError(f"{where}: input_stats.std is {stats['std']}, expected positive values")
     return arrays[0], arrays[1]
-
-
-def _record_parser(sample_shape: Sequence[int], target_size: int, block: SampleBlock | None = None):
-    import tensorflow as tf
-    features = record_format.tf_features(target_size)
-
-    def parse(record):
-        # (D, H, W, C) int16 (or the block's (d, h, W, C)), (target_size,) float32; fails on a wrong-size record
-        example = tf.io.parse_single_example(record, features)
-        if block is None:
-            return record_format.tf_decode(example, sample_shape)
-        return cosmoflow_blocks.tf_decode_block(example, sample_shape, block.depth, block.height)
-
-    return parse
 
 
 # ---------------------------------------------------------------------------- DALI
@@ -285,16 +257,5 @@ def read_error(cfg: CosmoDataConfig, local_batch: int, dist: DistEnv, err: Excep
     files = [f for shard in shards.values() for f in shard.files]
     problem = first_bad_record(files, manifest.compression,
                                record_format.tf_features(manifest.target_size),
-                               record_format.describe(manifest.target_size), wrong_size(manifest.sample_shape))
+                               record_format.describe(manifest.target_size), tfdata.wrong_size(manifest.sample_shape))
     return read_failure("CosmoFlow", err, files, dist.rank, problem)
-
-
-def wrong_size(sample_shape: Sequence[int]):
-    """What is wrong with a parsed record's sample size for `sample_shape`, or None."""
-    expected = int(np.prod(sample_shape))
-
-    def check(example: dict) -> str | None:
-        found = len(example[record_format.SAMPLE_KEY].numpy()) // record_format.STORED_SAMPLE_DTYPE.itemsize
-        return None if found == expected else (f"holds {found} int16 values, expected {expected} for the sample "
-                                               f"shape {list(sample_shape)}")
-    return check

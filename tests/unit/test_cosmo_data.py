@@ -8,7 +8,7 @@ import pytest
 
 from common.io.bad_record import first_bad_record
 from common.io.formats import cosmoflow as record_format
-from cosmoflow.data import wrong_size
+from cosmoflow.tfdata import wrong_size
 from data_prep import tfrecords
 
 SHAPE = (4, 4, 4, 4)
