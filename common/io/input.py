@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Collection, Literal, Sequence, TypedDict
+from typing import Any, Callable, Collection, Sequence
 
-from common.base.documents import check
 from common.base.errors import BenchError
 from common.io.formats import SPLITS, TRAIN, VALIDATION
 from common.io.manifest import (MANIFEST_NAME, Manifest, check_shard_files, check_split_counts, load_manifest,
@@ -26,50 +25,8 @@ from common.io.node_share import node_share, node_share_loader
 LOADERS = ("auto", "tfdata", "dali")
 
 
-# ---------------------------------------------------------------------------- the training stream's position
-# Where a rank's training stream starts (InputPlan) and what its order depends on (InputPosition, saved in a
-# checkpoint's meta.json as "input"; common/runtime/checkpoint.py).
-class Layout(TypedDict):
-    """What a DALI stream's order depends on beside its loader and seed (LAYOUT_KEYS). ranks_per_node: the ranks
-    of a node that share its files under data.stage_mode=node_share (0 otherwise, where a rank's files follow from
-    ranks alone)."""
-
-    run_seed: int
-    ranks: int
-    ranks_per_node: int
-    node_share: bool
-    local_batch_size: int
-    shuffle: bool
-    shuffle_buffer: int
-    strategy: str
-
-
-@dataclasses.dataclass(frozen=True)
-class InputPosition:
-    """What a rank's training stream depends on, saved in meta.json as "input": rebuilt with the same loader,
-    seed and layout it gives the same batches, and the run has taken `global_step - start_step` of them."""
-
-    loader: Literal["tfdata", "dali", ""]  # the input pipeline ("" for a rank layout whose position cannot be replayed)
-    seed: int  # the input seed the datasets were built with (the run's, or a reseeded one)
-    start_step: int  # the global step at which this stream began (0, or where a reseeded attempt began)
-    layout: Layout  # LAYOUT_KEYS: the rank layout and the settings the stream's order depends on
-
-    def __post_init__(self):
-        check(self.start_step >= 0, "start_step", self.start_step, "an integer >= 0")
-        for key, minimum in (("ranks", 1), ("ranks_per_node", 0), ("local_batch_size", 1), ("shuffle_buffer", 1)):
-            value = self.layout.get(key)
-            check(value is None or value >= minimum, f"layout.{key}", value, f"an integer >= {minimum}")
-
-    def to_meta(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def layout_change(self, layout: dict) -> str:
-        """How `layout` differs from the saved one ("" when it does not), for the log."""
-        changed = [f"{key} {self.layout.get(key)!r} -> {layout.get(key)!r}" for key in LAYOUT_KEYS
-                   if self.layout.get(key) != layout.get(key)]
-        return ", ".join(changed)
-
-
+# ---------------------------------------------------------------------------- the training stream's start
+# (What its order depends on, saved in a checkpoint: common/runtime/checkpoint.py `InputPosition`.)
 @dataclasses.dataclass(frozen=True)
 class InputPlan:
     """Where a run's training input starts: the seed its datasets are built with, the global step its stream
@@ -80,9 +37,6 @@ class InputPlan:
     restore: str = ""  # "iterator": tf.data's saved state; "replay": skip `skip` batches; "": starts afresh
     skip: int = 0  # batches of the rebuilt stream already consumed (restore "replay")
     why_afresh: str = ""  # a resumed run's reason for starting afresh
-
-
-LAYOUT_KEYS = tuple(Layout.__annotations__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +50,8 @@ class Datasets:
     train_samples: int  # over all ranks, per epoch
     val_samples: int
     local_batch_size: int
-    # For the I/O report: the dataset's mean on-disk bytes per record, and the record files one pass
-    # over this rank's training and validation shards opens.
+    # For the I/O report: the dataset's mean on-disk bytes per record, and the record files one pass over this rank's
+    # training and validation shards opens.
     record_bytes: float = 0.0
     train_files: int = 0
     val_files: int = 0
@@ -130,8 +84,8 @@ class Shard:
     runs: tuple[tuple[int, int], ...]  # per file: (first record, records read)
     samples: int  # on this rank per epoch
     global_samples: int  # what the ranks read together per epoch (DeepCAM's training: the split's samples)
-    # node_share: `files` are the node's share, divided between its ranks afresh every epoch from the run seed;
-    # (local rank, ranks per node). None: the files are this rank's.
+    # node_share: `files` are the node's share, divided between its ranks afresh every epoch from the run seed; (local
+    # rank, ranks per node). None: the files are this rank's.
     local: tuple[int, int] | None = None
 
 
@@ -199,8 +153,8 @@ def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int, dro
     """This rank's node's share of `split` (`node_share`), whole files."""
     share = node_share(manifest, split, (dist.node, dist.num_nodes), (dist.local_rank, dist.local_size), local_batch,
                        drop=drop)
-    # Every rank evaluates samples_per_rank of the node's share: that is what eval_samples says.
-    # With drop, training reads that many too.
+    # Every rank evaluates samples_per_rank of the node's share: that is what eval_samples says. With drop, training
+    # reads that many too.
     together = share.samples_per_rank * dist.size if split == VALIDATION or drop else share.global_samples
     root = manifest.root
     return Shard(split=split, files=tuple(str(root / e.path) for e in share.files),

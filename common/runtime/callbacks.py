@@ -15,19 +15,13 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from common.io.input import InputPlan
-from common.runtime.loop import Callback, Loop, shared_variables
+from common.runtime.loop import Callback, Loop
 from common.runtime.config import CheckpointConfig
 from common.runtime.summary import RUN_ABORTED, RUN_SUCCESS, Progress
 from common.runtime.dist import StopRequests
 
 if TYPE_CHECKING:  # checkpoint.py is imported only by a run that writes or reads a checkpoint
     from common.runtime.checkpoint import Checkpointer, Meta
-
-
-def replayed(train, plan: InputPlan):
-    """The training dataset from the checkpoint's position when `plan` replays it: a DALI stream rebuilt with the
-    checkpoint's seed gives the same batches, and the consumed ones are read and dropped inside tf.data."""
-    return train.skip(plan.skip) if plan.restore == "replay" and plan.skip else train
 
 
 class EvalEverySteps(Callback):
@@ -68,20 +62,9 @@ class Checkpoints(Callback):
 
     def start(self, loop: Loop) -> None:
         if self.resume is not None:
-            self.restore(loop)
+            from common.runtime.checkpoint import resume_loop
+            resume_loop(loop, self.resume, self.plan)
         self.attempt = loop.start
-
-    def restore(self, loop: Loop) -> None:
-        """Continue from the checkpoint `resume`: rank 0 reads the shared variables and every rank takes them,
-        each rank its own; the input from the checkpoint's position; the loop from its progress."""
-        from common.runtime.checkpoint import restore_rank, restore_shared
-        model, optimizer, dist = loop.trainee.model, loop.trainee.optimizer, loop.dist
-        restore_shared(self.resume, model, optimizer, dist)
-        dist.broadcast_variables(shared_variables(model) + optimizer.variables)
-        loop.train_iter = iter(replayed(loop.data.train, self.plan))
-        restore_rank(self.resume, model, loop.train_iter, dist, loop.log, self.plan)
-        saved = self.resume.progress
-        loop.start_at(dataclasses.replace(saved, attempt=saved.attempt + 1))
 
     def after_epoch(self, loop: Loop) -> None:
         if self.due(loop.epoch):

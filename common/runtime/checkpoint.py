@@ -28,7 +28,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence, TypedDict
 
 import numpy as np
 
@@ -37,8 +37,9 @@ from common.runtime.dist import DistEnv
 from common.base import documents
 from common.base.documents import check
 from common.base.errors import BenchError
-from common.io.input import InputPlan, InputPosition
+from common.io.input import InputPlan, dali_plugin_available
 from common.io.manifest import xxh3_128_file
+from common.runtime.loop import Loop, shared_variables
 from common.runtime.summary import Progress
 
 FORMAT = "hpc-sciml-checkpoint"
@@ -46,6 +47,80 @@ VERSION = 1
 META = "meta.json"
 MODEL_FILE = "model.npz"
 _NAME = re.compile(r"^ckpt-(\d{9})$")
+
+
+# ---------------------------------------------------------------------------- the training stream's position
+# What a rank's training stream depends on (InputPosition, saved in meta.json as "input"); where it starts is
+# common/io/input.py's InputPlan.
+class Layout(TypedDict):
+    """What a DALI stream's order depends on beside its loader and seed (LAYOUT_KEYS). ranks_per_node: the ranks of a
+    node that share its files under data.stage_mode=node_share (0 otherwise, where a rank's files follow from ranks
+    alone)."""
+
+    run_seed: int
+    ranks: int
+    ranks_per_node: int
+    node_share: bool
+    local_batch_size: int
+    shuffle: bool
+    shuffle_buffer: int
+    strategy: str
+
+
+@dataclasses.dataclass(frozen=True)
+class InputPosition:
+    """What a rank's training stream depends on, saved in meta.json as "input": rebuilt with the same loader, seed and
+    layout it gives the same batches, and the run has taken `global_step - start_step` of them."""
+
+    loader: Literal["tfdata", "dali", ""]  # the input pipeline ("" for a rank layout whose position cannot be replayed)
+    seed: int  # the input seed the datasets were built with (the run's, or a reseeded one)
+    start_step: int  # the global step at which this stream began (0, or where a reseeded attempt began)
+    layout: Layout  # LAYOUT_KEYS: the rank layout and the settings the stream's order depends on
+
+    def __post_init__(self):
+        check(self.start_step >= 0, "start_step", self.start_step, "an integer >= 0")
+        for key, minimum in (("ranks", 1), ("ranks_per_node", 0), ("local_batch_size", 1), ("shuffle_buffer", 1)):
+            value = self.layout.get(key)
+            check(value is None or value >= minimum, f"layout.{key}", value, f"an integer >= {minimum}")
+
+    def to_meta(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def layout_change(self, layout: dict) -> str:
+        """How `layout` differs from the saved one ("" when it does not), for the log."""
+        changed = [f"{key} {self.layout.get(key)!r} -> {layout.get(key)!r}" for key in LAYOUT_KEYS
+                   if self.layout.get(key) != layout.get(key)]
+        return ", ".join(changed)
+
+
+LAYOUT_KEYS = tuple(Layout.__annotations__)
+
+
+def input_layout(cfg: Any, dist: DistEnv, strategy: Any) -> dict:
+    """What the order of a rank's training stream depends on beside its loader and seed (LAYOUT_KEYS)."""
+    data = cfg.data
+    node_share = bool(data.stage_dir) and data.stage_mode == "node_share"
+    return {"run_seed": cfg.run.seed, "ranks": dist.size, "ranks_per_node": dist.local_size if node_share else 0,
+            "node_share": node_share, "local_batch_size": cfg.train.local_batch_size, "shuffle": data.shuffle,
+            "shuffle_buffer": data.shuffle_buffer, "strategy": strategy.name}
+
+
+def resume_loader(requested: str, resume: Meta) -> str:
+    """The loader a resumed run reads with: data.loader, except that `auto` reads with the checkpoint's loader when
+    that one is installed, so that it continues the checkpoint's input stream."""
+    saved = resume.input
+    if requested != "auto" or saved is None or saved.loader not in ("tfdata", "dali"):
+        return requested
+    return saved.loader if saved.loader == "tfdata" or dali_plugin_available() else "tfdata"
+
+
+def log_resumed(resume: Meta, mlperf: Any, log: Callable[[str], None]) -> None:
+    """At run_start of a resumed run: the MLPerf log's `resumed_from_checkpoint` event, and a line for the user."""
+    progress = resume.progress
+    mlperf.event("resumed_from_checkpoint", {
+        "checkpoint": resume.path.name, "epoch": progress.epoch, "step": progress.step,
+        "attempt": progress.attempt + 1, "earlier_seconds": round(progress.earlier_seconds, 3)})
+    log(f"resuming from {resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
 
 
 def plan_input(resume: Meta | None, seeds: tuple[int, int], loader: str, layout: dict) -> InputPlan:
@@ -371,6 +446,25 @@ def _fsync_dir(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- restoring
+def resume_loop(loop: Loop, resume: Meta, plan: InputPlan | None) -> None:
+    """Continue `loop` from the checkpoint `resume` (callbacks.py `Checkpoints`, at the loop's start): rank 0 reads
+    the shared variables and every rank takes them, each rank its own; the input from the checkpoint's position
+    (`plan`); the loop from its progress."""
+    model, optimizer, dist = loop.trainee.model, loop.trainee.optimizer, loop.dist
+    restore_shared(resume, model, optimizer, dist)
+    dist.broadcast_variables(shared_variables(model) + optimizer.variables)
+    loop.train_iter = iter(replayed(loop.data.train, plan))
+    restore_rank(resume, model, loop.train_iter, dist, loop.log, plan)
+    saved = resume.progress
+    loop.start_at(dataclasses.replace(saved, attempt=saved.attempt + 1))
+
+
+def replayed(train, plan: InputPlan | None):
+    """The training dataset from the checkpoint's position when `plan` replays it: a DALI stream rebuilt with the
+    checkpoint's seed gives the same batches, and the consumed ones are read and dropped inside tf.data."""
+    return train.skip(plan.skip) if plan is not None and plan.restore == "replay" and plan.skip else train
+
+
 def restore_shared(resume: Meta, model, optimizer, dist: DistEnv) -> None:
     """Rank 0 loads the model and optimizer variables (fit() then broadcasts them to the other ranks)."""
     if dist.is_root:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from common.base.cli import write_traceback
 from common.base.errors import BenchError
-from common.io.input import Datasets, InputPlan, InputPosition, dali_plugin_available
+from common.io.input import Datasets, InputPlan
 from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
 from common.runtime.callbacks import Checkpoints, EvalEverySteps, StopSignal, keep_trained
@@ -83,9 +83,7 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
         strategy.prepare(cfg)  # hybrid: each group's Mesh-TF cluster and graphs
         run.init_stop(strategy, app.hyperparameters(cfg, strategy))
         run.start()  # run_start: the timed part
-        data_cfg = run.stage(rank_files, "in_run")
-        data_cfg = dataclasses.replace(data_cfg, loader=plan_loader(data_cfg.loader, run.resume))
-        plan = run.plan_input(strategy, data_cfg.loader)
+        data_cfg, plan = run.plan_input(strategy, run.stage(rank_files, "in_run"))
         run.data = app.input(cfg, data_cfg, strategy, plan.seed)
         run.input_ready()
         read_error = functools.partial(app.read_error, data_cfg, cfg.train.local_batch_size, strategy.input_dist)
@@ -145,15 +143,6 @@ def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
 def root_log(dist: DistEnv) -> Callable[..., None]:
     """print (flushed) on rank 0, nothing elsewhere."""
     return functools.partial(print, flush=True) if dist.is_root else (lambda *_: None)
-
-
-def plan_loader(requested: str, resume: Meta | None) -> str:
-    """The loader a run reads with: data.loader, except that a resumed run with `auto` reads with its
-    checkpoint's loader when that one is installed, so that it continues the checkpoint's input stream."""
-    saved = resume.input if resume else None
-    if requested != "auto" or saved is None or saved.loader not in ("tfdata", "dali"):
-        return requested
-    return saved.loader if saved.loader == "tfdata" or dali_plugin_available() else "tfdata"
 
 
 class Run:
@@ -242,23 +231,18 @@ class Run:
         self.started = True
         self.monitor.started()
         if self.resume:
-            progress = self.resume.progress
-            self.mlperf.event("resumed_from_checkpoint", {
-                "checkpoint": self.resume.path.name, "epoch": progress.epoch, "step": progress.step,
-                "attempt": progress.attempt + 1, "earlier_seconds": round(progress.earlier_seconds, 3)})
-            self.log(f"resuming from {self.resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
+            from common.runtime.checkpoint import log_resumed
+            log_resumed(self.resume, self.mlperf, self.log)
 
-    def plan_input(self, strategy: DataParallel, loader: str) -> InputPlan:
-        """The seed to build the input with, and how a resumed run's input reaches the checkpoint's position:
-        the run's seed; a resumed run's checkpoint's, when its position is restored (tf.data's iterator state)
-        or replayed (a DALI stream of the same seed and layout); else a new one per attempt, so that it does
-        not replay the first epochs' order (`plan_input`)."""
+    def plan_input(self, strategy: DataParallel, data_cfg: Any) -> tuple[Any, InputPlan]:
+        """The data section the input is read with, and how the input starts: from the run's seed, or in a resumed
+        run from the checkpoint's position where it can (checkpoint.py `resume_loader`, `plan_input`)."""
         if self.resume is None:
-            return InputPlan(self.cfg.run.seed)
-        from common.runtime.checkpoint import plan_input
-        attempt = self.resume.progress.attempt
-        return plan_input(self.resume, (self.cfg.run.seed, reseeded(self.cfg.run.seed, attempt)), loader,
-                          input_layout(self.cfg, self.dist, strategy))
+            return data_cfg, InputPlan(self.cfg.run.seed)
+        from common.runtime.checkpoint import input_layout, plan_input, resume_loader
+        data_cfg = dataclasses.replace(data_cfg, loader=resume_loader(data_cfg.loader, self.resume))
+        seeds = (self.cfg.run.seed, reseeded(self.cfg.run.seed, self.resume.progress.attempt))
+        return data_cfg, plan_input(self.resume, seeds, data_cfg.loader, input_layout(self.cfg, self.dist, strategy))
 
     def input_ready(self) -> None:
         self.mlperf.events(dataset_keys(train_samples=self.data.train_samples, eval_samples=self.data.val_samples))
@@ -273,15 +257,12 @@ class Run:
         """The loop's callbacks of this run, in the order they run: checkpoints (resuming first), the monitors,
         in-epoch evaluation, stop signals."""
         cfg, ckpt, data = self.cfg, self.cfg.checkpoint, self.data
-        # A position is kept (saved, or replayable) only when every rank reads its own stream.
-        position = InputPosition(data.loader if strategy.saves_input_position else "", plan.seed, plan.start_step,
-                                 input_layout(cfg, self.dist, strategy))
         resume = self.resume if not strategy.elastic else None
         checkpoints = None
         if resume or ckpt.every_epochs or ckpt.every_minutes or ckpt.on_signal or ckpt.keep_trained:
             input_state = ckpt.input_state and data.loader == "tfdata" and strategy.saves_input_position
-            checkpoints = Checkpoints(ckpt, lambda: self.checkpointer(position), input_state, self.run_start,
-                                      resume, plan)
+            checkpoints = Checkpoints(ckpt, functools.partial(self.checkpointer, strategy, plan), input_state,
+                                      self.run_start, resume, plan)
         callbacks: list[Callback] = [checkpoints] if checkpoints else []
         callbacks.append(self.monitor)
         if cfg.train.eval_every_steps:
@@ -289,9 +270,12 @@ class Run:
         callbacks.append(StopSignal(self.stop, checkpoints if ckpt.on_signal else None))
         return callbacks + strategy.callbacks()
 
-    def checkpointer(self, position: InputPosition) -> Checkpointer:
-        """The writer of this run's checkpoints; `position`: what its training input's position depends on."""
-        from common.runtime.checkpoint import Checkpointer
+    def checkpointer(self, strategy: DataParallel, plan: InputPlan) -> Checkpointer:
+        """The writer of this run's checkpoints, with what its training input's position depends on (a position is
+        kept, saved or replayable, only when every rank reads its own stream)."""
+        from common.runtime.checkpoint import Checkpointer, InputPosition, input_layout
+        loader = self.data.loader if strategy.saves_input_position else ""
+        position = InputPosition(loader, plan.seed, plan.start_step, input_layout(self.cfg, self.dist, strategy))
         return Checkpointer(self.cfg.checkpoint, self.cfg.run.output_dir, self.dist, self.benchmark, self.log,
                             position)
 
@@ -374,15 +358,6 @@ class Run:
         if stopped or checkpoint:
             fields["checkpoint"] = checkpoint
         return fields
-
-
-def input_layout(cfg: Any, dist: DistEnv, strategy: DataParallel) -> dict:
-    """What the order of a rank's training stream depends on beside its loader and seed (checkpoint.LAYOUT_KEYS)."""
-    data = cfg.data
-    node_share = bool(data.stage_dir) and data.stage_mode == "node_share"
-    return {"run_seed": cfg.run.seed, "ranks": dist.size, "ranks_per_node": dist.local_size if node_share else 0,
-            "node_share": node_share, "local_batch_size": cfg.train.local_batch_size, "shuffle": data.shuffle,
-            "shuffle_buffer": data.shuffle_buffer, "strategy": strategy.name}
 
 
 def staged_data_config(data_cfg, staging: StageResult | None):

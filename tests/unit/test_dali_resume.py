@@ -1,4 +1,4 @@
-"""Exact resume with DALI (common/runtime/checkpoint.py plan_input, common/runtime/callbacks.py replayed): meta.json
+"""Exact resume with DALI (common/runtime/checkpoint.py plan_input, replayed): meta.json
 records what a rank's input position depends on; a resumed run with the same loader, seed and layout keeps the
 checkpoint's seed and skips the batches consumed, else starts afresh with a new seed and says why; and a DALI
 stream rebuilt with the same seed and skipped gives what the uninterrupted stream gives next (the premise)."""
@@ -11,9 +11,8 @@ import pytest
 
 from common.base.errors import BenchError
 from common.runtime.checkpoint import (META, InputPlan, InputPosition, Meta, check_checkpoint, plan_input,
-                                       read_checkpoint, restore_rank)
+                                       read_checkpoint, replayed, restore_rank)
 from common.runtime.dist import DistEnv
-from common.runtime.callbacks import replayed
 from tests.conftest import require_dali
 from tests.unit.test_checkpoint_meta import LAYOUT, SAVED, STEPS, model_and_optimizer, write_checkpoint
 
@@ -142,13 +141,12 @@ def _run(tmp_path, *overrides):
 
 
 def _plan(run):
-    from common.runtime.run import plan_loader
     from common.runtime.strategy import DataParallel
-    return run.plan_input(DataParallel(run.dist), plan_loader(run.cfg.data.loader, run.resume))
+    return run.plan_input(DataParallel(run.dist), run.cfg.data)[1]
 
 
 def test_a_resumed_run_keeps_the_checkpoints_seed_only_for_the_same_layout(tmp_path, monkeypatch):
-    monkeypatch.setattr("common.runtime.run.dali_plugin_available", lambda: True)
+    monkeypatch.setattr("common.runtime.checkpoint.dali_plugin_available", lambda: True)
     _dali_checkpoint(tmp_path)
     with _run(tmp_path) as run:
         plan = _plan(run)
@@ -163,11 +161,11 @@ def test_auto_resumes_with_the_checkpoints_loader_when_installed_else_afresh(tmp
                                                                              loader):
     """data.loader=auto on a resumed run reads with the checkpoint's loader (DALI when its plugin imports), so the
     input is built once, for the position planned; without DALI it reads tf.data and starts afresh."""
-    from common.runtime.run import plan_loader
-    monkeypatch.setattr("common.runtime.run.dali_plugin_available", lambda: installed)
+    from common.runtime.checkpoint import resume_loader
+    monkeypatch.setattr("common.runtime.checkpoint.dali_plugin_available", lambda: installed)
     _dali_checkpoint(tmp_path)
     with _run(tmp_path) as run:
-        assert plan_loader("auto", run.resume) == loader and plan_loader("tfdata", run.resume) == "tfdata"
+        assert resume_loader("auto", run.resume) == loader and resume_loader("tfdata", run.resume) == "tfdata"
         plan = _plan(run)
     assert plan.restore == ("replay" if installed else "")
     assert plan.seed == (12 if installed else 5 + 7919 * SAVED.attempt)
