@@ -21,17 +21,17 @@ class CosmoDataConfig(StagedDataConfig):
     read_threads: int = 2  # parallel file readers / DALI worker threads
     prefetch: int = 2  # batches prepared ahead
     apply_log: bool = True  # x -> log(1 + x), as the reference does
-    # Standardise each channel of log(1 + x) with the training split's mean and std, which cosmo-convert
-    # records in the manifest (input_stats); the reference feeds log(1 + x) as it is.
+    # Standardise each channel of log(1 + x) with the training split's mean and std, which cosmo-convert records in
+    # the manifest (input_stats); the reference feeds log(1 + x) as it is.
     normalize: bool = False
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
-    # A split whose file count the rank count does not divide: refuse (every file is read every epoch, as
-    # MLPerf wants), or drop its last (files mod ranks) files so that every rank reads as many (for odd rank
-    # counts, and for elastic runs that shrink to any size; docs/faults.md).
+    # A split whose file count the rank count does not divide: refuse (every file is read every epoch, as MLPerf
+    # wants), or drop its last (files mod ranks) files so that every rank reads as many (for odd rank counts, and for
+    # elastic runs that shrink to any size; docs/faults.md).
     uneven_files: Literal["refuse", "drop"] = "refuse"
-    # On the spatial path (parallel.spatial): where a rank's block of each sample comes from. auto: the
-    # dataset's per-block records when `python -m data_prep cosmo-blocks` wrote them for this partitioning
+    # On the spatial path (parallel.spatial): where a rank's block of each sample comes from. auto: the dataset's
+    # per-block records when `python -m data_prep cosmo-blocks` wrote them for this partitioning
     # (<dir>/blocks_<pd>x<ph>/, each rank then reads 1/(pd*ph) of the bytes), else cut from the whole records;
     # records: the per-block records or an error; whole: always cut from the whole records.
     blocks: Literal["auto", "records", "whole"] = "auto"
@@ -107,10 +107,9 @@ class ParallelConfig:
 class OptimizerConfig:
     """SGD with momentum; the peak learning rate scales linearly with the global batch.
 
-    weight_decay is the reference's: an L2 penalty `weight_decay * sum(w ** 2)` on the kernels of the two
-    hidden dense layers, added to the loss (not a decoupled decay of every variable).
-    rcp names a reference convergence point of mlperf-logging (e.g. cosmoflow_ref_128): its
-    hyperparameters replace the config's (cosmoflow/config.py)."""
+    weight_decay is the reference's: an L2 penalty `weight_decay * sum(w ** 2)` on the kernels of the two hidden dense
+    layers, added to the loss (not a decoupled decay of every variable). rcp names a reference convergence point of
+    mlperf-logging (e.g. cosmoflow_ref_128): its hyperparameters replace the config's (cosmoflow/config.py)."""
 
     name: str = "sgd"
     base_lr: float = 0.001
@@ -168,14 +167,9 @@ class CosmoConfig:
 
 
 # ---------------------------------------------------------------------------- the reference
-# What a closed-division CosmoFlow run must match: the MLCommons reference's model, data and hyperparameters.
-#
-# `closed_differences(cfg)` lists every setting of a (resolved) config that differs from the reference
-# (mlcommons/hpc `cosmoflow/configs/cosmo.yaml`, `models/cosmoflow.py`, the hpc 3.0.0 dataset of 524,288
-# training and 65,536 validation samples). Hyperparameters count as the reference's when they are its
-# defaults or come from an RCP (`optimizer.rcp`, mapped by cosmoflow/rcp.py); the logged division is closed only when the list is empty
-# (common/runtime/config.py `resolve_division`).
-
+# What a closed-division run must match (mlcommons/hpc cosmoflow/configs/cosmo.yaml, models/cosmoflow.py, the hpc
+# 3.0.0 dataset): `closed_differences` lists every setting that differs; hyperparameters count as the reference's when
+# they are its defaults or an RCP's (cosmoflow/rcp.py). The division is closed only when the list is empty.
 
 TRAIN_SAMPLES, VAL_SAMPLES = 524288, 65536
 MODEL = CosmoModelConfig()  # the defaults are the reference's network (dropout is a hyperparameter)

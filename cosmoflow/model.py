@@ -1,9 +1,8 @@
 """The CosmoFlow 3D CNN of the MLPerf HPC reference, in pure Keras 3 (any backend).
 
-Five blocks of [Conv3D k 'same' -> LeakyReLU -> MaxPool3D 2], then Flatten, two
-[Dense (L2 on the kernel) -> LeakyReLU -> Dropout] layers and a Dense output with tanh scaled by 1.2
-(targets live in [-1, 1]). Every size comes from the arguments, which are the config's
-`model:` section. Channels-last: inputs are (B, D, H, W, C).
+Five blocks of [Conv3D k 'same' -> LeakyReLU -> MaxPool3D 2], then Flatten, two [Dense (L2 on the kernel) ->
+LeakyReLU -> Dropout] layers and a Dense output with tanh scaled by 1.2 (targets live in [-1, 1]). Every size comes
+from the arguments, which are the config's `model:` section. Channels-last: inputs are (B, D, H, W, C).
 
 The loss (`mse_loss`) and the validation metric (`MeanAbsoluteError`) are here too.
 """
@@ -68,10 +67,9 @@ def build_model(input_shape: Sequence[int] = (128, 128, 128, 4),
 
 def _conv_dtype(sizes: Sequence[int], kernel_size: int) -> str | None:
     """"float32" for a convolution whose input is, in some spatial dimension, wider than 1 but narrower than its
-    kernel, under a bfloat16 policy; else None (the global policy). TensorFlow 2.18.1's oneDNN Conv3D weight
-    gradient in bfloat16 is wrong there (values up to 1e36 at 2^3 x 128 with a 3^3 kernel: the CosmoFlow mini's
-    fifth block; docs/stack.md, "bfloat16"), and such a block costs little in float32. The reference's
-    128^3 model never has one."""
+    kernel, under a bfloat16 policy; else None (the global policy). TensorFlow 2.18.1's oneDNN Conv3D weight gradient
+    in bfloat16 is wrong there (values up to 1e36 at 2^3 x 128 with a 3^3 kernel: the CosmoFlow mini's fifth block;
+    docs/stack.md, "bfloat16"), and such a block costs little in float32. The reference's 128^3 model has none."""
     small = any(1 < n < kernel_size for n in sizes)
     return "float32" if small and keras.config.dtype_policy().compute_dtype == "bfloat16" else None
 
@@ -100,8 +98,7 @@ PARAMETERS = ("Omega_m", "sigma_8", "n_s", "H_0")
 class MeanAbsoluteError:
     """MAE over all validation samples and parameters, from sums that add across ranks.
 
-    The sums are [count of values, sum of |error| per parameter ...], so the per-parameter
-    MAE is reported too.
+    The sums are [count of values, sum of |error| per parameter ...], so the per-parameter MAE is reported too.
     """
 
     name = "mae"

@@ -1,13 +1,12 @@
 """Train CosmoFlow to its quality target: `python cosmoflow/train.py CONFIG [key=value ...]`.
 
-Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved),
-mlperf.log (MLPerf HPC events, rank 0), summary.json and io_report.json. Exit codes: 0 target reached,
-1 target not reached within train.max_epochs, 2 bad input or config, 3 non-finite loss, 4 internal error,
-75 stopped by SIGTERM or SIGUSR1 (after a checkpoint; resume with checkpoint.resume=true).
-With parallel.spatial=[pd,ph] (pd * ph > 1) groups of pd * ph ranks split every sample's cube
-between them through Mesh-TensorFlow and the groups train data-parallel (cosmoflow/mesh/, docs/mesh.md);
-with dist.elastic.enabled=true ranks may die or join (docs/faults.md). The reference's learning-rate schedule
-(LRSchedule) is the last section.
+Runs alone or under `horovodrun -np N`. Writes into run.output_dir: config.yaml (resolved), mlperf.log (MLPerf HPC
+events, rank 0), summary.json and io_report.json. Exit codes: 0 target reached, 1 target not reached within
+train.max_epochs, 2 bad input or config, 3 non-finite loss, 4 internal error, 75 stopped by SIGTERM or SIGUSR1 (after
+a checkpoint; resume with checkpoint.resume=true). With parallel.spatial=[pd,ph] (pd * ph > 1) groups of pd * ph ranks
+split every sample's cube between them through Mesh-TensorFlow and the groups train data-parallel (cosmoflow/mesh/,
+docs/mesh.md); with dist.elastic.enabled=true ranks may die or join (docs/faults.md). The reference's learning-rate
+schedule (LRSchedule) is the last section.
 """
 from __future__ import annotations
 
@@ -118,20 +117,10 @@ APP = run.App(name="cosmoflow", config=CosmoConfig, build=build, input=input_pip
               example_batch=example_batch, scoring=scoring)
 
 # ---------------------------------------------------------------------------- the learning-rate schedule
-# Learning-rate schedule of the MLPerf HPC CosmoFlow reference: linear scaling, warm-up, step decay.
-#
-# The peak rate is `base_lr * global_batch / base_batch_size`. The reference (mlcommons/hpc
-# `cosmoflow/utils/optimizers.py`, through Keras' `LearningRateScheduler`) sets the rate once, at the start
-# of each 0-based epoch `e`:
-#
-# - `e < warmup_epochs`: `base_lr + e * (peak - base_lr) / warmup_epochs`;
-# - otherwise `peak * f`, where `f` is the factor of the largest decay boundary `b` with `b < e` (strictly),
-# 1 before the first boundary. Factors are relative to the peak, as the reference's `{32: 0.25, 64: 0.125}`.
-#
-# That is the default (`schedule.granularity: epoch`). `schedule.granularity: step` is this suite's variant:
-# the warm-up ramps at every step over the fractional epoch, and a decay applies from `epoch >= b`, one
-# epoch before the reference's. It is not the reference's rule: a run using it is logged open
-# (cosmoflow/config.py `closed_differences`) and the MLPerf log names it (`opt_learning_rate_schedule_granularity`).
+# The MLPerf HPC CosmoFlow reference's (mlcommons/hpc cosmoflow/utils/optimizers.py): peak base_lr x global batch /
+# base_batch_size; one rate per 0-based epoch e: warm-up base_lr + e (peak - base_lr) / warmup_epochs, then peak times
+# the factor of the largest decay boundary b < e. `schedule.granularity: step` is the suite's per-step variant (ramps
+# within epochs, decays from e >= b), logged open. docs/fidelity.md, "learning rate".
 @dataclasses.dataclass(frozen=True)
 class LRSchedule:
     """Learning rate as a function of the (fractional) epoch, 0-based."""

@@ -1,18 +1,16 @@
 """Dataset manifests: the typed description of a converted dataset directory (`manifest.json`).
 
-A converter writes `manifest.json` last, atomically, so a directory without one is an unfinished
-conversion. The manifest names the record format, the shape and dtype of one sample, the target
-size (and, for targets that are not a vector, their shape and dtype), the compression, where the
-data came from, for every split its sample count and files (path relative to the directory, record
-count, byte size, sha256 and xxh3-128, and the DALI index file if any), and any auxiliary files the loader needs
-(DeepCAM's normalisation statistics). Loaders call `load_manifest`, `check_split_files` and
-`check_aux_file` before reading anything. See docs/formats.md.
+A converter writes `manifest.json` last, atomically, so a directory without one is an unfinished conversion. The
+manifest names the record format, the shape and dtype of one sample, the target size (and, for targets that are not a
+vector, their shape and dtype), the compression, where the data came from, for every split its sample count and files
+(path relative to the directory, record count, byte size, sha256 and xxh3-128, and the DALI index file if any), and
+any auxiliary files the loader needs (DeepCAM's normalisation statistics). Loaders call `load_manifest`,
+`check_split_files` and `check_aux_file` before reading anything. See docs/formats.md.
 
 A path may pass through a link: an index of the official CosmoFlow release (`python -m data_prep index`)
 links its split directories to the input, so its files are read where they lie.
 
-The module is format-agnostic: each benchmark registers its format id and highest supported
-version in `FORMATS`.
+The module is format-agnostic: each benchmark registers its format id and highest supported version in `FORMATS`.
 """
 from __future__ import annotations
 
@@ -53,12 +51,12 @@ class FileEntry:
     sha256: str
     index: str | None  # DALI index ("offset size" per record), None for compressed files
     index_sha256: str | None
-    # xxh3-128 of the file (staging and verification use it: about 15x cheaper than sha256) and its index. A
-    # manifest holds it; None only in memory, before it is computed.
+    # xxh3-128 of the file (staging and verification use it: about 15x cheaper than sha256) and its index. A manifest
+    # holds it; None only in memory, before it is computed.
     xxh3_128: str | None = dataclasses.field(default=None, metadata=REQUIRED)
     index_xxh3_128: str | None = dataclasses.field(default=None, metadata=OMITTED)
-    # The size of a compressed file's record stream once decompressed (`python -m data_prep index` records it;
-    # staging that decompresses plans its free space with it); None for uncompressed files and converters'.
+    # The size of a compressed file's record stream once decompressed (`python -m data_prep index` records it; staging
+    # that decompresses plans its free space with it); None for uncompressed files and converters'.
     uncompressed_bytes: int | None = dataclasses.field(default=None, metadata=OMITTED)
 
     def __post_init__(self):
@@ -120,8 +118,8 @@ class Manifest:
     target_shape: tuple[int, ...] | None = dataclasses.field(default=None, metadata=OMITTED)
     target_dtype: str | None = dataclasses.field(default=None, metadata=OMITTED)
     aux_files: dict[str, AuxFile] = dataclasses.field(default_factory=dict, metadata=OMITTED)  # name -> file
-    # Statistics of the training inputs computed by the converter, in its own form (CosmoFlow: per-channel
-    # mean and std of log(1 + counts)); {} when the converter records none.
+    # Statistics of the training inputs computed by the converter, in its own form (CosmoFlow: per-channel mean and
+    # std of log(1 + counts)); {} when the converter records none.
     input_stats: dict = dataclasses.field(default_factory=dict, metadata=OMITTED)
 
     def __post_init__(self):
@@ -223,8 +221,7 @@ def check_split_counts(manifest: Manifest, expected: dict[str, int], where: str)
 
 def check_split_files(manifest: Manifest, split: str, verify_checksums: bool = False,
                       only: set[str] | None = None) -> None:
-    """Check that a split's files exist with the sizes, record counts and (optionally) checksums listed
-    (xxh3-128).
+    """Check that a split's files exist with the sizes, record counts and (optionally) checksums listed (xxh3-128).
 
     Index files must have one "offset size" line per record covering the record file exactly.
     `only`: check just these paths (the files this rank reads; a rank's staged copy holds no others).
@@ -273,8 +270,7 @@ def check_aux_file(manifest: Manifest, name: str) -> Path:
 
 
 def record_bytes(manifest: Manifest, only: set[str] | None = None) -> float:
-    """Mean on-disk bytes of one record over all splits, or over the files `only` lists (for read-bandwidth
-    figures)."""
+    """Mean on-disk bytes of one record over all splits, or over the files `only` lists (read-bandwidth figures)."""
     files = [e for split in manifest.splits.values() for e in split.files if only is None or e.path in only]
     return sum(e.bytes for e in files) / max(1, sum(e.records for e in files))
 

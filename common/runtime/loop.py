@@ -7,13 +7,12 @@
         callbacks.after_epoch        # periodic checkpoints, elastic commits
     callbacks.end                    # the checkpoint of the weights that met the target
 
-What is trained comes in as a `Trainee` (model, optimizer, loss, metric, schedule); how a rank trains and
-evaluates one batch as `Steps` from the run's strategy (common/runtime/strategy.py; the CosmoFlow hybrid path
-brings steps that run a Mesh-TF graph). Everything else a run adds is a `Callback` (common/runtime/callbacks.py:
-resuming, checkpoints, stop signals, in-epoch evaluation; common/runtime/monitor.py: the system window and
-TensorBoard; common/runtime/elastic.py: elastic commits). Callbacks read and steer the `Loop`: where training starts
-(`start_at`), `evaluate()`, `end_epoch`, and `result` (a common/runtime/summary.py `FitResult`), which ends the run
-when set.
+What is trained comes in as a `Trainee` (model, optimizer, loss, metric, schedule); how a rank trains and evaluates
+one batch as `Steps` from the run's strategy (common/runtime/strategy.py; the CosmoFlow hybrid path brings steps that
+run a Mesh-TF graph). Everything else a run adds is a `Callback` (common/runtime/callbacks.py: resuming, checkpoints,
+stop signals, in-epoch evaluation; common/runtime/monitor.py: the system window and TensorBoard;
+common/runtime/elastic.py: elastic commits). Callbacks read and steer the `Loop`: where training starts (`start_at`),
+`evaluate()`, `end_epoch`, and `result` (a common/runtime/summary.py `FitResult`), which ends the run when set.
 """
 from __future__ import annotations
 
@@ -37,9 +36,9 @@ class Trainee:
     model: Any
     optimizer: Any
     loss: Callable  # (y_true, y_pred) -> the batch's mean loss
-    # The validation metric, from per-batch sums that add across ranks: `name` ("mae"), `mlperf_key`
-    # ("eval_error"), `higher_is_better`, `batch_sums(y_true, y_pred)` (a float32 vector, inside tf.function),
-    # `result(sums)` (a float from the whole set's sums) and `details(sums)` (its named parts, may be empty).
+    # The validation metric, from per-batch sums that add across ranks: `name` ("mae"), `mlperf_key` ("eval_error"),
+    # `higher_is_better`, `batch_sums(y_true, y_pred)` (a float32 vector, inside tf.function), `result(sums)` (a float
+    # from the whole set's sums) and `details(sums)` (its named parts, may be empty).
     metric: Any
     # The input pipelines -> the learning rate by fractional 0-based epoch (DeepCAM's schedule counts steps).
     schedule_for: Callable[[Datasets], Callable[[float], float]]

@@ -1,4 +1,5 @@
-"""What a run measures besides its MLPerf events: summary.json's `system` object, TensorBoard and the I/O report.
+"""What a run measures besides its MLPerf events: summary.json's `system` object, TensorBoard and the I/O report. What
+each figure means and how it is measured: docs/metrics.md; the I/O report: docs/staging.md.
 
     monitor = RunMonitor(cfg, dist)
     monitor.prepare()        # before run_start: the node's peak (probed once per host, cached)
@@ -9,15 +10,8 @@
     figures = monitor.system_figures(result, model, samples_per_second)   # collective
     monitor.close(figures)
 
-Its sections, in this order:
-- The monitor: RunMonitor, the loop callback that drives the rest, and the reasons for null figures.
-- The system window and figures: the step window (StepWindow), the allreduce timed on its own, memory,
-  the step breakdown, input wait and FLOP/s figures.
-- FLOPs: training GFLOP per sample from a Keras model's layer shapes (training_gflop_per_sample).
-- Energy: RAPL and NVML counters between run_start and run_stop (energy_start, energy_stop, job_energy).
-- TensorBoard: rank 0's event files (RunMonitor writes them; board_writer).
-- The I/O report: what each rank read while training (io_start, io_stop), planned against measured, and what staging did
-  (io_report, write_io_report; docs/staging.md).
+Its sections: the monitor (RunMonitor, the callback that drives the rest); the system window and figures; FLOPs;
+energy (RAPL, NVML); TensorBoard; the I/O report.
 """
 from __future__ import annotations
 
@@ -139,7 +133,7 @@ class RunMonitor(Callback):
         rank the gradients' allreduce is timed on its own)."""
         w = self.window if self.window.closed else None
         timed = w is not None and w.steps > 0
-        exchanged = self.dist.horovod and self.dist.size > 1
+        exchanged = self.dist.several
         none = None if exchanged else 0.0  # one rank: nothing to wait for or exchange
         figures = {"allreduce_share": none, "allreduce_wait_share": none, "allreduce_gb_per_s": None,
                    "allreduce_bytes_per_step": none}
@@ -161,7 +155,7 @@ class RunMonitor(Callback):
                                      "exchange": exchange}}
 
     def _window_reason(self) -> str:
-        if self.dist.size == 1 or not self.dist.horovod:
+        if not self.dist.several:
             return "one rank: no allreduce"
         if self.window.closed and self.window.steps:
             return ("the gradients' allreduce on its own took no longer than a one-element one: too small to "
@@ -203,28 +197,9 @@ def _reasons(figures: dict, peak_reason: str, energy_reason: str, window_reason:
 
 
 # === The system window and figures ====================================================================================
-# Where a run's time and machine go: summary.json's `system` object, measured during the run.
-#
-# - Input wait and step time: the training loop times every `next()` on the input and every training step
-#   (the history's `input_wait_seconds` and `step_seconds` per epoch).
-# - Collectives: the training steps keep a clock of their phases (common/runtime/strategy.py; the data-parallel step
-#   runs its forward and backward pass, the grouped allreduce of its gradients and the update as three calls).
-#   A window of `system.window_steps` steps, opened after `system.warmup_steps` steps (tracing and the first
-#   allocations done) and closed early at an epoch's end or an evaluation, reads it: the seconds the steps were
-#   blocked in the allreduce, against the window's wall time, are `allreduce_share` (the mean over the ranks;
-#   each rank's in `allreduce_share_per_rank`). After the run the same grouped allreduce runs on its own with the
-#   ranks starting together, and a one-element one beside it (Horovod's coordination: its cycle and negotiation;
-#   common/runtime/exchange.py, imported by runs of more than one rank).
-#   Their difference is the transfer: the bytes over it are `allreduce_gb_per_s`, and what the steps were blocked
-#   beyond it is `allreduce_wait_share` (waiting for the other ranks, for Horovod's cycle and its negotiation).
-#   Horovod's own timeline is not used: its writer thread spins on rank 0 for the whole run once HOROVOD_TIMELINE
-#   is set, which costs a core's share on a full node.
-# - FLOP/s: the model's training GFLOP per sample (the FLOPs section below) x the steady samples/s, against the
-#   node's probed peak (measured by common/runtime/probe.py, cached per host: the peak cache section below) times
-#   the nodes.
-# - Memory: each rank's peak resident set (getrusage), and the GPU's peak allocation where there is one.
-# - Energy: RAPL package counters (/sys/class/powercap/intel-rapl:N, one reader per node) or NVML on GPUs, from
-#   run_start to run_stop, over the samples trained; null with the reason when neither can be read.
+# Input wait and step time come from the loop's history; the allreduce's share from the steps' phase clock
+# (common/runtime/strategy.py) read over a window of system.window_steps steps after system.warmup_steps, then the
+# same allreduce timed on its own after the run (common/runtime/exchange.py). Why and how: docs/metrics.md.
 
 
 class StepWindow:
@@ -353,11 +328,11 @@ def describe_peak(peak: dict | None) -> dict | None:
 # === FLOPs ============================================================================================================
 # Training work per sample, counted from a Keras model's layer shapes.
 #
-# Two flops per multiply-add of the convolution and dense layers, times 3 for the forward pass, the input
-# gradient and the weight gradient (times 2 for the first such layer, whose input gradient is not computed).
-# Batch norm, activations, pooling, the loss and the optimizer update are not counted: they are a few per cent
-# of the work and no peak rate would cover them. Dilation does not change a convolution's count; a transposed
-# convolution counts every input pixel's k x k scatter (the cropped row and column included).
+# Two flops per multiply-add of the convolution and dense layers, times 3 for the forward pass, the input gradient and
+# the weight gradient (times 2 for the first such layer, whose input gradient is not computed). Batch norm,
+# activations, pooling, the loss and the optimizer update are not counted: they are a few per cent of the work and no
+# peak rate would cover them. Dilation does not change a convolution's count; a transposed convolution counts every
+# input pixel's k x k scatter (the cropped row and column included).
 
 def forward_multiply_adds(layer) -> int:
     """Multiply-adds of one sample's forward pass through `layer` (nested models included); 0 for layers
@@ -394,13 +369,8 @@ def training_gflop_per_sample(model) -> float:
 
 
 # === Energy ===========================================================================================================
-# Energy a run used, from the platform's counters, or the reason there is no figure (never an estimate).
-#
-# - CPUs: RAPL package domains under /sys/class/powercap (intel-rapl:N, also on AMD's Linux driver), read by
-#   one rank per node (local rank 0); the counter wraps at max_energy_range_uj.
-# - GPUs: NVML's total energy of the rank's GPU (pynvml, Volta and later), read by every GPU rank.
-# Read at run_start and run_stop; summary.json's `system.energy_j_per_sample` is the job's joules over the samples
-# trained. The files are often readable by root only: the reason then says so.
+# From the platform's counters, or the reason there is none (never an estimate): RAPL package domains (also on AMD's
+# Linux driver) read by each node's local rank 0, their wrap-around included; NVML on every GPU rank.
 
 POWERCAP = Path("/sys/class/powercap")
 
@@ -481,12 +451,7 @@ def job_energy(readings: list[tuple[float | None, str | None, str]]) -> tuple[fl
 
 
 # === TensorBoard ======================================================================================================
-# TensorBoard event files of a run, written by rank 0 into RUN_DIR/tensorboard (`tensorboard --logdir runs/`).
-#
-# Scalars, by global training step: `train/loss`, `train/learning_rate` and `train/samples_per_second` every
-# `tensorboard.every_steps` steps (the epoch's running figures); `eval/<metric>` (and its parts) and `eval/val_loss`
-# at each evaluation; and at the end the run's `system/*` figures (summary.json's `system`: shares, FLOP/s, memory,
-# energy).
+# Rank 0's event files in RUN_DIR/tensorboard; the scalars written: docs/metrics.md.
 
 SUBDIR = "tensorboard"
 # A history record's keys that are not the evaluation's.
@@ -501,21 +466,10 @@ def board_writer(out_dir: Path):
 
 
 # ---------------------------------------------------------------------------- the I/O report
-# The I/O report of a run: what each rank read while training, and what staging did.
-#
-# Two kinds of figures, kept apart:
-# - measured: the kernel's per-process counters (/proc/self/io) over the training phase, from the
-# input pipelines' construction to run_stop: `rchar` (bytes returned by read calls, page cache
-# included), `read_bytes` (bytes fetched from storage; 0 when the data was cached) and `syscr`
-# (read calls). They count everything the process read, and miss data read through mmap.
-# - planned: from the read plan, records read (optimizer steps and evaluations times the batch)
-# times the dataset's mean record size, the record files opened (each pass over a rank's
-# files opens each once), and the share of each record the rank decodes (`decoded_fraction`: 1, or
-# 1 / (pd * ph) for a rank of a spatial group, which decodes only its block).
-#
-# Plus the staging figures (common/io/staging.py) and the MLPerf HPC paper's ratio of staging time
-# to mean epoch time. `io_report` gathers every rank's figures to all ranks; rank 0 writes them to
-# io_report.json and into summary.json. docs/staging.md explains how to read them.
+# What each rank read while training, kept in two kinds: `measured` (the kernel's /proc/self/io counters over the
+# training phase: everything the process read, but not what it read through mmap) and `planned` (from the read plan);
+# and what staging did. Every rank's figures are gathered; rank 0 writes io_report.json and puts them in summary.json.
+# How to read them: docs/staging.md.
 if TYPE_CHECKING:
     from common.io.staging import StageResult
 

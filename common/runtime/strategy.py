@@ -1,22 +1,20 @@
 """How the ranks of a run share the work: one strategy object per run, chosen from the config.
 
-A strategy says how ranks form data-parallel replicas (the global batch is the local batch times
-`replicas`), which rank layout the input is sharded by and whether this rank reads at all, how a step
-and an evaluation run (`make_steps`), and what it adds to the MLPerf log and to summary.json. A strategy
-never holds the run: the runner (common/runtime/run.py) asks it and passes what it gives to the loop.
-Three exist:
+A strategy says how ranks form data-parallel replicas (the global batch is the local batch times `replicas`), which
+rank layout the input is sharded by, how a step and an evaluation run (`make_steps`), and what it adds to the MLPerf
+log and to summary.json. It never holds the run: the runner (common/runtime/run.py) asks it and passes what it gives
+to the loop. Three exist:
 - `DataParallel` (here): every rank is a replica that reads its own shard and trains the Keras model;
 - `HybridStrategy` (cosmoflow/mesh/hybrid.py): groups of ranks split every sample through Mesh-TF;
 - `ElasticStrategy` (common/runtime/elastic.py): data parallel under hvd.elastic.run, ranks may die or join.
 
-The data-parallel step's numerics are here too: `train.precision` is a Keras mixed-precision policy, set
-before the model is built (`set_precision`): `float32`, or `mixed_bfloat16` / `mixed_float16` (float32
-variables, layers computing in 16 bits). Each model ends in a float32 layer, so the loss and the metric are
-float32. `mixed_float16` wraps the optimizer in Keras' `LossScaleOptimizer` (`for_precision`: dynamic loss
-scaling, the step scales the loss before the gradients and the optimizer unscales them, skipping a step whose
-gradients overflow); bfloat16 has float32's range and needs no scaling. `train.jit_compile=true` XLA-compiles
-each step's forward and backward pass (the allreduce and the update stay outside, where Horovod's ops run).
-Both are logged (`precision`, `jit_compile`).
+The data-parallel step's numerics are here too: `train.precision` is a Keras mixed-precision policy, set before the
+model is built (`set_precision`): `float32`, or `mixed_bfloat16` / `mixed_float16` (float32 variables, layers
+computing in 16 bits). Each model ends in a float32 layer, so the loss and the metric are float32. `mixed_float16`
+wraps the optimizer in Keras' `LossScaleOptimizer` (`for_precision`: dynamic loss scaling, the step scales the loss
+before the gradients and the optimizer unscales them, skipping a step whose gradients overflow); bfloat16 has
+float32's range and needs no scaling. `train.jit_compile=true` XLA-compiles each step's forward and backward pass (the
+allreduce and the update stay outside, where Horovod's ops run). Both are logged (`precision`, `jit_compile`).
 """
 from __future__ import annotations
 
@@ -129,7 +127,7 @@ def make_train_step(model, optimizer, loss_fn, dist: DistEnv, stop: StopRequests
         if flags:
             stop.agreed.assign(agreed)
 
-    exchanged = dist.horovod and dist.size > 1
+    exchanged = dist.several
 
     def train_step(x, y):
         clock.start()
@@ -170,11 +168,11 @@ def batch_sums(loss_fn: Callable, metric: Any, y_true: Any, y_pred: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- the phase clock
-# Where a rank's training steps spend their time, by phase, on the host's clock: `start()` at the start of a
-# step, then `lap(name)` at the end of each phase adds its seconds to `name`.
-# On a GPU the host runs ahead of the device, so a lap means nothing unless the device is drained first: with
-# `sync` on (the system window turns it on for the steps it records, common/runtime/monitor.py) every reading
-# waits for the device. Off, a reading costs one clock read, so the training steps keep their clock always.
+# Where a rank's training steps spend their time, by phase, on the host's clock: `start()` at the start of a step,
+# then `lap(name)` at the end of each phase adds its seconds to `name`. On a GPU the host runs ahead of the device, so
+# a lap means nothing unless the device is drained first: with `sync` on (the system window turns it on for the steps
+# it records, common/runtime/monitor.py) every reading waits for the device. Off, a reading costs one clock read, so
+# the training steps keep their clock always.
 
 
 class PhaseClock:
