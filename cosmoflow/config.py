@@ -21,17 +21,17 @@ class CosmoDataConfig(StagedDataConfig):
     read_threads: int = 2  # parallel file readers / DALI worker threads
     prefetch: int = 2  # batches prepared ahead
     apply_log: bool = True  # x -> log(1 + x), as the reference does
-    # Standardise each channel of log(1 + x) with the training split's mean and std, which cosmo-convert records in
-    # the manifest (input_stats); the reference feeds log(1 + x) as it is.
+    # Standardise each channel of log(1 + x) with the training split's mean and std, which cosmo-convert
+    # records in the manifest (input_stats); the reference feeds log(1 + x) as it is.
     normalize: bool = False
     train_samples: int = 0  # expected training samples in the manifest; 0 accepts any count
     val_samples: int = 0  # expected validation samples; 0 accepts any count
-    # A split whose file count the rank count does not divide: refuse (every file is read every epoch, as MLPerf
-    # wants), or drop its last (files mod ranks) files so that every rank reads as many (for odd rank counts, and for
-    # elastic runs that shrink to any size; docs/faults.md).
+    # A split whose file count the rank count does not divide: refuse (every file is read every epoch, as
+    # MLPerf wants), or drop its last (files mod ranks) files so that every rank reads as many (for odd rank
+    # counts, and for elastic runs that shrink to any size; docs/faults.md).
     uneven_files: Literal["refuse", "drop"] = "refuse"
-    # On the spatial path (parallel.spatial): where a rank's block of each sample comes from. auto: the dataset's
-    # per-block records when `python -m data_prep cosmo-blocks` wrote them for this partitioning
+    # On the spatial path (parallel.spatial): where a rank's block of each sample comes from. auto: the
+    # dataset's per-block records when `python -m data_prep cosmo-blocks` wrote them for this partitioning
     # (<dir>/blocks_<pd>x<ph>/, each rank then reads 1/(pd*ph) of the bytes), else cut from the whole records;
     # records: the per-block records or an error; whole: always cut from the whole records.
     blocks: Literal["auto", "records", "whole"] = "auto"

@@ -7,10 +7,10 @@ naming the file, the dotted key (`progress.history[2].epoch`), the value and wha
 across fields live in each dataclass's `__post_init__`, raising through `check`, whose key is then placed where
 the dataclass sits in the document. `write(path, obj)` writes one atomically (temporary name, then rename).
 
-Types a schema may use: nested dataclasses, TypedDicts (read into plain dicts), list[X], tuple[X, ...] and
-fixed tuples, dict[str, X], X | None, unions of scalars (int | float keeps an integer an integer), Literal[...]
-(a choice set), int (a bool is none; within int64), float (finite; `NAN_OK` admits NaN and infinities), str,
-bool, bare dict / list (any JSON object / array), and Any. A field whose metadata is `REQUIRED` must be in the
+Types a schema may use: nested dataclasses, list[X], tuple[X, ...] and fixed tuples, dict[str, X], X | None, unions
+of scalars (int | float keeps an integer an integer), Literal[...] (a choice set), int (a bool is none; within int64;
+Annotated[int, AtLeast(n)] refuses less than n), float (finite; `NAN_OK` admits NaN and infinities), str, bool, bare
+dict / list (any JSON object / array), and Any. A field whose metadata is `REQUIRED` must be in the
 document, and not null, even though the constructor gives it a default (None for values computed later); one whose
 metadata is `NOT_STORED` is neither read nor written (the reader sets it, such as a manifest's directory); one whose
 metadata is `OMITTED` is written only when set (not None, not empty), so documents that do not use it keep their form.
@@ -139,8 +139,6 @@ def _converter(tp: Any, strict: bool) -> Convert:
         return _bounded(_converter(args[0], strict), [a for a in args[1:] if isinstance(a, AtLeast)])
     if dataclasses.is_dataclass(tp):
         return _dataclass(tp, strict)
-    if typing.is_typeddict(tp):
-        return _typeddict(tp, strict)
     if origin in (typing.Union, types.UnionType):
         return _union(args, strict)
     if origin is typing.Literal:
@@ -176,11 +174,11 @@ def describe(tp: Any) -> str:
         return " or ".join(describe(a) for a in args)
     if origin is typing.Literal:
         return f"one of {list(args)}"
-    if dataclasses.is_dataclass(tp) or typing.is_typeddict(tp) or origin is dict or tp is dict:
+    if dataclasses.is_dataclass(tp) or origin is dict or tp is dict:
         return "a mapping"
     if origin in (list, tuple) or tp in (list, tuple):
         return "a list"
-    return {int: f"an integer in [-2^63, 2^63)", float: "a finite number", str: "a string", bool: "true or false",
+    return {int: "an integer in [-2^63, 2^63)", float: "a finite number", str: "a string", bool: "true or false",
             type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -243,21 +241,6 @@ def _dataclass(schema: type, strict: bool, given: tuple = ()) -> Convert:
 
 def _stored(field: dataclasses.Field) -> bool:
     return field.metadata.get("document") != NOT_STORED["document"]
-
-
-def _typeddict(schema: type, strict: bool) -> Convert:
-    hints = typing.get_type_hints(schema, include_extras=True)
-    names, required = list(hints), sorted(schema.__required_keys__)
-    plan = {name: _converter(tp, strict) for name, tp in hints.items()}
-
-    def convert(raw: Any, key: str) -> dict:
-        _need_mapping(raw, key, schema.__name__)
-        _unknown(raw, names, key)
-        for name in required:
-            if name not in raw:
-                raise BenchError(f"{_where(key)}: missing key {_join(key, name)}: expected {describe(hints[name])}")
-        return {name: plan[name](value, _join(key, name)) for name, value in raw.items()}
-    return convert
 
 
 def _union(args: tuple, strict: bool) -> Convert:

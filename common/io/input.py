@@ -50,8 +50,8 @@ class Datasets:
     train_samples: int  # over all ranks, per epoch
     val_samples: int
     local_batch_size: int
-    # For the I/O report: the dataset's mean on-disk bytes per record, and the record files one pass over this rank's
-    # training and validation shards opens.
+    # For the I/O report: the dataset's mean on-disk bytes per record, and the record files one pass
+    # over this rank's training and validation shards opens.
     record_bytes: float = 0.0
     train_files: int = 0
     val_files: int = 0
@@ -84,8 +84,8 @@ class Shard:
     runs: tuple[tuple[int, int], ...]  # per file: (first record, records read)
     samples: int  # on this rank per epoch
     global_samples: int  # what the ranks read together per epoch (DeepCAM's training: the split's samples)
-    # node_share: `files` are the node's share, divided between its ranks afresh every epoch from the run seed; (local
-    # rank, ranks per node). None: the files are this rank's.
+    # node_share: `files` are the node's share, divided between its ranks afresh every epoch from the run seed;
+    # (local rank, ranks per node). None: the files are this rank's.
     local: tuple[int, int] | None = None
 
 
@@ -153,8 +153,8 @@ def node_share_shard(manifest: Manifest, split: str, dist, local_batch: int, dro
     """This rank's node's share of `split` (`node_share`), whole files."""
     share = node_share(manifest, split, (dist.node, dist.num_nodes), (dist.local_rank, dist.local_size), local_batch,
                        drop=drop)
-    # Every rank evaluates samples_per_rank of the node's share: that is what eval_samples says. With drop, training
-    # reads that many too.
+    # Every rank evaluates samples_per_rank of the node's share: that is what eval_samples says.
+    # With drop, training reads that many too.
     together = share.samples_per_rank * dist.size if split == VALIDATION or drop else share.global_samples
     root = manifest.root
     return Shard(split=split, files=tuple(str(root / e.path) for e in share.files),

@@ -51,12 +51,12 @@ class FileEntry:
     sha256: str
     index: str | None  # DALI index ("offset size" per record), None for compressed files
     index_sha256: str | None
-    # xxh3-128 of the file (staging and verification use it: about 15x cheaper than sha256) and its index. A manifest
-    # holds it; None only in memory, before it is computed.
+    # xxh3-128 of the file (staging and verification use it: about 15x cheaper than sha256) and its index. A
+    # manifest holds it; None only in memory, before it is computed.
     xxh3_128: str | None = dataclasses.field(default=None, metadata=REQUIRED)
     index_xxh3_128: str | None = dataclasses.field(default=None, metadata=OMITTED)
-    # The size of a compressed file's record stream once decompressed (`python -m data_prep index` records it; staging
-    # that decompresses plans its free space with it); None for uncompressed files and converters'.
+    # The size of a compressed file's record stream once decompressed (`python -m data_prep index` records it;
+    # staging that decompresses plans its free space with it); None for uncompressed files and converters'.
     uncompressed_bytes: int | None = dataclasses.field(default=None, metadata=OMITTED)
 
     def __post_init__(self):
@@ -118,8 +118,8 @@ class Manifest:
     target_shape: tuple[int, ...] | None = dataclasses.field(default=None, metadata=OMITTED)
     target_dtype: str | None = dataclasses.field(default=None, metadata=OMITTED)
     aux_files: dict[str, AuxFile] = dataclasses.field(default_factory=dict, metadata=OMITTED)  # name -> file
-    # Statistics of the training inputs computed by the converter, in its own form (CosmoFlow: per-channel mean and
-    # std of log(1 + counts)); {} when the converter records none.
+    # Statistics of the training inputs computed by the converter, in its own form (CosmoFlow: per-channel
+    # mean and std of log(1 + counts)); {} when the converter records none.
     input_stats: dict = dataclasses.field(default_factory=dict, metadata=OMITTED)
 
     def __post_init__(self):

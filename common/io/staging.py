@@ -299,6 +299,22 @@ class StageResult:
         return d
 
 
+def staging_summary(per_rank: list[dict]) -> dict:
+    """The staging phase as a whole, from every rank's `StageResult.figures()` (the I/O report's `staging`): its
+    wall time (the slowest rank, waiting included) and the copies."""
+    copies = [s for s in per_rank if s["copied"]]
+    seconds = max(s["seconds"] for s in per_rank)
+    written, read = sum(s["bytes_written"] for s in copies), sum(s["bytes_read"] for s in copies)
+    return {"mode": per_rank[0]["mode"], "source_kind": per_rank[0]["source_kind"],
+            "compression": per_rank[0]["compression"], "seconds": seconds, "staging_ranks": len(copies),
+            **{key: sum(s.get(key, 0) for s in copies)
+               for key in ("files", "files_reused", "files_rechecked", "files_recopied")},
+            "bytes_written": written, "bytes_read": read,
+            "write_gb_per_second": written / max(seconds, 1e-9) / 1e9,
+            "read_gb_per_second": read / max(seconds, 1e-9) / 1e9,
+            "compression_ratio": written / read if read else None}
+
+
 # ---------------------------------------------------------------------------- staging
 def stage(source: Source, the_plan: Plan, stage_root: str | os.PathLike, threads: int = 0, reuse: bool = False,
           progress: bool = False, copier: pycopy.Copier | None = None) -> StageResult:

@@ -28,14 +28,14 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence, TypedDict
+from typing import Annotated, Any, Callable, Literal, Sequence
 
 import numpy as np
 
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from common.base import documents
-from common.base.documents import check
+from common.base.documents import AtLeast, check
 from common.base.errors import BenchError
 from common.io.input import InputPlan, dali_plugin_available
 from common.io.manifest import xxh3_128_file
@@ -52,18 +52,19 @@ _NAME = re.compile(r"^ckpt-(\d{9})$")
 # ---------------------------------------------------------------------------- the training stream's position
 # What a rank's training stream depends on (InputPosition, saved in meta.json as "input"); where it starts is
 # common/io/input.py's InputPlan.
-class Layout(TypedDict):
-    """What a DALI stream's order depends on beside its loader and seed (LAYOUT_KEYS). ranks_per_node: the ranks of a
-    node that share its files under data.stage_mode=node_share (0 otherwise, where a rank's files follow from ranks
-    alone)."""
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What a DALI stream's order depends on beside its loader and seed (LAYOUT_KEYS)."""
 
     run_seed: int
-    ranks: int
-    ranks_per_node: int
+    ranks: Annotated[int, AtLeast(1)]
+    # the ranks of a node that share its files under data.stage_mode=node_share (0 otherwise, where a rank's files
+    # follow from ranks alone)
+    ranks_per_node: Annotated[int, AtLeast(0)]
     node_share: bool
-    local_batch_size: int
+    local_batch_size: Annotated[int, AtLeast(1)]
     shuffle: bool
-    shuffle_buffer: int
+    shuffle_buffer: Annotated[int, AtLeast(1)]
     strategy: str
 
 
@@ -79,30 +80,27 @@ class InputPosition:
 
     def __post_init__(self):
         check(self.start_step >= 0, "start_step", self.start_step, "an integer >= 0")
-        for key, minimum in (("ranks", 1), ("ranks_per_node", 0), ("local_batch_size", 1), ("shuffle_buffer", 1)):
-            value = self.layout.get(key)
-            check(value is None or value >= minimum, f"layout.{key}", value, f"an integer >= {minimum}")
 
     def to_meta(self) -> dict:
         return dataclasses.asdict(self)
 
-    def layout_change(self, layout: dict) -> str:
+    def layout_change(self, layout: Layout) -> str:
         """How `layout` differs from the saved one ("" when it does not), for the log."""
-        changed = [f"{key} {self.layout.get(key)!r} -> {layout.get(key)!r}" for key in LAYOUT_KEYS
-                   if self.layout.get(key) != layout.get(key)]
+        changed = [f"{key} {getattr(self.layout, key)!r} -> {getattr(layout, key)!r}" for key in LAYOUT_KEYS
+                   if getattr(self.layout, key) != getattr(layout, key)]
         return ", ".join(changed)
 
 
-LAYOUT_KEYS = tuple(Layout.__annotations__)
+LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(Layout))
 
 
-def input_layout(cfg: Any, dist: DistEnv, strategy: Any) -> dict:
+def input_layout(cfg: Any, dist: DistEnv, strategy: Any) -> Layout:
     """What the order of a rank's training stream depends on beside its loader and seed (LAYOUT_KEYS)."""
     data = cfg.data
     node_share = bool(data.stage_dir) and data.stage_mode == "node_share"
-    return {"run_seed": cfg.run.seed, "ranks": dist.size, "ranks_per_node": dist.local_size if node_share else 0,
-            "node_share": node_share, "local_batch_size": cfg.train.local_batch_size, "shuffle": data.shuffle,
-            "shuffle_buffer": data.shuffle_buffer, "strategy": strategy.name}
+    return Layout(run_seed=cfg.run.seed, ranks=dist.size, ranks_per_node=dist.local_size if node_share else 0,
+                  node_share=node_share, local_batch_size=cfg.train.local_batch_size, shuffle=data.shuffle,
+                  shuffle_buffer=data.shuffle_buffer, strategy=strategy.name)
 
 
 def resume_loader(requested: str, resume: Meta) -> str:
@@ -123,7 +121,7 @@ def log_resumed(resume: Meta, mlperf: Any, log: Callable[[str], None]) -> None:
     log(f"resuming from {resume.path}: epoch {progress.epoch}, {progress.step} steps done in it")
 
 
-def plan_input(resume: Meta | None, seeds: tuple[int, int], loader: str, layout: dict) -> InputPlan:
+def plan_input(resume: Meta | None, seeds: tuple[int, int], loader: str, layout: Layout) -> InputPlan:
     """How this run's training input starts, given the checkpoint it resumes (None: none), `seeds` (the run's, and
     the one new to this attempt), the loader it reads with and its layout (LAYOUT_KEYS). A tf.data iterator saved
     by as many ranks is restored; a DALI stream of the same seed and layout is rebuilt and its consumed batches
@@ -132,7 +130,7 @@ def plan_input(resume: Meta | None, seeds: tuple[int, int], loader: str, layout:
     if resume is None:
         return InputPlan(run_seed)
     saved, step = resume.input, resume.global_step
-    if resume.input_state and resume.ranks == layout["ranks"] and loader == "tfdata":
+    if resume.input_state and resume.ranks == layout.ranks and loader == "tfdata":
         return InputPlan(saved.seed if saved else run_seed, saved.start_step if saved else 0, restore="iterator")
     why = _why_not_replayed(resume, saved, loader, layout)
     if not why:
@@ -140,17 +138,17 @@ def plan_input(resume: Meta | None, seeds: tuple[int, int], loader: str, layout:
     return InputPlan(fresh_seed, start_step=step, why_afresh=why)
 
 
-def _why_not_replayed(resume: Meta, saved: InputPosition | None, loader: str, layout: dict) -> str:
+def _why_not_replayed(resume: Meta, saved: InputPosition | None, loader: str, layout: Layout) -> str:
     """Why the checkpoint's input position cannot be reached by replaying a rebuilt DALI stream ("": it can)."""
     if resume.input_state:
         return (f"the checkpoint holds the tf.data iterators of {resume.ranks} ranks; this run has "
-                f"{layout['ranks']} and reads with {loader}")
+                f"{layout.ranks} and reads with {loader}")
     if saved is None:
         return "the checkpoint records no input position (its writer gave none)"
     if saved.loader == "tfdata":
         return "the tf.data iterator state was not saved (checkpoint.input_state=false)"
     if saved.loader == "":
-        return f"the {saved.layout.get('strategy')} strategy keeps no input position"
+        return f"the {saved.layout.strategy} strategy keeps no input position"
     if loader != "dali":
         return f"the checkpoint's input was read with DALI, this run reads with {loader}"
     change = saved.layout_change(layout)
@@ -290,7 +288,7 @@ class Meta:
     def _check_input(self, position: InputPosition) -> None:
         check(position.start_step <= self.global_step, "input.start_step", position.start_step,
               f"a step no later than global_step {self.global_step}")
-        check(position.layout["ranks"] == self.ranks, "input.layout.ranks", position.layout["ranks"],
+        check(position.layout.ranks == self.ranks, "input.layout.ranks", position.layout.ranks,
               f"ranks ({self.ranks})")
 
     def _check_files(self) -> None:

@@ -45,8 +45,8 @@ class ElasticConfig:
     enabled: bool = False  # run under hvd.elastic.run; launch with horovodrun --host-discovery-script
     commit_every_steps: int = 10  # commit the in-memory state every this many steps (and at every epoch end)
     # A worker whose process sends no heartbeat for this many seconds (stopped or frozen) is SIGKILLed by its
-    # watchdog, so that Horovod drops its host and the others go on (common/runtime/elastic.py); 0: no watchdog. At
-    # least 5 heartbeats (1 s apart). A live worker beats from a thread of its own, busy or not.
+    # watchdog, so that Horovod drops its host and the others go on (common/runtime/elastic.py); 0: no watchdog.
+    # At least 5 heartbeats (1 s apart). A live worker beats from a thread of its own, busy or not.
     hang_timeout_s: float = 60.0
 
     def __post_init__(self):
@@ -63,14 +63,14 @@ class DistConfig:
     inter_op_threads: int = 2
     onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS; TF 2.18 leaves it off on some x86 CPUs (4x slower Conv3D)
     fusion_threshold_mb: float = 64.0  # HOROVOD_FUSION_THRESHOLD
-    # HOROVOD_CYCLE_TIME. Each cycle Horovod's background thread coordinates with every rank, even with nothing to
-    # reduce; with Open MPI busy-polling, 1 ms took ~0.3 of a core per rank here. 10 ms adds up to 10 ms to each
-    # allreduce: short steps pay that (cosmo_mini sets 2 ms; docs/metrics.md, "Horovod cycle time").
+    # HOROVOD_CYCLE_TIME. Each cycle Horovod's background thread coordinates with every rank, even with nothing
+    # to reduce; with Open MPI busy-polling, 1 ms took ~0.3 of a core per rank here. 10 ms adds up to 10 ms to
+    # each allreduce: short steps pay that (cosmo_mini sets 2 ms; docs/metrics.md, "Horovod cycle time").
     cycle_time_ms: float = 10.0
-    # OMPI_MCA_mpi_yield_when_idle (Open MPI; other MPIs ignore it). While Horovod's background thread waits in MPI
-    # for the other ranks (every cycle) it otherwise busy-polls a core the compute threads need: 2 ranks on 2 cores
-    # spent ~10% of each core in Horovod's and MPI's threads, a fifth of that with yielding on (docs/metrics.md, "Two
-    # processes on two cores"). Yielding returns at once on an idle core.
+    # OMPI_MCA_mpi_yield_when_idle (Open MPI; other MPIs ignore it). While Horovod's background thread waits in
+    # MPI for the other ranks (every cycle) it otherwise busy-polls a core the compute threads need: 2 ranks on
+    # 2 cores spent ~10% of each core in Horovod's and MPI's threads, a fifth of that with yielding on
+    # (docs/metrics.md, "Two processes on two cores"). Yielding returns at once on an idle core.
     mpi_yield_when_idle: bool = True
     hierarchical_allreduce: bool = False  # HOROVOD_HIERARCHICAL_ALLREDUCE
     hierarchical_allgather: bool | None = None  # HOROVOD_HIERARCHICAL_ALLGATHER; None: as hierarchical_allreduce
@@ -117,10 +117,10 @@ class TrainConfig:
     target: float = 0.124
     eval_every: int = 1  # epochs between evaluations
     eval_every_steps: int = 0  # > 0: evaluate every this many optimizer steps instead (inside epochs too)
-    # Keras mixed-precision policy (common/runtime/strategy.py): float32 weights, this compute dtype; mixed_float16
-    # adds dynamic loss scaling. Losses and metrics stay float32. auto (the default): mixed_bfloat16 where this host's
-    # probe, weighed by the committed record of bfloat16's epochs to the target, says it trains to the target faster,
-    # else float32 (common/runtime/precision.py)
+    # Keras mixed-precision policy (common/runtime/strategy.py): float32 weights, this compute dtype;
+    # mixed_float16 adds dynamic loss scaling. Losses and metrics stay float32.
+    # auto (the default): mixed_bfloat16 where this host's probe, weighed by the committed record of bfloat16's
+    # epochs to the target, says it trains to the target faster, else float32 (common/runtime/precision.py)
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     jit_compile: bool = False  # XLA-compile each training step's forward and backward pass
     # An emulated accelerator's time instead of each step's work (common/storage/, docs/storage.md)
@@ -150,13 +150,13 @@ class CheckpointConfig:
     every_epochs: int = 0  # a checkpoint at the end of every this many epochs; 0: none on that schedule
     every_minutes: float = 0.0  # one at the first epoch end this many minutes after the last; 0: none
     keep: int = 3  # the newest this many are kept
-    # SIGTERM / SIGUSR1 always stop a run after the current step (run_stop aborted, exit 75); with this set, a
-    # checkpoint of that step is written first
+    # SIGTERM / SIGUSR1 always stop a run after the current step (run_stop aborted, exit 75); with this set,
+    # a checkpoint of that step is written first
     on_signal: bool = True
     input_state: bool = True  # save each rank's tf.data iterator (exact resume; DALI's cannot be saved)
     resume: bool = False  # continue from the newest valid checkpoint (from scratch when there is none)
-    # A run that meets its target saves the weights that met it as its newest checkpoint, after run_stop (not timed),
-    # so that export and evaluation work on any successful run; false: it writes none for that.
+    # A run that meets its target saves the weights that met it as its newest checkpoint, after run_stop (not
+    # timed), so that export and evaluation work on any successful run; false: it writes none for that.
     keep_trained: bool = True
 
     def __post_init__(self):
@@ -193,30 +193,31 @@ class StagedDataConfig:
 
     dir: str = ""  # a converted dataset (manifest.json) or a packed one (pack.json), on the shared file system
     stage_dir: str = ""  # node-local directory to stage into, e.g. /tmp or /dev/shm; "" reads data.dir directly
-    # rank: each rank stages the files it reads; node: local rank 0 stages everything once per node; node_share: local
-    # rank 0 stages the node's 1/nodes share, which the node's ranks reshuffle every epoch.
+    # rank: each rank stages the files it reads; node: local rank 0 stages everything once per node;
+    # node_share: local rank 0 stages the node's 1/nodes share, which the node's ranks reshuffle every epoch.
     stage_mode: Literal["rank", "node", "node_share"] = "node"
     # When staging happens (docs/fidelity.md, "Staging: the state of the rules"): in_init, inside init between
     # staging_start and staging_stop, untimed, the order of NVIDIA's v3.0 logs and mlcommons/logging issue 318;
     # in_run, timed, between run_start and the first epoch (the rule of v1.0 and v2.0, which the paper describes);
-    # before_init, before init_start, untimed and unlogged (the log then says open). One of STAGE_TIMINGS: checked in
-    # __post_init__, so that the old name before_run gets an error naming its new one.
+    # before_init, before init_start, untimed and unlogged (the log then says open). One of STAGE_TIMINGS:
+    # checked in __post_init__, so that the old name before_run gets an error naming its new one.
     stage_timing: str = "in_init"
-    # GB/s one node's staging copies at, for the estimate of init's length (common/io/stage_rate.py); 0: the rate
-    # benchmarks/staging_throughput.py measured on this machine kind.
+    # GB/s one node's staging copies at, for the estimate of init's length (common/io/stage_rate.py); 0: the
+    # rate benchmarks/staging_throughput.py measured on this machine kind.
     stage_rate_gb_s: float = 0.0
     stage_threads: int = 0  # files or archives copied in parallel by a staging rank; 0: its cores
     stage_reuse: bool = False  # keep files an earlier staging verified and nothing changed since, else re-hash or
-    # copy them (docs/staging.md, "Reuse"); the staging time then covers less Write record files that have no DALI
-    # index (GZIP-compressed ones, as CosmoFlow's official release) uncompressed, with DALI index files, into the
-    # staged copy, so that DALI can read it (docs/staging.md); other files are copied as they are.
+    # copy them (docs/staging.md, "Reuse"); the staging time then covers less
+    # Write record files that have no DALI index (GZIP-compressed ones, as CosmoFlow's official release)
+    # uncompressed, with DALI index files, into the staged copy, so that DALI can read it (docs/staging.md);
+    # other files are copied as they are.
     stage_decompress: bool = False
-    # Check the xxh3-128 (older manifests: sha256) of every file a rank reads, before training. None (auto, the
-    # default): when DALI reads the files in place, since its reader checks no record CRC and a changed byte can crash
-    # it; not for tf.data (it checks every record's CRC) or staged data (staging verified it).
+    # Check the xxh3-128 (older manifests: sha256) of every file a rank reads, before training. None (auto,
+    # the default): when DALI reads the files in place, since its reader checks no record CRC and a changed
+    # byte can crash it; not for tf.data (it checks every record's CRC) or staged data (staging verified it).
     verify_checksums: bool | None = None
-    # DALI's reader maps record files into memory (a little faster on local disks); false: plain reads. An emulated
-    # run that evicts the page cache reads plainly, since mapped pages cannot be dropped.
+    # DALI's reader maps record files into memory (a little faster on local disks); false: plain reads. An
+    # emulated run that evicts the page cache reads plainly, since mapped pages cannot be dropped.
     dali_mmap: bool = True
 
     def __post_init__(self):

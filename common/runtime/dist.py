@@ -40,16 +40,16 @@ class DistEnv:
     node: int = 0  # this rank's node (Horovod's cross rank)
     threads: int = 1
     gpu: bool = False
-    # The GPU TensorFlow computes on, as an index into this process's visible devices (CUDA_VISIBLE_DEVICES): what
-    # DALI's device_id must be. 0 on every rank when each rank sees one GPU (the shipped job scripts).
+    # The GPU TensorFlow computes on, as an index into this process's visible devices (CUDA_VISIBLE_DEVICES):
+    # what DALI's device_id must be. 0 on every rank when each rank sees one GPU (the shipped job scripts).
     gpu_index: int | None = None
     horovod: bool = False
     # The HOROVOD_* variables hvd.init() read and which of them the environment set over the config
     # (common/runtime/hvd_settings.py), and what Horovod uses of them in this layout and build.
     settings: hvd_settings.HorovodSettings = dataclasses.field(default_factory=hvd_settings.HorovodSettings)
     horovod_used: dict = dataclasses.field(default_factory=dict)
-    # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor allreduce,
-    # allgather and broadcast, so grouped allreduces become one allreduce per tensor.
+    # Elastic mode (common/runtime/elastic.py): hvd.elastic.run recognises only the failures of per-tensor
+    # allreduce, allgather and broadcast, so grouped allreduces become one allreduce per tensor.
     elastic: bool = False
 
     @property
@@ -112,11 +112,6 @@ def _hvd():
     return horovod_env
 
 
-def current_layout(env: DistEnv) -> DistEnv:
-    """`env` with the rank layout Horovod has now (after an elastic reset re-initialised it), elastic set."""
-    return dataclasses.replace(env, elastic=True, **_hvd().layout(env.settings))
-
-
 def available_cores() -> int:
     """CPU cores this process may run on (respects affinity masks set by the launcher)."""
     try:
@@ -136,8 +131,8 @@ def init_distributed(cfg: DistConfig) -> DistEnv:
     """Start Horovod when launched by a parallel launcher, configure TF devices and threads."""
     # Must precede the first TensorFlow import (Horovod's included) to take effect.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if cfg.onednn else "0")
-    # float32 means float32: oneDNN may otherwise compute fp32 convolutions in bf16 on CPUs with AMX. A site that
-    # wants that trade sets ONEDNN_DEFAULT_FPMATH_MODE=BF16 itself.
+    # float32 means float32: oneDNN may otherwise compute fp32 convolutions in bf16 on CPUs
+    # with AMX. A site that wants that trade sets ONEDNN_DEFAULT_FPMATH_MODE=BF16 itself.
     os.environ.setdefault("ONEDNN_DEFAULT_FPMATH_MODE", "STRICT")
     layout = _hvd().start(cfg) if launched_distributed() else dict(rank=0, size=1, local_rank=0, local_size=1,
                                                                     horovod=False)

@@ -37,7 +37,7 @@ import numpy as np
 
 from common.base.errors import BenchError
 from common.runtime.summary import FitResult, Progress
-from common.runtime.dist import DistEnv, current_layout
+from common.runtime.dist import DistEnv
 from common.io.input import InputPlan
 from common.runtime.loop import Callback, Loop, Trainee, fit
 from common.runtime.strategy import DataParallel, reseeded
@@ -222,7 +222,8 @@ class ElasticStrategy(DataParallel):
                 self.stop_watchdog()
 
     def _train(self, state):
-        dist = self.dist = current_layout(self.first)
+        from common.runtime import horovod_env  # the rank layout Horovod has now (a reset re-initialised it)
+        dist = self.dist = dataclasses.replace(self.first, elastic=True, **horovod_env.layout(self.first.settings))
         self.mlperf.follow_root(dist.is_root)
         restart = self.started or state.progress is not None
         self.started = True

@@ -12,7 +12,7 @@ import statistics
 import time
 
 from common.runtime.dist import DistEnv
-from common.runtime.strategy import device_sync_for
+from common.runtime import gpu
 
 EXCHANGE_REPEATS = 10  # runs of the gradients' allreduce on its own, and of a one-element one (median of each)
 
@@ -31,7 +31,7 @@ def exchange_timing(dist: DistEnv, variables: list, repeats: int = EXCHANGE_REPE
 
 
 def _median_seconds(dist: DistEnv, run, repeats: int) -> float:
-    sync = device_sync_for(dist.gpu) or (lambda: None)
+    sync = gpu.sync_devices if dist.gpu else (lambda: None)
     run()  # traces
     times = []
     for _ in range(repeats):

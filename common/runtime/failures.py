@@ -1,5 +1,5 @@
 """One rank's failure as the whole run's, so that every rank exits with the run's code (docs/faults.md), and
-the summary of a run that an exception ended. Imported only when a run fails (run.py `shared_failures`, `abort`).
+the summary of a run that an exception ended. Imported only when a run fails (run.py `shared_failures`, `Run.__exit__`).
 
 A rank that an exception ends writes OUT/failures/rank_<r>.json (its exit code, 2 for a BenchError and 4
 for anything else, and its message) before it exits. A rank whose own error is only Horovod's shutdown (a
@@ -19,11 +19,12 @@ from typing import Any
 import psutil
 
 from common.base import exits
+from common.base.cli import write_traceback
 from common.base.errors import BenchError
 from common.base.files import write_json_atomic
 from common.runtime.config import to_dict
-from common.runtime.dist import DistEnv
-from common.runtime.summary import RUN_ABORTED, layout
+from common.runtime.dist import DistEnv, StoppedBeforeStart
+from common.runtime.summary import RUN_ABORTED, layout, write_summary
 
 FAILURES_DIR = "failures"
 PEER_WAIT_SECONDS = 10.0
@@ -90,6 +91,16 @@ def _read(path: Path) -> dict | None:
         return note if {"rank", "code", "reason"} <= set(note) else None
     except (OSError, ValueError):
         return None
+
+
+def write_failure(run: Any, error: BaseException) -> None:
+    """On rank 0, after run_stop aborted (run.py `Run.__exit__`): summary.json of the run that `error` ended after
+    run_start, with the error as its reason, and for an internal error its traceback beside it (exit 4)."""
+    out = Path(run.cfg.run.output_dir)
+    write_summary(failure_summary(run, error) | run.attempt_summary(), out)
+    if not isinstance(error, (BenchError, StoppedBeforeStart)):
+        write_traceback(error, out)
+    run.log(f"aborted after {run.time_to_train:.1f} s of the timed run; summary in {out}/summary.json")
 
 
 def failure_summary(run: Any, error: BaseException) -> dict:

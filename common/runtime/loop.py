@@ -36,9 +36,9 @@ class Trainee:
     model: Any
     optimizer: Any
     loss: Callable  # (y_true, y_pred) -> the batch's mean loss
-    # The validation metric, from per-batch sums that add across ranks: `name` ("mae"), `mlperf_key` ("eval_error"),
-    # `higher_is_better`, `batch_sums(y_true, y_pred)` (a float32 vector, inside tf.function), `result(sums)` (a float
-    # from the whole set's sums) and `details(sums)` (its named parts, may be empty).
+    # The validation metric, from per-batch sums that add across ranks: `name` ("mae"), `mlperf_key`
+    # ("eval_error"), `higher_is_better`, `batch_sums(y_true, y_pred)` (a float32 vector, inside tf.function),
+    # `result(sums)` (a float from the whole set's sums) and `details(sums)` (its named parts, may be empty).
     metric: Any
     # The input pipelines -> the learning rate by fractional 0-based epoch (DeepCAM's schedule counts steps).
     schedule_for: Callable[[Datasets], Callable[[float], float]]

@@ -16,7 +16,6 @@ energy (RAPL, NVML); TensorBoard; the I/O report.
 from __future__ import annotations
 
 import math
-import os
 import resource
 import statistics
 import time
@@ -25,6 +24,7 @@ from typing import Any, TYPE_CHECKING
 
 from common.base.files import write_json_atomic
 from common.base.host import PEAK_KEYS, cache_path, cached
+from common.runtime import gpu as gpu_module
 from common.runtime.dist import DistEnv
 from common.runtime.loop import Callback, Loop
 from common.runtime.strategy import PhaseClock
@@ -107,7 +107,7 @@ class RunMonitor(Callback):
         self.dist = dist  # an elastic run's layout now
         self.window.finish(self.last_done, self.last_totals)  # a run that ended inside the window
         rss = self.dist.gather_object(peak_rss_mb())
-        gpu = self.dist.gather_object(gpu_peak_mb(self.dist))
+        gpu = self.dist.gather_object(gpu_module.peak_memory_mb() if self.dist.gpu else None)
         readings = self.dist.gather_object(self.readings or (None, None, "energy counters not read"))
         collectives = self._collectives(model)
         if not self.dist.is_root:
@@ -264,14 +264,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def gpu_peak_mb(dist: DistEnv) -> float | None:
-    """Peak memory TensorFlow allocated on this rank's GPU; None without one."""
-    if not dist.gpu:
-        return None
-    import tensorflow as tf
-    return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
-
-
 def step_breakdown(window_totals: dict, seconds: float, collective_seconds: float | None) -> dict:
     """Shares of the window's wall time: compute (the steps minus their collectives), allreduce, input wait,
     other (the loop around the steps: learning-rate updates, hooks, logging)."""
@@ -328,11 +320,11 @@ def describe_peak(peak: dict | None) -> dict | None:
 # === FLOPs ============================================================================================================
 # Training work per sample, counted from a Keras model's layer shapes.
 #
-# Two flops per multiply-add of the convolution and dense layers, times 3 for the forward pass, the input gradient and
-# the weight gradient (times 2 for the first such layer, whose input gradient is not computed). Batch norm,
-# activations, pooling, the loss and the optimizer update are not counted: they are a few per cent of the work and no
-# peak rate would cover them. Dilation does not change a convolution's count; a transposed convolution counts every
-# input pixel's k x k scatter (the cropped row and column included).
+# Two flops per multiply-add of the convolution and dense layers, times 3 for the forward pass, the input
+# gradient and the weight gradient (times 2 for the first such layer, whose input gradient is not computed).
+# Batch norm, activations, pooling, the loss and the optimizer update are not counted: they are a few per cent
+# of the work and no peak rate would cover them. Dilation does not change a convolution's count; a transposed
+# convolution counts every input pixel's k x k scatter (the cropped row and column included).
 
 def forward_multiply_adds(layer) -> int:
     """Multiply-adds of one sample's forward pass through `layer` (nested models included); 0 for layers
@@ -405,7 +397,7 @@ def energy_start(dist: DistEnv) -> tuple[str | None, Any, str]:
     """At run_start: (source, this rank's counter reading, reason when none). A node's local rank 0 reads its
     package counters (RAPL) for the node; every GPU rank reads its GPU's (NVML)."""
     if dist.gpu:
-        start, reason = _nvml_millijoules()
+        start, reason = gpu_module.nvml_millijoules()
         return ("NVML" if start is not None else None), start, reason
     if dist.local_rank == 0:
         start, reason = read_rapl()
@@ -418,27 +410,12 @@ def energy_stop(source: str | None, start: Any, reason: str) -> tuple[float | No
     if source == "none needed":
         return 0.0, None, ""
     if source == "NVML":
-        end, reason = _nvml_millijoules()
+        end, reason = gpu_module.nvml_millijoules()
         return (None, None, reason) if end is None else ((end - start) / 1e3, "NVML", "")
     if source == "RAPL":
         end, reason = read_rapl()
         return (None, None, reason) if end is None else (rapl_joules(start, end), "RAPL", "")
     return None, None, reason
-
-
-def _nvml_millijoules() -> tuple[float | None, str]:
-    """Total energy (mJ) of the first GPU this process sees, through NVML."""
-    try:
-        import pynvml
-    except ImportError:
-        return None, "GPU present but pynvml (nvidia-ml-py) is not installed"
-    try:
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-        index = int(visible) if visible.isdigit() else 0
-        return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(index))), ""
-    except pynvml.NVMLError as err:
-        return None, f"NVML energy counter unavailable: {err}"
 
 
 def job_energy(readings: list[tuple[float | None, str | None, str]]) -> tuple[float | None, str, str]:
@@ -525,10 +502,14 @@ def io_report(counters: dict, staging: StageResult | None, history: list[dict], 
         r["measured_read_mb_per_second"] = r["measured"].get("rchar", 0) / seconds / 1e6 if r["measured"] else None
     epochs = [h["train_seconds"] for h in history if "train_seconds" in h]
     report = {"ranks": ranks, "totals": _totals(ranks),
-              "mean_epoch_seconds": statistics.mean(epochs) if epochs else None,
-              "staging": _staging_summary([r["staging"] for r in ranks if r["staging"]])}
-    if report["staging"] and report["mean_epoch_seconds"]:
-        report["staging_seconds_over_mean_epoch_seconds"] = report["staging"]["seconds"] / report["mean_epoch_seconds"]
+              "mean_epoch_seconds": statistics.mean(epochs) if epochs else None, "staging": None}
+    staged = [r["staging"] for r in ranks if r["staging"]]
+    if staged:
+        from common.io.staging import staging_summary
+        report["staging"] = staging_summary(staged)
+        if report["mean_epoch_seconds"]:
+            ratio = report["staging"]["seconds"] / report["mean_epoch_seconds"]
+            report["staging_seconds_over_mean_epoch_seconds"] = ratio
     return report
 
 
@@ -541,23 +522,6 @@ def _totals(ranks: list[dict]) -> dict:
             "measured_storage_read_bytes": sum(m.get("read_bytes", 0) for m in measured) if measured else None,
             "measured_read_mb_per_second": (sum(r["measured_read_mb_per_second"] for r in ranks)
                                             if measured else None)}
-
-
-def _staging_summary(per_rank: list[dict]) -> dict | None:
-    """The staging phase as a whole: its wall time (the slowest rank, waiting included) and the copies."""
-    if not per_rank:
-        return None
-    copies = [s for s in per_rank if s["copied"]]
-    seconds = max(s["seconds"] for s in per_rank)
-    written, read = sum(s["bytes_written"] for s in copies), sum(s["bytes_read"] for s in copies)
-    return {"mode": per_rank[0]["mode"], "source_kind": per_rank[0]["source_kind"],
-            "compression": per_rank[0]["compression"], "seconds": seconds, "staging_ranks": len(copies),
-            **{key: sum(s.get(key, 0) for s in copies)
-               for key in ("files", "files_reused", "files_rechecked", "files_recopied")},
-            "bytes_written": written, "bytes_read": read,
-            "write_gb_per_second": written / max(seconds, 1e-9) / 1e9,
-            "read_gb_per_second": read / max(seconds, 1e-9) / 1e9,
-            "compression_ratio": written / read if read else None}
 
 
 def write_io_report(report: dict, output_dir: str | Path) -> Path:

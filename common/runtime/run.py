@@ -8,10 +8,8 @@ the config, the DistEnv, the MLPerf log, the resume point, the stop signals, sta
 nothing below it calls back into it, and only this module sets what it trains (an elastic run's attempts too).
 Whatever ends a run after run_start, its MLPerf log ends with one run_stop and rank 0 writes summary.json:
 an exception leaving the `with` block is logged as run_stop aborted and written as the summary's reason
-before it goes on (`Run.abort`). A stop signal before run_start ends the run at init_start or start.
-Exit codes (common/base/exits.py): 0 target reached, 1 target not reached, 2 bad input or config, 3 non-finite
-loss, 4 internal error (its traceback in the run directory's traceback.txt), 75 stopped by a signal (after
-run_start with a checkpoint of where it stopped). Faults and resuming: docs/faults.md.
+before it goes on (`Run.__exit__`, failures.py `write_failure`). A stop signal before run_start ends the run at
+init_start or start. Exit codes: common/base/exits.py. Faults and resuming: docs/faults.md.
 """
 from __future__ import annotations
 
@@ -22,8 +20,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from common.base.cli import write_traceback
-from common.base.errors import BenchError
 from common.io.input import Datasets, InputPlan
 from common.runtime.monitor import RunMonitor, io_report, io_start, io_stop, write_io_report
 from common.io.manifest import Manifest, check_unstaged_source
@@ -73,7 +69,7 @@ def run_benchmark(app: App, config: str, overrides: list[str], stop: StopRequest
     cfg = resolve(cfg, strategy.replicas, app.with_rcp, app.closed_differences, announce=root_log(dist))
     cfg, precision = choose_precision(app, cfg, dist, config, overrides)  # train.precision=auto: probed, cached
     rank_files = functools.partial(app.rank_files, cfg)
-    # (shared_failures inside Run: a failure that another rank's became is what Run.abort records)
+    # (shared_failures inside Run: a failure that another rank's became is what Run.__exit__ records)
     with Run.open(app.name, cfg, dist, stop) as run, shared_failures(Path(cfg.run.output_dir), dist):
         run.precision = precision
         run.stage(rank_files, "before_init")  # data.stage_timing=before_init: untimed, unlogged, open division
@@ -128,7 +124,7 @@ def reading_as(read_error: Callable[[Exception], Exception], run: "Run"):
             UnicodeDecodeError) as err:
         if run.dist.elastic and "Horovod" in str(err):
             raise
-        raise read_error(err) from None  # run_stop aborted and summary.json: Run.abort
+        raise read_error(err) from None  # run_stop aborted and summary.json: Run.__exit__
 
 
 def choose_strategy(cfg: Any, dist: DistEnv) -> DataParallel:
@@ -184,10 +180,15 @@ class Run:
         return self
 
     def __exit__(self, _type, error: BaseException | None, _traceback) -> None:
-        """Close the MLPerf log; an exception after run_start first ends the run (`abort`), then goes on."""
+        """Close the MLPerf log; an exception after run_start first ends the run: run_stop aborted and, on rank 0,
+        summary.json with the error as its reason (failures.py `write_failure`); then it goes on."""
         try:
-            if error is not None and self.started:
-                self.abort(error)
+            if error is not None and self.started:  # no collective: the other ranks may be anywhere
+                self._run_stop(RUN_ABORTED)
+                self.monitor.close(None)
+                if self.dist.is_root:
+                    from common.runtime.failures import write_failure
+                    write_failure(self, error)
         finally:
             self.mlperf.close()
 
@@ -302,26 +303,12 @@ class Run:
             summary = run_summary(self, result, self.trainee.metric.name, strategy.replicas) | extra | {
                 "io": report, "system": figures, "precision": self.precision}
             write_io_report(report, out)
-            write_summary(summary | self._attempt_summary(result.stopped, result.checkpoint or self.trained), out)
+            write_summary(summary | self.attempt_summary(result.stopped, result.checkpoint or self.trained), out)
             self.log(f"{result.status}: {result.reason}; time to train {self.time_to_train:.1f} s; summary in "
                      f"{out}/summary.json")
         # A rank that exits non-zero (target not reached) makes mpirun kill the others: wait for rank 0's summary.
         self.dist.barrier()
         return exit_code(result)
-
-    def abort(self, error: BaseException) -> None:
-        """After run_start, `error` ends the run: run_stop aborted (unless logged already) and, on rank 0,
-        summary.json with the error as its reason. No collective: the other ranks may be anywhere."""
-        self._run_stop(RUN_ABORTED)
-        self.monitor.close(None)
-        if not self.dist.is_root:
-            return
-        from common.runtime.failures import failure_summary
-        out = Path(self.cfg.run.output_dir)
-        write_summary(failure_summary(self, error) | self._attempt_summary(), out)
-        if not isinstance(error, (BenchError, StoppedBeforeStart)):
-            write_traceback(error, out)  # an internal error: its traceback beside the summary (exit 4)
-        self.log(f"aborted after {self.time_to_train:.1f} s of the timed run; summary in {out}/summary.json")
 
     def _stop_if_asked(self, before: str) -> None:
         """Before the event `before`: end the run (StoppedBeforeStart) when a stop signal arrived in start-up on
@@ -344,7 +331,7 @@ class Run:
         from common.io.staging import stage_logged  # only a staged run loads the staging code
         return stage_logged(self.cfg.data, self.dist, rank_files, self.mlperf, self.log)
 
-    def _attempt_summary(self, stopped: bool = False, checkpoint: str = "") -> dict:
+    def attempt_summary(self, stopped: bool = False, checkpoint: str = "") -> dict:
         """The summary fields of a resumed run, of one that stopped on a signal, and the checkpoint it left (where
         a stopped run resumes, or the weights that met the target)."""
         fields = {}

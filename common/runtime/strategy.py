@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+from common.runtime import gpu
 from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import STEP_PHASES, Steps, Trainee
 
@@ -91,7 +92,7 @@ class DataParallel:
 def data_parallel_steps(trainee: Trainee, dist: DistEnv, stop: StopRequests | None = None) -> Steps:
     """The Keras model in `tf.function` steps, gradients (and the stop flag) averaged over all ranks in one
     grouped allreduce."""
-    clock = PhaseClock(STEP_PHASES, device_sync_for(dist.gpu))
+    clock = PhaseClock(STEP_PHASES, gpu.sync_devices if dist.gpu else None)
     return Steps(train=make_train_step(trainee.model, trainee.optimizer, trainee.loss, dist, stop,
                                        jit_compile=trainee.jit_compile, clock=clock),
                  evaluate=_make_eval_step(trainee.model, trainee.loss, trainee.metric), stop=stop, clock=clock)
@@ -168,11 +169,11 @@ def batch_sums(loss_fn: Callable, metric: Any, y_true: Any, y_pred: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- the phase clock
-# Where a rank's training steps spend their time, by phase, on the host's clock: `start()` at the start of a step,
-# then `lap(name)` at the end of each phase adds its seconds to `name`. On a GPU the host runs ahead of the device, so
-# a lap means nothing unless the device is drained first: with `sync` on (the system window turns it on for the steps
-# it records, common/runtime/monitor.py) every reading waits for the device. Off, a reading costs one clock read, so
-# the training steps keep their clock always.
+# Where a rank's training steps spend their time, by phase, on the host's clock: `start()` at the start of a
+# step, then `lap(name)` at the end of each phase adds its seconds to `name`.
+# On a GPU the host runs ahead of the device, so a lap means nothing unless the device is drained first: with
+# `sync` on (the system window turns it on for the steps it records, common/runtime/monitor.py) every reading
+# waits for the device. Off, a reading costs one clock read, so the training steps keep their clock always.
 
 
 class PhaseClock:
@@ -199,15 +200,6 @@ class PhaseClock:
         if self.sync and self._device_sync is not None:
             self._device_sync()
         return time.perf_counter()
-
-
-def device_sync_for(gpu: bool) -> Callable[[], None] | None:
-    """What drains this rank's device before a reading: TensorFlow's sync on a GPU, nothing on a CPU (where a
-    tf.function call returns when its work is done)."""
-    if not gpu:
-        return None
-    import tensorflow as tf
-    return tf.test.experimental.sync_devices
 
 
 # ---------------------------------------------------------------------------- precision

@@ -125,9 +125,10 @@ def write_summary(summary: dict, output_dir: str | Path) -> Path:
 # ---------------------------------------------------------------------------- the MLPerf log
 # MLPerf HPC logging through `mlperf_logging.mllog`, written by rank 0 only.
 #
-# One `MLPerfLog` per run writes `:::MLLOG` lines into the run's output directory. Training code calls it at the
-# points the MLPerf HPC rules define (init, run, staging, epochs, evaluation, run_stop); model and data builders never
-# do. On ranks other than 0 every call is a no-op, so callers need no rank checks.
+# One `MLPerfLog` per run writes `:::MLLOG` lines into the run's output directory. Training
+# code calls it at the points the MLPerf HPC rules define (init, run, staging, epochs,
+# evaluation, run_stop); model and data builders never do. On ranks other than 0 every call
+# is a no-op, so callers need no rank checks.
 RUN_SUCCESS = "success"
 RUN_ABORTED = "aborted"
 

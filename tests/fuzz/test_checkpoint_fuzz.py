@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.runtime.checkpoint import (META, InputPosition, Meta, Progress, check_checkpoint, find_resume,
+from common.runtime.checkpoint import (META, InputPosition, Layout, Meta, Progress, check_checkpoint, find_resume,
                                        plan_input, read_checkpoint, restore_rank, restore_shared)
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
@@ -40,7 +40,7 @@ LIMIT_S = 10.0  # per input; checking this checkpoint takes milliseconds
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A checkpoint directory `ckpt/ckpt-000000010` as a one-rank DALI run writes it (no input state)."""
-    position = InputPosition(loader="dali", seed=5, start_step=4, layout=LAYOUT)
+    position = InputPosition(loader="dali", seed=5, start_step=4, layout=Layout(**LAYOUT))
     return write_checkpoint(tmp_path_factory.mktemp("run"), position=position)
 
 
@@ -132,7 +132,7 @@ def restore(resume: Meta) -> list[np.ndarray]:
     """The variables of a fresh stand-in model after restoring `resume` into it."""
     model, optimizer = model_and_optimizer(fill=0.0)
     restore_shared(resume, model, optimizer, DistEnv())
-    plan = plan_input(resume, (5, 6), "dali", LAYOUT)
+    plan = plan_input(resume, (5, 6), "dali", Layout(**LAYOUT))
     assert plan.restore == "replay" and plan.skip >= 0 or plan.restore == "" and plan.why_afresh, plan
     restore_rank(resume, model, None, DistEnv(), lambda _m: None, plan)
     return [v.value for v in model.variables + optimizer.variables]

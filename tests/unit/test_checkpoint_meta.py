@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from common.base.errors import BenchError
-from common.runtime.checkpoint import META, Checkpointer, InputPosition, Progress, check_checkpoint, newest_valid
+from common.runtime.checkpoint import (META, Checkpointer, InputPosition, Layout, Progress, check_checkpoint,
+                                       newest_valid)
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 
@@ -84,9 +85,9 @@ def test_the_written_meta_is_read_back(checkpoint):
 
 
 def test_the_written_input_position_is_read_back(tmp_path):
-    position = InputPosition(loader="dali", seed=5, start_step=4, layout=LAYOUT)
+    position = InputPosition(loader="dali", seed=5, start_step=4, layout=Layout(**LAYOUT))
     meta = check_checkpoint(write_checkpoint(tmp_path, position=position))
-    assert InputPosition(**meta["input"]) == position
+    assert InputPosition(**meta["input"] | {"layout": Layout(**meta["input"]["layout"])}) == position
 
 
 def test_a_nan_figure_in_the_history_is_a_figure(tmp_path):

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from common.base.errors import BenchError
-from common.runtime.checkpoint import (META, InputPlan, InputPosition, Meta, check_checkpoint, plan_input,
+from common.runtime.checkpoint import (META, InputPlan, InputPosition, Layout, Meta, check_checkpoint, plan_input,
                                        read_checkpoint, replayed, restore_rank)
 from common.runtime.dist import DistEnv
 from tests.conftest import require_dali
@@ -27,7 +27,7 @@ def _resume(path) -> Meta:
 def _dali_checkpoint(tmp_path, **position):
     """A one-rank DALI checkpoint at global step 10 whose stream began at step 4 with seed 12."""
     fields = dict(loader="dali", seed=12, start_step=4, layout=LAYOUT) | position
-    return write_checkpoint(tmp_path, position=InputPosition(**fields))
+    return write_checkpoint(tmp_path, position=InputPosition(**fields | {"layout": Layout(**fields["layout"])}))
 
 
 def test_meta_json_records_the_input_position(tmp_path):
@@ -36,7 +36,7 @@ def test_meta_json_records_the_input_position(tmp_path):
 
 
 def test_the_same_dali_layout_keeps_the_seed_and_skips_the_consumed_batches(tmp_path):
-    plan = plan_input(_resume(_dali_checkpoint(tmp_path)), SEEDS, "dali", LAYOUT)
+    plan = plan_input(_resume(_dali_checkpoint(tmp_path)), SEEDS, "dali", Layout(**LAYOUT))
     assert plan == InputPlan(seed=12, start_step=4, restore="replay", skip=STEP - 4)
 
 
@@ -47,7 +47,7 @@ def test_the_same_dali_layout_keeps_the_seed_and_skips_the_consumed_batches(tmp_
     ({"run_seed": 6}, r"run_seed 5 -> 6"),
 ])
 def test_another_layout_starts_afresh_with_a_new_seed_and_says_why(tmp_path, change, why):
-    plan = plan_input(_resume(_dali_checkpoint(tmp_path)), SEEDS, "dali", LAYOUT | change)
+    plan = plan_input(_resume(_dali_checkpoint(tmp_path)), SEEDS, "dali", Layout(**LAYOUT | change))
     assert (plan.seed, plan.start_step, plan.restore) == (SEEDS[1], STEP, "")
     assert re.search(why, plan.why_afresh), plan.why_afresh
 
@@ -59,7 +59,7 @@ def test_another_layout_starts_afresh_with_a_new_seed_and_says_why(tmp_path, cha
      "the hybrid strategy keeps no input position"),
 ])
 def test_a_position_that_cannot_be_replayed_starts_afresh(tmp_path, saved, loader, why):
-    plan = plan_input(_resume(_dali_checkpoint(tmp_path, **saved)), SEEDS, loader, LAYOUT)
+    plan = plan_input(_resume(_dali_checkpoint(tmp_path, **saved)), SEEDS, loader, Layout(**LAYOUT))
     assert (plan.seed, plan.restore, plan.why_afresh) == (SEEDS[1], "", why)
 
 
@@ -89,7 +89,7 @@ def test_restore_rank_says_the_dali_input_was_replayed(tmp_path):
     resume = _resume(_dali_checkpoint(tmp_path))
     lines = []
     assert restore_rank(resume, model_and_optimizer(0.0)[0], None, DistEnv(), lines.append,
-                        plan_input(resume, SEEDS, "dali", LAYOUT))
+                        plan_input(resume, SEEDS, "dali", Layout(**LAYOUT)))
     assert lines == ["resume: the DALI training input was replayed: 6 batches skipped per rank, from a stream "
                      "rebuilt with the checkpoint's seed 12; the data order is the uninterrupted run's"]
 
