@@ -21,8 +21,8 @@ from common.base.errors import BenchError
 from common.io.formats import TRAIN, VALIDATION
 from common.io.formats import cosmoflow as record_format, cosmoflow_blocks
 from common.io.formats.cosmoflow import FORMAT
-from common.io.input import Datasets, Shard, dali_reader_sharding, open_input, rank_shards
-from common.io.manifest import Manifest, check_split_counts, load_manifest
+from common.io.input import Datasets, Shard, dali_reader_sharding, open_input
+from common.io.manifest import Manifest, check_split_counts
 from common.runtime.dist import DistEnv
 from cosmoflow import tfdata
 from cosmoflow.config import CosmoDataConfig
@@ -245,17 +245,3 @@ def _dali_pipeline(pipe: Pipe, shard: Shard, shuffle: bool, seed: int, device_id
         return x, y
 
     return pipeline()
-
-
-# ---------------------------------------------------------------------------- diagnosis
-def read_error(cfg: CosmoDataConfig, local_batch: int, dist: DistEnv, err: Exception) -> BenchError:
-    """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank."""
-    from common.io.bad_record import first_bad_record, read_failure
-    manifest = load_manifest(cfg.dir, expected_format=FORMAT)
-    drop = cfg.uneven_files == "drop"
-    shards = rank_shards(manifest, cfg, dist, local_batch, lambda m: split_between_ranks(m, dist, local_batch, drop))
-    files = [f for shard in shards.values() for f in shard.files]
-    problem = first_bad_record(files, manifest.compression,
-                               record_format.tf_features(manifest.target_size),
-                               record_format.describe(manifest.target_size), tfdata.wrong_size(manifest.sample_shape))
-    return read_failure("CosmoFlow", err, files, dist.rank, problem)

@@ -4,12 +4,14 @@ read under either loader.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from common.io.formats import cosmoflow as record_format, cosmoflow_blocks
-from common.io.input import Shard
+from common.base.errors import BenchError
+from common.io.input import Shard, rank_shards
+from common.io.manifest import load_manifest
 from cosmoflow.mesh.groups import SampleBlock
 
 
@@ -50,3 +52,16 @@ def wrong_size(sample_shape: Sequence[int]):
         return None if found == expected else (f"holds {found} int16 values, expected {expected} for the sample "
                                                f"shape {list(sample_shape)}")
     return check
+
+
+def read_error(split: Callable, cfg: Any, local_batch: int, dist: Any, err: Exception) -> BenchError:
+    """A BenchError naming the file and record behind a tf.data or DALI read failure on this rank; `split`:
+    cosmoflow/data.py's `split_between_ranks` (the run's App binds it)."""
+    from common.io.bad_record import first_bad_record, read_failure
+    manifest = load_manifest(cfg.dir, expected_format=record_format.FORMAT)
+    drop = cfg.uneven_files == "drop"
+    shards = rank_shards(manifest, cfg, dist, local_batch, lambda m: split(m, dist, local_batch, drop))
+    files = [f for shard in shards.values() for f in shard.files]
+    problem = first_bad_record(files, manifest.compression, record_format.tf_features(manifest.target_size),
+                               record_format.describe(manifest.target_size), wrong_size(manifest.sample_shape))
+    return read_failure("CosmoFlow", err, files, dist.rank, problem)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 
 from common.base.cli import exit_now
@@ -21,7 +22,8 @@ from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import Trainee
 from common.runtime.strategy import DataParallel, for_precision, precision_keys, set_precision
 from cosmoflow.config import CosmoConfig, OptimizerConfig, ScheduleConfig, closed_differences
-from cosmoflow.data import build_datasets, files_read, read_error
+from cosmoflow.data import build_datasets, files_read, split_between_ranks
+from cosmoflow.tfdata import read_error
 from cosmoflow.rcp import with_rcp
 
 
@@ -112,7 +114,8 @@ def example_batch(cfg: CosmoConfig) -> tuple:
 
 
 APP = run.App(name="cosmoflow", config=CosmoConfig, build=build, input=input_pipeline,
-              hyperparameters=hyperparameters, rank_files=rank_files, read_error=read_error, with_rcp=with_rcp,
+              hyperparameters=hyperparameters, rank_files=rank_files,
+              read_error=functools.partial(read_error, split_between_ranks), with_rcp=with_rcp,
               closed_differences=closed_differences, learning_rates=learning_rates, strategy=strategy_for,
               example_batch=example_batch, scoring=scoring)
 

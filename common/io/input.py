@@ -219,14 +219,12 @@ def dali_reader_sharding(local: tuple[int, int] | None, seed: int, shuffle: bool
     """DALI reader arguments: this rank's files (`local` None), or (node_share, `local` = (local rank, ranks
     per node)) the node's files divided between its ranks, redrawn after every epoch; `seed` the run seed.
 
-    Shuffling takes both of DALI's kinds: `random_shuffle` alone draws from a buffer filled in a fixed file
-    order, which left CosmoFlow's mini demo (8 sub-cubes of one universe per file) short of its target;
-    with `shuffle_after_epoch` too the file order changes every epoch, as on the tf.data path. DALI draws
-    that order from its own fixed seed and the reader's epoch count, not from `seed` (which seeds only the
-    `random_shuffle` buffer): every rank of a node therefore gets the same order and a disjoint shard, and the
-    division is the same whatever the run seed (not the one `epoch_file_indices` plans for tf.data). Every
-    epoch still reads each of the reader's samples exactly once (tests/unit/test_sharding.py, and through the
-    applications' builders tests/unit/test_dali_ranks.py).
+    Shuffling takes both of DALI's kinds: `random_shuffle` alone draws from a buffer filled in a fixed file order,
+    which left CosmoFlow's mini demo (8 sub-cubes of one universe per file) short of its target; with
+    `shuffle_after_epoch` too the file order changes every epoch, as on the tf.data path. DALI draws that order from
+    its own fixed seed and epoch count, not from `seed` (which seeds the `random_shuffle` buffer), so a node's ranks
+    get the same order and disjoint shards (docs/staging.md, node_share). Every epoch still reads each sample once
+    (tests/unit/test_sharding.py, tests/unit/test_dali_ranks.py).
     """
     if local is None:
         return {"random_shuffle": shuffle, "shuffle_after_epoch": shuffle}

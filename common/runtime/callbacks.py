@@ -1,8 +1,7 @@
 """The loop's callbacks for fault handling and evaluation (common/runtime/loop.py's `Callback`):
 
-- `Checkpoints`: resuming from a checkpoint (its weights, optimizer, each rank's own variables, and the input
-  position: tf.data's saved iterator, or a rebuilt DALI stream skipped to the checkpoint's batch; docs/faults.md),
-  periodic checkpoints (checkpoint.every_epochs, every_minutes) and the one of the weights that met the target;
+- `Checkpoints`: resuming from a checkpoint (checkpoint.py `resume_loop`; docs/faults.md), periodic checkpoints
+  (checkpoint.every_epochs, every_minutes) and the one of the weights that met the target;
 - `EvalEverySteps`: train.eval_every_steps > 0: evaluate every this many optimizer steps, inside epochs too;
 - `StopSignal`: after every step, whether a stop signal arrived on any rank (read from the step's allreduce, or
   agreed in a collective of its own); if so, a checkpoint of the step (checkpoint.on_signal) and the run ends.

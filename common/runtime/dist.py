@@ -1,14 +1,13 @@
 """The distributed runtime: the rank layout and the collectives the suite needs, as one frozen `DistEnv`.
 
-`init_distributed(cfg.dist)` returns a frozen `DistEnv`. Under horovodrun (or mpirun/srun with an MPI launcher) it
-sets Horovod's tensor-fusion, cycle-time and hierarchical-allreduce environment before `hvd.init()`
-(common/runtime/hvd_settings.py; a variable the user set wins) and its collectives are Horovod's
-(common/runtime/horovod_env.py); otherwise it returns a single-process env whose collectives are identities, so every
-tool also runs plainly. It also pins one GPU per local rank when GPUs exist and sets TensorFlow's CPU thread pools
-from the cores and ranks per node.
+`init_distributed(cfg.dist)` makes it. Under horovodrun (or mpirun/srun with an MPI launcher) it sets Horovod's
+tensor-fusion, cycle-time and hierarchical-allreduce environment before `hvd.init()` (common/runtime/hvd_settings.py;
+a variable the user set wins) and the collectives are Horovod's (common/runtime/horovod_env.py); otherwise the env is
+one process's, whose collectives are identities, so every tool also runs plainly. It also pins one GPU per local
+rank when GPUs exist and sets TensorFlow's CPU thread pools from the cores and ranks per node.
 
-The ranks also agree here on stopping: `StopRequests` turns a scheduler's stop signal into a request that every
-rank honours after the same step (the last section).
+The ranks also agree here on stopping (the last section): `StopRequests` turns a scheduler's stop signal into a
+request that every rank honours after the same step.
 """
 from __future__ import annotations
 

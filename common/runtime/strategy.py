@@ -10,11 +10,10 @@ to the loop. Three exist:
 
 The data-parallel step's numerics are here too: `train.precision` is a Keras mixed-precision policy, set before the
 model is built (`set_precision`): `float32`, or `mixed_bfloat16` / `mixed_float16` (float32 variables, layers
-computing in 16 bits). Each model ends in a float32 layer, so the loss and the metric are float32. `mixed_float16`
-wraps the optimizer in Keras' `LossScaleOptimizer` (`for_precision`: dynamic loss scaling, the step scales the loss
-before the gradients and the optimizer unscales them, skipping a step whose gradients overflow); bfloat16 has
-float32's range and needs no scaling. `train.jit_compile=true` XLA-compiles each step's forward and backward pass (the
-allreduce and the update stay outside, where Horovod's ops run). Both are logged (`precision`, `jit_compile`).
+computing in 16 bits; each model ends in a float32 layer, so loss and metric are float32). `mixed_float16` wraps the
+optimizer in Keras' `LossScaleOptimizer` (`for_precision`: dynamic loss scaling, a step whose gradients overflow is
+skipped); bfloat16 has float32's range and needs none. `train.jit_compile=true` XLA-compiles each step's forward and
+backward pass (the allreduce and the update stay outside, where Horovod's ops run). Both are logged.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fuzzing the record parsers: CosmoFlow's and DeepCAM's TFRecord input pipelines (cosmoflow/data.py,
 deepcam/data.py) read as training reads them, through tf.data and through DALI, with a read failure turned into
-the application's error naming the file and record (`read_error`, as common/runtime/app.py does).
+the application's error naming the file and record (`read_error`, as common/runtime/run.py does).
 
 Inputs: tiny converted datasets (uncompressed with DALI indexes, and GZIP) with corrupted bytes in a record file
 (length, CRCs, payload; truncated or grown, which the manifest's sizes catch first), and record files rewritten

@@ -5,8 +5,8 @@ with
       one channel per redshift), every count >= 0
   y   floats: the universe's 4 target parameters (unitPar), each in [-1, 1]
 
-The manifest says sample_shape [n, n, n, 4], sample_dtype "int16", target_size 4 and no target_shape.
-Written by data_prep/cosmo_convert.py, read by cosmoflow/data.py (tf.data and DALI), checked by
+The manifest says sample_shape [n, n, n, 4], sample_dtype "int16", target_size 4 and no target_shape. Written by
+data_prep/cosmo_convert.py, read by cosmoflow/data.py (DALI) and cosmoflow/tfdata.py (tf.data), checked by
 data_prep/validate.py. TensorFlow and DALI are imported only by the functions that build their feature specs.
 
 This module is what training reads. Beside it: common/io/formats/cosmoflow_prep.py, what the tools that write,
