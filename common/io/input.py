@@ -26,7 +26,7 @@ LOADERS = ("auto", "tfdata", "dali")
 
 
 # ---------------------------------------------------------------------------- the training stream's start
-# (What its order depends on, saved in a checkpoint: common/runtime/checkpoint.py `InputPosition`.)
+# (What its order depends on, saved in a checkpoint: common/io/position.py.)
 @dataclasses.dataclass(frozen=True)
 class InputPlan:
     """Where a run's training input starts: the seed its datasets are built with, the global step its stream

@@ -28,16 +28,17 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 from common.base import documents
-from common.base.documents import AtLeast, check
+from common.base.documents import check
 from common.base.errors import BenchError
 from common.io.input import InputPlan, dali_plugin_available
+from common.io.position import InputPosition, Layout
 from common.io.manifest import xxh3_128_file
 from common.runtime.loop import Loop, shared_variables
 from common.runtime.summary import Progress
@@ -47,60 +48,6 @@ VERSION = 1
 META = "meta.json"
 MODEL_FILE = "model.npz"
 _NAME = re.compile(r"^ckpt-(\d{9})$")
-
-
-# ---------------------------------------------------------------------------- the training stream's position
-# What a rank's training stream depends on (InputPosition, saved in meta.json as "input"); where it starts is
-# common/io/input.py's InputPlan.
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """What a DALI stream's order depends on beside its loader and seed (LAYOUT_KEYS)."""
-
-    run_seed: int
-    ranks: Annotated[int, AtLeast(1)]
-    # the ranks of a node that share its files under data.stage_mode=node_share (0 otherwise, where a rank's files
-    # follow from ranks alone)
-    ranks_per_node: Annotated[int, AtLeast(0)]
-    node_share: bool
-    local_batch_size: Annotated[int, AtLeast(1)]
-    shuffle: bool
-    shuffle_buffer: Annotated[int, AtLeast(1)]
-    strategy: str
-
-
-@dataclasses.dataclass(frozen=True)
-class InputPosition:
-    """What a rank's training stream depends on, saved in meta.json as "input": rebuilt with the same loader, seed and
-    layout it gives the same batches, and the run has taken `global_step - start_step` of them."""
-
-    loader: Literal["tfdata", "dali", ""]  # the input pipeline ("" for a rank layout whose position cannot be replayed)
-    seed: int  # the input seed the datasets were built with (the run's, or a reseeded one)
-    start_step: int  # the global step at which this stream began (0, or where a reseeded attempt began)
-    layout: Layout  # LAYOUT_KEYS: the rank layout and the settings the stream's order depends on
-
-    def __post_init__(self):
-        check(self.start_step >= 0, "start_step", self.start_step, "an integer >= 0")
-
-    def to_meta(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def layout_change(self, layout: Layout) -> str:
-        """How `layout` differs from the saved one ("" when it does not), for the log."""
-        changed = [f"{key} {getattr(self.layout, key)!r} -> {getattr(layout, key)!r}" for key in LAYOUT_KEYS
-                   if getattr(self.layout, key) != getattr(layout, key)]
-        return ", ".join(changed)
-
-
-LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(Layout))
-
-
-def input_layout(cfg: Any, dist: DistEnv, strategy: Any) -> Layout:
-    """What the order of a rank's training stream depends on beside its loader and seed (LAYOUT_KEYS)."""
-    data = cfg.data
-    node_share = bool(data.stage_dir) and data.stage_mode == "node_share"
-    return Layout(run_seed=cfg.run.seed, ranks=dist.size, ranks_per_node=dist.local_size if node_share else 0,
-                  node_share=node_share, local_batch_size=cfg.train.local_batch_size, shuffle=data.shuffle,
-                  shuffle_buffer=data.shuffle_buffer, strategy=strategy.name)
 
 
 def resume_loader(requested: str, resume: Meta) -> str:

@@ -39,8 +39,9 @@ from common.base.errors import BenchError
 from common.runtime.summary import FitResult, Progress
 from common.runtime.dist import DistEnv
 from common.io.input import InputPlan
+from common.io.position import reseeded
 from common.runtime.loop import Callback, Loop, Trainee, fit
-from common.runtime.strategy import DataParallel, reseeded
+from common.runtime.strategy import DataParallel
 
 # (the rank layout of this (re)start, its input seed offset, the commits' callback) -> the attempt's FitResult
 FitAttempt = Callable[[DistEnv, int, Callback], FitResult]

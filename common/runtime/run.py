@@ -31,7 +31,7 @@ from common.runtime.loop import Callback, Loop, Trainee, fit
 from common.runtime.precision import choose as choose_precision
 from common.runtime.summary import (FitResult, MLPerfLog, RUN_ABORTED, dataset_keys, exit_code,
                                     run_summary, scale_keys, throughput, write_summary)
-from common.runtime.strategy import DataParallel, reseeded
+from common.runtime.strategy import DataParallel
 
 if TYPE_CHECKING:  # imported where used: by a run that stages, or that writes or reads a checkpoint
     from common.io.staging import StageResult
@@ -240,7 +240,8 @@ class Run:
         run from the checkpoint's position where it can (checkpoint.py `resume_loader`, `plan_input`)."""
         if self.resume is None:
             return data_cfg, InputPlan(self.cfg.run.seed)
-        from common.runtime.checkpoint import input_layout, plan_input, resume_loader
+        from common.io.position import input_layout, reseeded
+        from common.runtime.checkpoint import plan_input, resume_loader
         data_cfg = dataclasses.replace(data_cfg, loader=resume_loader(data_cfg.loader, self.resume))
         seeds = (self.cfg.run.seed, reseeded(self.cfg.run.seed, self.resume.progress.attempt))
         return data_cfg, plan_input(self.resume, seeds, data_cfg.loader, input_layout(self.cfg, self.dist, strategy))
@@ -274,7 +275,8 @@ class Run:
     def checkpointer(self, strategy: DataParallel, plan: InputPlan) -> Checkpointer:
         """The writer of this run's checkpoints, with what its training input's position depends on (a position is
         kept, saved or replayable, only when every rank reads its own stream)."""
-        from common.runtime.checkpoint import Checkpointer, InputPosition, input_layout
+        from common.io.position import InputPosition, input_layout
+        from common.runtime.checkpoint import Checkpointer
         loader = self.data.loader if strategy.saves_input_position else ""
         position = InputPosition(loader, plan.seed, plan.start_step, input_layout(self.cfg, self.dist, strategy))
         return Checkpointer(self.cfg.checkpoint, self.cfg.run.output_dir, self.dist, self.benchmark, self.log,

@@ -24,14 +24,6 @@ from common.runtime import gpu
 from common.runtime.dist import DistEnv, StopRequests
 from common.runtime.loop import STEP_PHASES, Steps, Trainee
 
-RESEED = 7919  # a prime: the input seed of the n-th restart is seed + RESEED * n
-
-
-def reseeded(seed: int, n: int) -> int:
-    """The input seed of the n-th restart (0: unchanged): a new data order after a resume or an elastic reset."""
-    return seed + RESEED * n
-
-
 # (trainee, dist, stop flag or None) -> Steps: built after the initial state is broadcast.
 StepsFactory = Callable[[Trainee, DistEnv, "StopRequests | None"], Steps]
 

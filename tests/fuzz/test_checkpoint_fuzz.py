@@ -25,7 +25,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.runtime.checkpoint import (META, InputPosition, Layout, Meta, Progress, check_checkpoint, find_resume,
+from common.io.position import InputPosition, Layout
+from common.runtime.checkpoint import (META, Meta, Progress, check_checkpoint, find_resume,
                                        plan_input, read_checkpoint, restore_rank, restore_shared)
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv

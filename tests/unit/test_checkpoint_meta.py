@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from common.base.errors import BenchError
-from common.runtime.checkpoint import (META, Checkpointer, InputPosition, Layout, Progress, check_checkpoint,
-                                       newest_valid)
+from common.io.position import InputPosition, Layout
+from common.runtime.checkpoint import META, Checkpointer, Progress, check_checkpoint, newest_valid
 from common.runtime.config import CheckpointConfig
 from common.runtime.dist import DistEnv
 

@@ -10,7 +10,8 @@ import re
 import pytest
 
 from common.base.errors import BenchError
-from common.runtime.checkpoint import (META, InputPlan, InputPosition, Layout, Meta, check_checkpoint, plan_input,
+from common.io.position import InputPosition, Layout
+from common.runtime.checkpoint import (META, InputPlan, Meta, check_checkpoint, plan_input,
                                        read_checkpoint, replayed, restore_rank)
 from common.runtime.dist import DistEnv
 from tests.conftest import require_dali
