@@ -44,8 +44,9 @@ demo: $(STAMP)
 slurm-demo: $(STAMP)
 	@PY=$(PY) DEMO_DIR=$(DEMO_DIR) scripts/slurm_demo.sh
 
-# The unit and fuzz tests run on TEST_WORKERS processes (pytest-xdist), then the integration tests one at a time:
-# each starts real trainings that use the host's cores, and the elastic and fault tests time what they watch.
+# The unit and fuzz tests run on TEST_WORKERS processes (pytest-xdist), then the integration tests: those not marked
+# serial on TEST_WORKERS processes too (a module's tests in one process: tests/integration/conftest.py), then the
+# serial ones (elastic, faults, Slurm) one at a time, on an otherwise idle host, as they time what they watch.
 # JUNIT_DIR=DIR writes each run's JUnit XML report there (benchmarks/suite_time.py times `make test-suite`).
 TEST_WORKERS ?= 2
 test: $(STAMP)
@@ -53,7 +54,8 @@ test: $(STAMP)
 
 test-suite:
 	$(PY) -m pytest tests/unit tests/fuzz -n $(TEST_WORKERS) $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/unit.xml)
-	$(PY) -m pytest tests/integration $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/integration.xml)
+	$(PY) -m pytest tests/integration -m "not serial" -n $(TEST_WORKERS) --dist loadgroup $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/integration.xml)
+	$(PY) -m pytest tests/integration -m serial $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/integration-serial.xml)
 
 fuzz: $(STAMP)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(PY) -m pytest tests/fuzz -m fuzz -n $(TEST_WORKERS)

@@ -7,6 +7,19 @@ import pytest
 from jobs.localslurm import local_slurm
 from tests.integration.cosmo_fixtures import make_dataset, make_learnable_dataset, two_rank_run
 
+# `make test` runs the integration tests not marked serial on 2 pytest-xdist processes (--dist loadgroup): each
+# module's tests in one process, so that its module fixtures run once, and these modules in one process together,
+# as they read the same session-scoped runs (cosmo_two_rank_run and deepcam_fixtures', each a real training).
+SHARED_RUNS = ("test_cosmoflow_e2e", "test_deepcam_e2e", "test_export", "test_staging_e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    """Put each test in its xdist group: its module's name, or "shared-runs" for the SHARED_RUNS modules."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group("shared-runs" if module in SHARED_RUNS else module))
+
 
 @pytest.fixture(scope="session")
 def cosmo_dataset(tmp_path_factory):

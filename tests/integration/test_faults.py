@@ -21,7 +21,8 @@ from common.base.procs import rank_process
 from tests.conftest import BIN, REPO, checkout_first_on_path, horovodrun, log_events, show
 from tests.integration.cosmo_fixtures import write_config
 
-pytestmark = pytest.mark.slow
+# serial: a stop must reach every rank within the time these tests allow, on an otherwise idle host (Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 TRAIN = REPO / "cosmoflow/train.py"
 EPOCHS = 3
 # Dropout and batch norm make each rank's RNG and running statistics part of the state; tf.data (not DALI)

@@ -20,7 +20,8 @@ from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.test_hpo import write_space
 from tests.integration.test_slurm import _ended, _job_state, _submit, _training, _wait_for
 
-pytestmark = pytest.mark.slow
+# serial: one local Slurm node of this host's cores, whose jobs these tests time (Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 TRIALS = 1
 STARTED = re.compile(r"^trial (\d+): \w+\.\w+=", re.M)  # a worker's line as it starts a trial
 

@@ -27,7 +27,8 @@ from jobs.site import load_site
 from tests.conftest import REPO, checkout_first_on_path, run_cmd, show
 from tests.integration.cosmo_fixtures import LEARNED_MAE, corrupt_last_train_file, write_config, write_learning_config
 
-pytestmark = pytest.mark.slow
+# serial: one local Slurm node of this host's cores, whose jobs these tests time (Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 # ------------------------------------------------------------------------------- jobs followed in scontrol
