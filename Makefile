@@ -26,7 +26,7 @@ help:
 	@echo "make bench   CosmoFlow and DeepCAM training throughput, input-pipeline (loader) throughput and"
 	@echo "             staging throughput against cp -r / tar -x (writes benchmarks/results/*.json and"
 	@echo "             the tables in docs/performance.md and docs/staging.md)"
-	@echo "make bench-reference REFERENCE=/path/to/mlcommons-hpc   the MLCommons reference models' training"
+	@echo "make bench-reference REFERENCE=/path/to/mlcommons-hpc [ROUNDS=2]   the MLCommons reference models' training"
 	@echo "             steps beside the suite's, each in its own environment, in one run (docs/performance.md)"
 
 # Set-up runs when .venv is missing or older than the files that define it.
@@ -71,7 +71,7 @@ bench: $(STAMP)
 
 # REFERENCE: a checkout of https://github.com/mlcommons/hpc, from the command line or the environment.
 bench-reference: $(STAMP)
-	$(PY) benchmarks/reference_compare.py $(if $(REFERENCE),--reference $(REFERENCE))
+	$(PY) benchmarks/reference_compare.py $(if $(REFERENCE),--reference $(REFERENCE)) $(if $(ROUNDS),--rounds $(ROUNDS))
 
 study: $(STAMP)
 	PY=$(PY) scripts/study.sh

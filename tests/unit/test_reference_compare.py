@@ -108,3 +108,54 @@ def test_the_reference_runs_with_onednn_on_unless_the_user_says_otherwise(monkey
     assert rc.reference_env()["ONEDNN_DEFAULT_FPMATH_MODE"] == "STRICT"
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     assert rc.reference_env()["TF_ENABLE_ONEDNN_OPTS"] == "0"
+
+
+def test_rounds_alternate_the_two_sides_pool_their_steps_and_keep_each_rounds_ratio(monkeypatch, tmp_path):
+    import harness
+    order, speeds = [], {"suite": iter([2.0, 4.0, 3.0]), "reference": iter([4.0, 4.0, 5.0])}
+
+    def fake(side):
+        def run(*args):
+            order.append(side)
+            seconds = next(speeds[side])
+            return {"step_seconds": [seconds], **rc.step_figures([seconds], 1, 1), "local_batch": 1, "ranks": 1,
+                    "framework": "torch 2.13.0+cpu"}
+        return run
+    monkeypatch.setattr(rc, "run_suite", fake("suite"))
+    monkeypatch.setattr(rc, "run_reference", fake("reference"))
+    monkeypatch.setattr(rc, "reference_python", lambda app: Path(sys.executable))
+    monkeypatch.setattr(harness, "sgemm_gflops", lambda: 100.0)
+    run = rc.compare("deepcam", tmp_path, None, None, "float32", rounds=3)
+    assert order == ["suite", "reference", "reference", "suite", "suite", "reference"]
+    assert run["rounds"] == 3 and run["suite"]["step_seconds"] == [2.0, 4.0, 3.0]
+    assert run["suite"]["median_step_seconds"] == 3.0 and run["reference"]["median_step_seconds"] == 4.0
+    assert run["suite_over_reference"] == pytest.approx(4 / 3)  # pooled medians: 1/3 against 1/4 samples/s
+    assert run["suite_over_reference_per_round"] == pytest.approx([2.0, 1.0, 5 / 3])
+    assert rc.ratio_cell(run) == "1.33 (rounds 1.00-2.00)"
+    with pytest.raises(ValueError, match="rounds 0: expected at least 1"):
+        rc.compare("deepcam", tmp_path, None, None, "float32", rounds=0)
+
+
+def test_each_side_at_its_own_fastest_precision_gets_a_row_of_its_own():
+    def run(precision, suite, reference):
+        return {"app": "deepcam", "precision": precision, "sample": "768 x 1152 x 16", "local_batch": 1,
+                "suite": {"samples_per_second": suite}, "rounds": 2, "suite_over_reference": suite / reference,
+                "reference": {"samples_per_second": reference, "framework": "torch 2.13.0+cpu"}}
+    # A host without a bfloat16 unit: the suite is behind in (emulated) bfloat16, ahead at each side's best.
+    runs = [run("float32", 0.0616, 0.0528), run("mixed_bfloat16", 0.0277, 0.0303),
+            {**run("float32", 1.14, 1.03), "app": "cosmoflow", "sample": "128^3 x 4", "local_batch": 4}]
+    best = rc.best_precisions(runs)
+    assert len(best) == 1  # CosmoFlow was measured in one precision only
+    assert best[0]["suite_precision"] == best[0]["reference_precision"] == "float32"
+    assert best[0]["suite_over_reference"] == pytest.approx(0.0616 / 0.0528)
+    runs[1] = run("mixed_bfloat16", 0.09, 0.0303)  # an AMX host: the suite's best is bfloat16, the reference's not
+    best = rc.best_precisions(runs)[0]
+    assert (best["suite_precision"], best["reference_precision"]) == ("mixed_bfloat16", "float32")
+    assert best["suite_over_reference"] == pytest.approx(0.09 / 0.0528)
+    result = {"date": "2026-12-06", "machine": "vm 2 cores", "sgemm_gflops": 250.0, "sgemm_gflops_after": 240.0,
+              "cpu": "Intel(R) Xeon(R) Processor @ 2.80GHz, avx512f", "isa_flags": "avx2 fma avx512f",
+              "reference_commit": "2c627d4", "runs": runs}
+    text = rc.table([result])
+    assert ("| Intel Xeon, AVX-512 | deepcam | each side's fastest: suite mixed_bfloat16, reference float32 "
+            "| 768 x 1152 x 16, 1 | 0.09 | 0.0528 (torch 2.13.0+cpu) | 1.70 |") in text
+    assert "250.0 GFLOP/s before, 240.0 after; 2 round(s) per row" in text
