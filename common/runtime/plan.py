@@ -35,7 +35,7 @@ def dry_run(app: Any, strategy_for: Callable[[Any, DistEnv], Any], config: str, 
 def planned_precision(app: Any, cfg: Any, dist: Any) -> dict:
     """What a run would choose, for the dry run: never probes (the cached probe, else auto left unresolved)."""
     if cfg.train.precision != "auto":
-        return precision.explicit(cfg.train.precision)
+        return precision.explicit(cfg.train.precision, dist.gpu)
     if getattr(getattr(cfg, "parallel", None), "hybrid", False):
         return precision.decide_auto(app, cfg, dist, "", [])
     seconds = precision.cached_steps(precision.probe_key(app.name, cfg, dist.threads, dist.gpu))

@@ -90,6 +90,26 @@ def test_an_explicit_precision_is_kept_and_not_probed(cache, monkeypatch):
     assert choice["reason"] == "train.precision=float32 as configured (not auto)"
 
 
+@pytest.mark.parametrize("flags, gpu, warned", [({"avx512f"}, False, True), ({"avx512f", "avx512_bf16"}, False, False),
+                                               ({"avx512f", "amx_bf16"}, False, False), ({"avx2"}, True, False)])
+def test_explicit_bfloat16_on_a_cpu_without_a_bfloat16_unit_is_kept_with_a_warning(cache, monkeypatch, capsys,
+                                                                                    flags, gpu, warned):
+    calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 2.0})
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    dist = types.SimpleNamespace(is_root=True, size=1, gpu=gpu)
+    cfg, choice = precision.choose(APP, cfg_of("train.precision=mixed_bfloat16"), dist, CONFIG, TINY)
+    assert cfg.train.precision == choice["precision"] == "mixed_bfloat16" and not calls
+    out = capsys.readouterr().out
+    if warned:
+        assert "this CPU has no bfloat16 unit (neither AVX512-BF16 nor AMX-BF16)" in choice["warning"]
+        assert f"warning: train.precision=mixed_bfloat16: {choice['warning']}" in out
+        assert choice["reason"].startswith("train.precision=mixed_bfloat16 as configured (not auto); this CPU")
+        assert plan.planned_precision(APP, cfg, dist)["reason"] == choice["reason"]  # the dry run says it too
+    else:
+        assert "warning" not in choice and "warning" not in out
+    assert "warning" not in precision.explicit("float32")  # float32 is never warned about
+
+
 def test_the_dry_run_says_what_a_run_would_choose_without_probing(cache, monkeypatch):
     calls = fake_probe(monkeypatch, {"float32": 1.0, "mixed_bfloat16": 0.5})
     cfg = cfg_of("train.precision=auto")
