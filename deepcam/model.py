@@ -15,9 +15,8 @@ DeepLabv3+ with an aligned-Xception encoder, layer for layer as the reference Py
 
 Separable convs are depthwise 3x3 then pointwise 1x1, no bias, no BN between (as the reference).
 Strided convs pad symmetrically like PyTorch (Keras "same" would shift the sampling grid by one
-pixel), and transposed convs crop like PyTorch's padding=1, output_padding=1 (a slice: SlicedCropping2D; with
-model.deconv: phased the decoder's 256-channel ones are computed as four stride-1 convolutions:
-PhasedConvTranspose).
+pixel), and transposed convs crop like PyTorch's padding=1, output_padding=1 (with model.deconv: phased the
+decoder's 256-channel ones are computed as four stride-1 convolutions: PhasedConvTranspose).
 Every size comes from the arguments, which are the config's `model:` section.
 
 The loss (class-weighted cross-entropy) and the validation metric (IoU as the reference defines it)
@@ -235,21 +234,7 @@ def _deconv(x, filters: int, name: str, phased: bool = False):
         return PhasedConvTranspose(filters, kernel_initializer=_torch_default(), name=name)(x)
     x = layers.Conv2DTranspose(filters, 3, strides=2, padding="valid", use_bias=False,
                                kernel_initializer=_torch_default(), name=name)(x)
-    return SlicedCropping2D(((1, 0), (1, 0)), name=f"{name}_crop")(x)
-
-
-@keras.saving.register_keras_serializable(package="deepcam")
-class SlicedCropping2D(layers.Cropping2D):
-    """Keras' Cropping2D (channels last), its output the same, computed as one slice: TensorFlow differentiates
-    Keras' strided slice with StridedSliceGrad, which took 0.44 s against a slice's 0.09 s for the decoder's
-    385 x 577 x 256 map, forward and gradient, on a 2-core Intel Xeon (AVX-512) in float32 (docs/performance.md)."""
-
-    def call(self, inputs):
-        if self.data_format != "channels_last":
-            return super().call(inputs)
-        (top, bottom), (left, right) = self.cropping
-        n, h, w, c = keras.ops.shape(inputs)
-        return keras.ops.slice(inputs, (0, top, left, 0), (n, h - top - bottom, w - left - right, c))
+    return layers.Cropping2D(((1, 0), (1, 0)), name=f"{name}_crop")(x)
 
 
 @keras.saving.register_keras_serializable(package="deepcam")

@@ -229,23 +229,3 @@ def test_the_phased_transposed_conv_is_the_same_layer_in_outputs_gradients_and_c
     assert again.filters == 4 and again.strides == (2, 2) and again.kernel_size == (3, 3) and not again.use_bias
     with pytest.raises(ValueError, match="deconv 'fast': expected 'phased' or 'transposed'"):
         build_model((32, 32, 4), width=0.125, middle_blocks=1, deconv="fast")
-
-
-def test_the_decoders_crop_is_keras_cropping2d_computed_as_one_slice():
-    x = tf.constant(np.random.default_rng(7).standard_normal((2, 9, 11, 3)).astype(np.float32))
-    g = tf.constant(np.random.default_rng(8).standard_normal((2, 8, 10, 3)).astype(np.float32))
-    ours, keras_crop = deepcam_model.SlicedCropping2D(((1, 0), (1, 0))), keras.layers.Cropping2D(((1, 0), (1, 0)))
-    grads = []
-    for layer in (ours, keras_crop):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(layer(x) * g)
-        grads.append(tape.gradient(loss, x))
-    np.testing.assert_array_equal(ours(x), x[:, 1:, 1:, :])
-    np.testing.assert_array_equal(grads[0], grads[1])
-    again = deepcam_model.SlicedCropping2D.from_config(ours.get_config())
-    assert again.cropping == ((1, 0), (1, 0)) and again.compute_output_shape((None, 9, 11, 3)) == (None, 8, 10, 3)
-    model = build_model((32, 32, 4), width=0.125, middle_blocks=1)
-    crops = [layer for layer in model.layers if layer.name.endswith("_crop")]
-    assert len(crops) == 4 and all(type(layer) is deepcam_model.SlicedCropping2D for layer in crops)
-    assert keras.Model.from_config(model.get_config()).output_shape == (None, 32, 32, 3)
