@@ -54,7 +54,7 @@ class DeepCamModelConfig:
     middle_blocks: int = 16  # Xception middle-flow blocks; 16 is the reference (fewer: quick smoke tests)
     # How the decoder's 256-channel transposed convolutions compute: "transposed" (Keras' Conv2DTranspose) or
     # "phased" (four stride-1 convolutions, one per output parity; deepcam/model.py PhasedConvTranspose: 0.94x
-    # the float32 step at 768 x 1152 on an AMD EPYC CPU, 0.98x in bfloat16, docs/performance.md). The same layer
+    # the float32 step at 768 x 1152 on an AMD EPYC CPU, 0.98x in bfloat16, docs/deepcam_step.md). The same layer
     # either way (kernel, parameters, outputs), so the closed division allows both.
     deconv: Literal["transposed", "phased"] = "transposed"
 

@@ -245,7 +245,7 @@ class PhasedConvTranspose(layers.Conv2DTranspose):
     the taps in range, so parity 0 takes tap 1 at offset 0 and parity 1 taps 2 at 0 and 0 at +1. The decoder's
     256-channel layers may use it: TensorFlow 2.18.1's weight gradient of the strided transposed convolution took
     4.3x its forward on an AMD EPYC (AVX-512), the four convolutions' a quarter of it
-    (benchmarks/conv_grads.py, docs/performance.md). `model.deconv: phased` chooses it."""
+    (benchmarks/conv_grads.py, docs/deepcam_step.md). `model.deconv: phased` chooses it."""
 
     TAPS = {0: (1,), 1: (2, 0)}  # kernel taps of each output parity, at input offsets 0 and +1
 
