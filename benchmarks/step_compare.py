@@ -16,7 +16,6 @@ CPU and its ISA flags.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,10 @@ import tempfile
 from pathlib import Path
 
 from harness import REPO, RESULTS_DIR, interleaved, run_header, sgemm_gflops, write_json_atomic
+
+sys.path.insert(0, str(REPO))
+from common.base.errors import BenchError  # noqa: E402
+from common.runtime import precision_measure  # noqa: E402
 
 CONFIGS = {"cosmoflow": "cosmoflow/configs/cosmo.yaml", "deepcam": "deepcam/configs/deepcam.yaml"}
 PRECISIONS = ("float32", "mixed_bfloat16")
@@ -49,18 +52,12 @@ def add_worktree(commit: str, work: Path) -> Path:
 
 def measure(tree: Path, app: str, config: str, precision: str, threads: int, overrides: list[str]) -> float:
     """The median step seconds of `app` in `precision`, measured by a fresh process in `tree`."""
-    cmd = [sys.executable, "-m", "common.runtime.precision_measure", "--measure", app, config, precision,
-           "--threads", str(threads), *overrides]
-    # The project is installed editable: without the worktree first on the path its imports would be this
-    # checkout's. No launcher variables: one process, as the probe runs.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_"))}
-    env |= {"PYTHONPATH": str(tree), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{tree}: the step measurement ({' '.join(cmd[1:])}) failed with exit {proc.returncode}:"
-                         f"\n{proc.stderr.strip()[-3000:]}")
-    return float(json.loads(lines[-1])["step_seconds"])
+    # The project is installed editable: without the worktree first on the path its imports would be this checkout's.
+    try:
+        return precision_measure.measure_in_subprocess(app, config, overrides, precision, threads,
+                                                       extra_env={"PYTHONPATH": str(tree)}, cwd=str(tree))
+    except BenchError as err:
+        raise SystemExit(f"{tree}: {err}") from None
 
 
 def compare(trees: dict, args, precision: str) -> dict:

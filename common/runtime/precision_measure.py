@@ -25,15 +25,16 @@ PROBE_WARMUP, PROBE_STEPS, PROBE_SECONDS, PROBE_MAX_STEPS = 2, 4, 3.0, 60
 
 
 def measure_in_subprocess(app_name: str, config: str, overrides: list[str], precision: str, threads: int,
-                          extra_env: dict | None = None) -> float:
+                          extra_env: dict | None = None, cwd: str | None = None) -> float:
     """The median training-step seconds of `app_name` in `precision`, measured by a fresh process on `threads`
-    (`extra_env`: variables set for it, e.g. benchmarks/precision_probe.py's ONEDNN_DEFAULT_FPMATH_MODE=BF16)."""
+    (`extra_env`: variables set for it, e.g. benchmarks/precision_probe.py's ONEDNN_DEFAULT_FPMATH_MODE=BF16;
+    `cwd`: the checkout it runs in, first on its path: benchmarks/step_compare.py's worktrees)."""
     # One process, not a rank of the run's launch: none of the variables a launcher sets for its ranks.
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
     env |= extra_env or {}
     cmd = [sys.executable, "-m", "common.runtime.precision_measure", "--measure", app_name, config, precision,
            "--threads", str(threads), *overrides]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=cwd)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise BenchError(f"the precision probe ({' '.join(cmd[1:6])} ...) failed with exit {proc.returncode}: "
