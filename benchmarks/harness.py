@@ -8,6 +8,7 @@ rewrites its table in docs/performance.md with `replace_marked_section`.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import threadcpu
@@ -214,6 +215,22 @@ def ratios_line(ratios: Sequence[dict], label: Callable[[dict], str]) -> str:
     first = ratios[0]
     return (f"\nsamples/s of {first['ranks']} ranks over {first['base_ranks']} rank(s), all rounds' steps pooled "
             f"(in each round the two were measured back to back): {'; '.join(map(text, ratios))}.")
+
+
+@contextlib.contextmanager
+def worktree(commit: str, tree: Path) -> Iterator[Path]:
+    """A clean checkout of `commit` at `tree` (`git worktree add`), this checkout's .venv linked in, removed on
+    leaving. Its scripts import this checkout's packages unless the tree is first on their path (the project is
+    installed editable): callers put it on PYTHONPATH."""
+    proc = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"--commits {commit}: git worktree add failed: {proc.stderr.strip()}")
+    try:
+        (tree / ".venv").symlink_to(REPO / ".venv")
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
 def run_header(sgemm: float) -> dict:

@@ -16,6 +16,7 @@ CPU and its ISA flags.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import REPO, RESULTS_DIR, interleaved, run_header, sgemm_gflops, write_json_atomic
+from harness import REPO, RESULTS_DIR, interleaved, run_header, sgemm_gflops, worktree, write_json_atomic
 
 sys.path.insert(0, str(REPO))
 from common.base.errors import BenchError  # noqa: E402
@@ -34,20 +35,9 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 def short_name(commit: str) -> str:
-    """`commit`'s abbreviated hash, or `commit` itself where git does not know it (add_worktree then says why)."""
+    """`commit`'s abbreviated hash, or `commit` itself where git does not know it (worktree then says why)."""
     proc = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=7", commit], capture_output=True, text=True)
     return proc.stdout.strip() if proc.returncode == 0 else commit
-
-
-def add_worktree(commit: str, work: Path) -> Path:
-    """A clean checkout of `commit` under `work`, with this checkout's .venv linked in."""
-    tree = work / short_name(commit)
-    proc = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"--commits {commit}: git worktree add failed: {proc.stderr.strip()}")
-    (tree / ".venv").symlink_to(REPO / ".venv")
-    return tree
 
 
 def measure(tree: Path, app: str, config: str, precision: str, threads: int, overrides: list[str]) -> float:
@@ -97,17 +87,11 @@ def main(argv=None) -> int:
     names = [short_name(commit) for commit in args.commits]
     if names[0] == names[1]:
         p.error(f"--commits {' '.join(args.commits)}: expected two different commits")
-    with tempfile.TemporaryDirectory(prefix="step-compare-") as work:
-        trees = {}
-        try:
-            for name, commit in zip(names, args.commits):
-                trees[name] = add_worktree(commit, Path(work))
-            result["commits"] = names
-            result["precisions"] = [compare(trees, args, precision) for precision in args.precisions]
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)
+    with tempfile.TemporaryDirectory(prefix="step-compare-") as work, contextlib.ExitStack() as trees_open:
+        trees = {name: trees_open.enter_context(worktree(commit, Path(work) / name))
+                 for name, commit in zip(names, args.commits)}
+        result["commits"] = names
+        result["precisions"] = [compare(trees, args, precision) for precision in args.precisions]
     write_json_atomic(out, result)
     for r in result["precisions"]:
         rounds = ", ".join(f"{x:.3f}" for x in r["new_over_old_per_round"])

@@ -85,11 +85,8 @@ def suite_command(tree: Path, reports: Path) -> list[str]:
 
 def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path) -> dict:
     """The tests of `commit` in a clean worktree, with this checkout's .venv."""
-    tree = work / commit[:7]
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit], check=True,
-                   capture_output=True)
-    try:
-        (tree / ".venv").symlink_to(REPO / ".venv")
+    from harness import worktree
+    with worktree(commit, work / commit[:7]) as tree:
         reports = work / f"{commit[:7]}-junit"
         reports.mkdir()
         cmd = suite_command(tree, reports)
@@ -108,8 +105,6 @@ def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path)
         return {"commit": commit[:7], "exit_code": code, "wall_seconds": round(wall, 1),
                 "wall_minutes": round(wall / 60, 2), "command": shlex.join(cmd),
                 **junit_figures(sorted(reports.glob("*.xml")))}
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
 def main(argv=None) -> int:
