@@ -12,8 +12,9 @@ device. The first call (the compile) and `--warmup` more calls are untimed; each
 results. Only the step is timed: no input pipeline, no allreduce, no evaluation, unlike an MLPerf result.
 
 Cases run in the issue's order (CosmoFlow at local batch 1 and 4, DeepCAM at 1 and 8, each at float32 then
-bfloat16); when `--budget-s` seconds have passed since the start, the cases left are recorded as skipped. The
-JSON is rewritten (through a temporary name) after every case, so a run cut short keeps what it measured.
+bfloat16); when `--budget-s` seconds have passed since the start, the cases left are recorded as skipped, and a
+case that fails (out of memory, say) is recorded with its error while the others run (exit status 1). The JSON is
+rewritten (through a temporary name) after every case, so a run cut short keeps what it measured.
 `--tiny` shrinks both networks (CosmoFlow's input to 32^3 x 4; DeepCAM's to 96 x 144 x 16, at width 0.125 with one
 middle-flow block) to check the script on a CPU in a minute or two; its figures are not the benchmark's.
 """
@@ -189,8 +190,9 @@ def table(result: dict) -> str:
     lines = ["| model | precision | local batch | median step | samples/s | published per-GPU (v3.0, H100) | "
              "step / published |", "|---|---|---|---|---|---|---|"]
     for c in result["cases"]:
-        if "skipped" in c:
-            lines.append(f"| {c['app']} | {c['precision']} | {c['batch']} | skipped: {c['skipped']} | | | |")
+        if "skipped" in c or "failed" in c:
+            why = f"skipped: {c['skipped']}" if "skipped" in c else f"failed: {c['failed'][:80]}"
+            lines.append(f"| {c['app']} | {c['precision']} | {c['batch']} | {why} | | | |")
             continue
         pub, ratio = c["published_h100_v3_samples_per_s"], c["step_over_published"]
         lines.append(f"| {c['app']} | {c['precision']} | {c['batch']} | {c['median_step_s'] * 1e3:.1f} ms | "
@@ -206,11 +208,22 @@ def run(args, started: float) -> dict:
             result["cases"].append({**dataclasses.asdict(case), "skipped": f"budget ({elapsed:.0f} s of "
                                                                            f"{args.budget_s:.0f} s spent)"})
         else:
-            print(f"{case.app} batch {case.batch} {case.precision} ...", flush=True)
-            result["cases"].append(time_case(case, args.steps, args.warmup, args.tiny))
-            print(f"  median step {result['cases'][-1]['median_step_s']:.4f} s", flush=True)
+            result["cases"].append(timed_or_failed(case, args))
         write_json(args.out, result)
     return result
+
+
+def timed_or_failed(case: Case, args) -> dict:
+    """One case's figures, or its error: a case that fails (out of device memory, say) is recorded and the
+    others still run, as a GPU machine's time is lent once."""
+    print(f"{case.app} batch {case.batch} {case.precision} ...", flush=True)
+    try:
+        rec = time_case(case, args.steps, args.warmup, args.tiny)
+    except Exception as e:  # noqa: BLE001  (any backend error; it is kept in the JSON and the exit status)
+        print(f"  failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return {**dataclasses.asdict(case), "failed": f"{type(e).__name__}: {str(e)[:1000]}"}
+    print(f"  median step {rec['median_step_s']:.4f} s", flush=True)
+    return rec
 
 
 def parse_args(argv=None):
@@ -245,7 +258,11 @@ def main(argv=None) -> int:
         return 2
     print(table(result))
     print(f"wrote {args.out}")
-    return 0
+    failed = [c for c in result["cases"] if "failed" in c]
+    if failed:
+        print(f"jax_step: {len(failed)} of {len(result['cases'])} cases failed (their errors are in {args.out})",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

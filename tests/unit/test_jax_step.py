@@ -85,3 +85,24 @@ def test_bad_arguments_exit_non_zero_naming_the_value(argv, message, capsys):
         jax_step.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_failing_case_is_recorded_with_its_error_the_others_run_and_the_exit_status_is_1(monkeypatch, tmp_path,
+                                                                                            capsys):
+    monkeypatch.setattr(jax_step, "run_header", lambda tiny: {"tiny": tiny, "cases": []})
+    monkeypatch.setattr(jax_step, "check_backend", lambda: None)
+
+    def fake_time_case(case, steps, warmup, tiny):
+        if case.batch == 8 and case.precision == "float32":
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 96.00GiB")
+        return jax_step.figures(case, [0.5], 1.0, 0.1, 7, tiny)
+
+    monkeypatch.setattr(jax_step, "time_case", fake_time_case)
+    out = tmp_path / "r.json"
+    assert jax_step.main(["--out", str(out), "--apps", "deepcam"]) == 1
+    result = json.loads(out.read_text())
+    assert [c.get("failed", "timed")[:32] for c in result["cases"]] == [
+        "timed", "timed", "RuntimeError: RESOURCE_EXHAUSTED", "timed"]
+    captured = capsys.readouterr()
+    assert "| deepcam | float32 | 8 | failed: RuntimeError: RESOURCE_EXHAUSTED" in captured.out
+    assert "1 of 4 cases failed" in captured.err
