@@ -34,6 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from common.base.files import write_text_atomic  # noqa: E402  (standard library only, as is host)
+from common.base.host import cpu_model  # noqa: E402
 
 # Per-GPU rates of NVIDIA's MLPerf HPC v3.0 results on H100 (end to end in runs of 512 to 2,048 GPUs, input,
 # communication and evaluation included), as issue 49 quotes them: samples/s per GPU by (app, local batch);
@@ -172,17 +174,11 @@ def run_header(tiny: bool) -> dict:
     import keras
     device = jax.devices()[0]
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "host": platform.node(), "cpu": cpu_model(),
             "device": {"platform": device.platform, "kind": device.device_kind, "count": jax.device_count()},
             "versions": {"jax": jax.__version__, "keras": keras.__version__, "python": platform.python_version()},
             "tiny": tiny, "timed": "jit-compiled training step only (forward, loss, backward, update)",
             "cases": []}
-
-
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def table(result: dict) -> str:
@@ -209,7 +205,7 @@ def run(args, started: float) -> dict:
                                                                            f"{args.budget_s:.0f} s spent)"})
         else:
             result["cases"].append(timed_or_failed(case, args))
-        write_json(args.out, result)
+        write_text_atomic(json.dumps(result, indent=2) + "\n", args.out)
     return result
 
 

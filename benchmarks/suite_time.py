@@ -35,6 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from harness import worktree  # noqa: E402  (a script beside the benchmarks, not a package)
+
 BEFORE = "10755c2"  # the last commit before issue 46's work
 SLOWEST = 40
 
@@ -85,7 +87,6 @@ def suite_command(tree: Path, reports: Path) -> list[str]:
 
 def run_suite(commit: str, pytest_args: list[str], timeout_s: float, work: Path) -> dict:
     """The tests of `commit` in a clean worktree, with this checkout's .venv."""
-    from harness import worktree
     with worktree(commit, work / commit[:7]) as tree:
         reports = work / f"{commit[:7]}-junit"
         reports.mkdir()
